@@ -1,0 +1,83 @@
+//! Per-communicator configuration, from the environment or built in code.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `FERROCOLL_ALGO` | force algorithms: `allreduce:ring,bcast:tree`, or one name for every collective that has it | `auto` |
+//! | `FERROCOLL_TIMEOUT` | seconds any wait may take before failing with [`crate::Error::Timeout`] | 300 |
+//! | `FERROCOLL_DEBUG` | `1`: rank 0 prints every algorithm choice and why to stderr | off |
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::plan::{Algorithm, Collective};
+use crate::select::AlgoChoice;
+
+/// Default deadline for any single wait.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Settings shared by a communicator and the communicators split from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Forced algorithms.
+    pub algorithms: AlgoChoice,
+    /// Deadline for every wait (per-call options may override it).
+    pub timeout: Duration,
+    /// Print algorithm choices (rank 0, stderr).
+    pub debug: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            algorithms: AlgoChoice::default(),
+            timeout: DEFAULT_TIMEOUT,
+            debug: false,
+        }
+    }
+}
+
+impl Config {
+    /// Reads `FERROCOLL_ALGO`, `FERROCOLL_TIMEOUT` and `FERROCOLL_DEBUG`.
+    pub fn from_env() -> Result<Config> {
+        let mut config = Config::default();
+        if let Ok(spec) = std::env::var("FERROCOLL_ALGO") {
+            config.algorithms = AlgoChoice::parse(&spec).map_err(|e| match e {
+                Error::InvalidArgument(reason) => Error::Config {
+                    var: "FERROCOLL_ALGO".into(),
+                    value: spec.clone(),
+                    reason,
+                },
+                other => other,
+            })?;
+        }
+        if let Ok(v) = std::env::var("FERROCOLL_TIMEOUT") {
+            let secs: f64 = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|s: &f64| *s > 0.0 && s.is_finite())
+                .ok_or_else(|| Error::Config {
+                    var: "FERROCOLL_TIMEOUT".into(),
+                    value: v.clone(),
+                    reason: "give a positive number of seconds, e.g. 30 or 0.5".into(),
+                })?;
+            config.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Ok(v) = std::env::var("FERROCOLL_DEBUG") {
+            config.debug = !matches!(v.trim(), "" | "0" | "false" | "off");
+        }
+        Ok(config)
+    }
+
+    /// Forces `algo` for `coll`.
+    pub fn with_algorithm(mut self, coll: Collective, algo: Algorithm) -> Result<Config> {
+        self.algorithms.set(coll, algo)?;
+        Ok(self)
+    }
+
+    /// Sets the default deadline.
+    pub fn with_timeout(mut self, timeout: Duration) -> Config {
+        self.timeout = timeout;
+        self
+    }
+}

@@ -1,0 +1,105 @@
+//! The one error type of ferrocoll.
+//!
+//! Every message says what went wrong and what to do about it; errors that
+//! come from waiting on a peer name the collective, its sequence number, this
+//! rank and the peer.
+
+use std::time::Duration;
+
+/// Result alias used throughout ferrocoll.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What went wrong in a ferrocoll call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller passed something the call cannot accept (a buffer of the
+    /// wrong length, a root or peer outside the group, ...). The message says
+    /// what to change.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// An algorithm name the collective does not have (from `FERROCOLL_ALGO`
+    /// or a per-call option).
+    #[error("unknown algorithm `{name}` for {collective}; valid names: {valid}")]
+    UnknownAlgorithm {
+        /// The collective the name was given for.
+        collective: String,
+        /// The name that was given.
+        name: String,
+        /// Comma-separated list of the names that would work.
+        valid: String,
+    },
+
+    /// A configuration value (environment variable) could not be used.
+    #[error("bad configuration {var}={value:?}: {reason}")]
+    Config {
+        /// The environment variable.
+        var: String,
+        /// Its value.
+        value: String,
+        /// Why it was rejected and what to set instead.
+        reason: String,
+    },
+
+    /// A wait exceeded its deadline.
+    #[error(
+        "timeout: rank {rank} waited {waited:?} in {collective} (call #{seq}) for rank {peer}; \
+         check that every rank calls the same collectives in the same order, or raise \
+         FERROCOLL_TIMEOUT"
+    )]
+    Timeout {
+        /// The collective (or `send`/`recv`) that was waiting.
+        collective: String,
+        /// Its sequence number on this communicator.
+        seq: u64,
+        /// This rank (in the communicator).
+        rank: usize,
+        /// The peer it was waiting for (in the communicator).
+        peer: usize,
+        /// How long it waited.
+        waited: Duration,
+    },
+
+    /// Two ranks called different collectives (or the same one with
+    /// different counts, types, operators or roots) at the same point.
+    #[error(
+        "collective mismatch: rank {rank} called {local} but rank {peer} called {remote} at the \
+         same point; every rank must call the same collectives in the same order with matching \
+         arguments"
+    )]
+    Mismatch {
+        /// This rank.
+        rank: usize,
+        /// The call this rank made.
+        local: String,
+        /// The peer whose message disagreed.
+        peer: usize,
+        /// The call the peer made.
+        remote: String,
+    },
+
+    /// A peer went away (its thread panicked or its process died).
+    #[error("rank {rank} is gone (it failed or exited); the communicator cannot continue")]
+    PeerLost {
+        /// The peer that is gone.
+        rank: usize,
+    },
+
+    /// The communicator was aborted.
+    #[error("the communicator was aborted")]
+    Aborted,
+
+    /// Something inside ferrocoll went wrong (an inconsistent plan, a
+    /// background operation that panicked): a bug, reported rather than
+    /// risking memory safety.
+    #[error("internal error: {0}; please report it to the ferrocoll developers")]
+    Internal(String),
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(msg: impl Into<String>) -> Error {
+        Error::InvalidArgument(msg.into())
+    }
+}

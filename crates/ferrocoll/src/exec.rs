@@ -1,0 +1,233 @@
+//! The executor: runs any [`Plan`] over any [`Transport`].
+//!
+//! It resolves the plan's spans to memory, runs a round's local ops, then
+//! hands the round's messages to the transport in one
+//! [`Transport::exchange`] call. Incoming chunks are copied or reduced into
+//! place as they arrive (the transport decides the chunking: the thread
+//! transport hands over whole messages straight from the sender's memory).
+
+use std::ptr::{self, NonNull};
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::kernels;
+use crate::plan::{Buf, Op, Plan, Span};
+use crate::transport::{Header, Incoming, Outgoing, Sink, Transport};
+use crate::types::{DType, ReduceOp};
+
+/// The caller's buffers, as raw memory.
+///
+/// In place, `input` and `output` point into the same allocation (see
+/// [`crate::plan::Layout`]).
+pub(crate) struct Memory {
+    pub input: *const u8,
+    pub input_bytes: usize,
+    pub output: *mut u8,
+    pub output_bytes: usize,
+}
+
+/// Everything about one call that is not the plan.
+pub(crate) struct Call<'a> {
+    pub transport: &'a dyn Transport,
+    /// Group rank -> transport rank.
+    pub group: &'a [usize],
+    pub header: Header,
+    pub dtype: DType,
+    pub op: ReduceOp,
+    pub deadline: Instant,
+}
+
+/// Where a received message goes.
+#[derive(Clone, Copy)]
+enum Target {
+    /// `dst = incoming`.
+    Store { dst: *mut u8, len: usize },
+    /// `dst = dst op incoming`.
+    Accumulate { dst: *mut u8, len: usize },
+    /// `dst = local op incoming`, `local` disjoint from `dst`.
+    Combine {
+        dst: *mut u8,
+        local: *const u8,
+        len: usize,
+    },
+}
+
+struct PlanSink {
+    targets: Vec<Target>,
+    dtype: DType,
+    op: ReduceOp,
+}
+
+impl Sink for PlanSink {
+    fn deliver(&mut self, index: usize, offset: usize, chunk: &[u8]) {
+        let target = self.targets[index];
+        let (Target::Store { len, .. }
+        | Target::Accumulate { len, .. }
+        | Target::Combine { len, .. }) = target;
+        assert!(
+            offset + chunk.len() <= len,
+            "transport delivered bytes past the end of a message"
+        );
+        let n = chunk.len();
+        // SAFETY (all arms): `dst`/`local` were resolved from a span checked
+        // against its buffer's bounds in `Resolver::locate`, and the assert
+        // above keeps `offset..offset+n` inside it. A validated plan never
+        // lets two in-flight ops of a round touch overlapping memory, so
+        // nothing else reads or writes `dst` while we hold it, and `local` is
+        // either exactly `dst` (handled as Accumulate) or disjoint from it.
+        match target {
+            Target::Store { dst, .. } => unsafe {
+                ptr::copy_nonoverlapping(chunk.as_ptr(), dst.add(offset), n);
+            },
+            Target::Accumulate { dst, .. } => {
+                let d = unsafe { std::slice::from_raw_parts_mut(dst.add(offset), n) };
+                kernels::accumulate(self.dtype, self.op, d, chunk);
+            }
+            Target::Combine { dst, local, .. } => {
+                let d = unsafe { std::slice::from_raw_parts_mut(dst.add(offset), n) };
+                let l = unsafe { std::slice::from_raw_parts(local.add(offset), n) };
+                kernels::combine(self.dtype, self.op, d, l, chunk);
+            }
+        }
+    }
+}
+
+/// Turns spans into pointers, checking bounds.
+struct Resolver<'m> {
+    mem: &'m Memory,
+    scratch: *mut u8,
+    scratch_bytes: usize,
+    elem: usize,
+}
+
+impl Resolver<'_> {
+    fn locate(&self, span: &Span) -> Result<(*mut u8, usize)> {
+        let (base, limit) = match span.buf {
+            Buf::Input => (self.mem.input as *mut u8, self.mem.input_bytes),
+            Buf::Output => (self.mem.output, self.mem.output_bytes),
+            Buf::Scratch => (self.scratch, self.scratch_bytes),
+        };
+        let start = span.offset * self.elem;
+        let len = span.len * self.elem;
+        if start + len > limit {
+            return Err(Error::Internal(format!(
+                "{span:?} is outside its buffer ({limit} bytes)"
+            )));
+        }
+        if len == 0 {
+            return Ok((NonNull::<u8>::dangling().as_ptr(), 0));
+        }
+        // SAFETY: start + len <= limit, the length of the allocation `base`
+        // points to (checked just above), so the offset stays in bounds.
+        Ok((unsafe { base.add(start) }, len))
+    }
+}
+
+/// Runs `plan` on `mem`.
+///
+/// # Safety
+///
+/// `mem.input` must be valid for reads of `input_bytes` and `mem.output`
+/// valid for reads and writes of `output_bytes` for the whole call, with no
+/// other access to them meanwhile (in place they may overlap as the plan's
+/// [`crate::plan::Layout`] describes), and `plan` must pass
+/// [`crate::plan::validate`] for that layout (bounds are checked here again;
+/// disjointness of in-flight ops is not).
+pub(crate) unsafe fn execute(plan: &Plan, mem: &Memory, call: &Call<'_>) -> Result<()> {
+    let elem = call.dtype.size();
+    // u64 backing keeps scratch aligned for every element type.
+    let mut scratch = vec![0u64; (plan.scratch * elem).div_ceil(8)];
+    let res = Resolver {
+        mem,
+        scratch: scratch.as_mut_ptr().cast(),
+        scratch_bytes: plan.scratch * elem,
+        elem,
+    };
+    let mut sends: Vec<Outgoing<'_>> = Vec::new();
+    let mut recvs: Vec<Incoming> = Vec::new();
+    let mut sink = PlanSink {
+        targets: Vec::new(),
+        dtype: call.dtype,
+        op: call.op,
+    };
+    for round in &plan.rounds {
+        sends.clear();
+        recvs.clear();
+        sink.targets.clear();
+        for op in &round.ops {
+            match op {
+                Op::Copy { dst, src } => {
+                    let (d, len) = res.locate(dst)?;
+                    let (s, _) = res.locate(src)?;
+                    if d.cast_const() != s {
+                        // SAFETY: both ranges are in bounds (locate) and the
+                        // validated plan makes them disjoint or identical
+                        // (skipped above); local ops run with nothing in
+                        // flight.
+                        unsafe { ptr::copy_nonoverlapping(s, d, len) };
+                    }
+                }
+                Op::Reduce { dst, a, b } => {
+                    let (d, len) = res.locate(dst)?;
+                    let (pa, _) = res.locate(a)?;
+                    let (pb, _) = res.locate(b)?;
+                    // SAFETY: in bounds (locate); `b` is disjoint from `dst`
+                    // and `a` is `dst` or disjoint from it (validated), and no
+                    // message is in flight during local ops.
+                    unsafe {
+                        let bs = std::slice::from_raw_parts(pb, len);
+                        if pa == d {
+                            let ds = std::slice::from_raw_parts_mut(d, len);
+                            kernels::accumulate(call.dtype, call.op, ds, bs);
+                        } else {
+                            let ds = std::slice::from_raw_parts_mut(d, len);
+                            let as_ = std::slice::from_raw_parts(pa, len);
+                            kernels::combine(call.dtype, call.op, ds, as_, bs);
+                        }
+                    }
+                }
+                Op::Send { peer, src } => {
+                    let (s, len) = res.locate(src)?;
+                    // SAFETY: in bounds (locate); a validated plan never
+                    // writes this range while the round is in flight.
+                    let data = unsafe { std::slice::from_raw_parts(s, len) };
+                    sends.push(Outgoing {
+                        peer: call.group[*peer],
+                        data,
+                    });
+                }
+                Op::Recv { peer, dst } => {
+                    let (d, len) = res.locate(dst)?;
+                    recvs.push(Incoming {
+                        peer: call.group[*peer],
+                        len,
+                    });
+                    sink.targets.push(Target::Store { dst: d, len });
+                }
+                Op::RecvReduce { peer, dst, local } => {
+                    let (d, len) = res.locate(dst)?;
+                    let (l, _) = res.locate(local)?;
+                    recvs.push(Incoming {
+                        peer: call.group[*peer],
+                        len,
+                    });
+                    sink.targets.push(if l == d {
+                        Target::Accumulate { dst: d, len }
+                    } else {
+                        Target::Combine {
+                            dst: d,
+                            local: l,
+                            len,
+                        }
+                    });
+                }
+            }
+        }
+        if !sends.is_empty() || !recvs.is_empty() {
+            call.transport
+                .exchange(&call.header, &sends, &recvs, &mut sink, call.deadline)?;
+        }
+    }
+    drop(scratch);
+    Ok(())
+}

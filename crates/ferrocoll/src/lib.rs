@@ -1,0 +1,53 @@
+//! ferrocoll: collective communication for Rust.
+//!
+//! The primitives of MPI, NCCL and Gloo (allreduce, broadcast, reduce,
+//! allgather, reduce-scatter, all-to-all(v), gather, scatter, barrier,
+//! send/recv, split) over ranks that are threads, processes or hosts.
+//!
+//! The design in one sentence: **algorithms are data**. An algorithm
+//! ([`plan`]) is a pure function returning a [`plan::Plan`], the ordered
+//! rounds of sends, receives and reductions one rank performs; one executor
+//! runs any plan over any [`transport::Transport`]; the simulator and the cost
+//! model read the same plans.
+//!
+//! ```
+//! use ferrocoll::{local, ReduceOp};
+//!
+//! // Four ranks as threads of this process.
+//! let results = local::run(4, |comm| {
+//!     let mine = vec![comm.rank() as f64 + 1.0; 1000];
+//!     let mut total = vec![0.0; 1000];
+//!     comm.all_reduce(&mine, &mut total, ReduceOp::Sum)?;
+//!     Ok::<_, ferrocoll::Error>(total[0])
+//! })
+//! .unwrap();
+//! assert!(results.iter().all(|r| *r.as_ref().unwrap() == 10.0));
+//! ```
+//!
+//! Errors are values of [`Error`], with messages that say what to fix; no
+//! user mistake panics. Non-blocking forms (`iall_reduce`, ...) take owned
+//! buffers and return them from [`Request::wait`].
+
+#![warn(missing_docs)]
+
+mod comm;
+pub mod config;
+mod error;
+mod exec;
+pub mod kernels;
+pub mod local;
+pub mod plan;
+mod request;
+pub mod select;
+pub mod transport;
+mod types;
+
+pub use comm::{CallOptions, Communicator};
+pub use config::Config;
+pub use error::{Error, Result};
+pub use plan::{Algorithm, Collective};
+pub use request::Request;
+pub use types::{DType, Element, ReduceOp};
+
+/// Re-export of the 16-bit float types ferrocoll reduces.
+pub use half::{bf16, f16};

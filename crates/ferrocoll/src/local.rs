@@ -1,0 +1,79 @@
+//! In-process ranks: `n` threads over the zero-copy thread transport.
+//!
+//! The embedded default: tests, examples and `ferrocoll bench` use it with no
+//! setup at all.
+//!
+//! ```
+//! use ferrocoll::{local, ReduceOp};
+//! let sums = local::run(4, |comm| {
+//!     let mut v = vec![comm.rank() as f32; 3];
+//!     comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+//!     v[0]
+//! }).unwrap();
+//! assert_eq!(sums, vec![6.0; 4]);
+//! ```
+
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Arc;
+
+use crate::comm::Communicator;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::transport::thread::ThreadFabric;
+
+/// Runs `f` on `n` ranks (threads) with the configuration from the
+/// environment (`FERROCOLL_ALGO`, `FERROCOLL_TIMEOUT`, ...) and returns each
+/// rank's result in rank order.
+///
+/// If a rank panics, the other ranks' waits on it fail with
+/// [`Error::PeerLost`] (instead of hanging) and the panic is resumed here once
+/// every rank has returned.
+pub fn run<R, F>(n: usize, f: F) -> Result<Vec<R>>
+where
+    R: Send,
+    F: Fn(Communicator) -> R + Sync,
+{
+    run_with(n, Config::from_env()?, f)
+}
+
+/// [`run`] with an explicit configuration (the environment is not read).
+pub fn run_with<R, F>(n: usize, config: Config, f: F) -> Result<Vec<R>>
+where
+    R: Send,
+    F: Fn(Communicator) -> R + Sync,
+{
+    if n == 0 {
+        return Err(Error::invalid("local::run needs at least one rank"));
+    }
+    let fabric = ThreadFabric::new(n);
+    let outcomes: Vec<std::thread::Result<R>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let comm = Communicator::new(Arc::new(fabric.transport(rank)), config.clone());
+                let (f, fabric) = (&f, &fabric);
+                std::thread::Builder::new()
+                    .name(format!("ferrocoll-rank-{rank}"))
+                    .spawn_scoped(scope, move || {
+                        let out = panic::catch_unwind(AssertUnwindSafe(|| f(comm)));
+                        if out.is_err() {
+                            fabric.mark_lost(rank);
+                        }
+                        out
+                    })
+                    .expect("spawning a rank thread")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(Err))
+            .collect()
+    });
+    let mut results = Vec::with_capacity(n);
+    for outcome in outcomes {
+        match outcome {
+            Ok(r) => results.push(r),
+            Err(payload) => panic::resume_unwind(payload),
+        }
+    }
+    Ok(results)
+}

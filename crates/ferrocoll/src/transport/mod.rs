@@ -1,0 +1,147 @@
+//! Transports move bytes between ranks; they never know which algorithm runs.
+//!
+//! The executor hands a transport one round at a time: a list of outgoing
+//! messages and a list of expected incoming ones, all to be in flight
+//! together ([`Transport::exchange`]). Incoming data is handed to a [`Sink`]
+//! chunk by chunk, so the executor can reduce while the rest of a message is
+//! still arriving (and a zero-copy transport can hand over the sender's memory
+//! directly). Every message carries a [`Header`] naming the call that sent it,
+//! so a transport can reject a message from a different collective instead of
+//! reducing garbage.
+//!
+//! Implementations: [`thread::ThreadTransport`] (ranks as threads of one
+//! process). Shared-memory and TCP transports implement the same trait.
+
+pub mod thread;
+
+use std::fmt;
+use std::time::Instant;
+
+use crate::error::Result;
+use crate::plan::Collective;
+use crate::types::{DType, ReduceOp};
+
+/// What kind of call a message belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CallKind {
+    /// A collective.
+    Collective(Collective),
+    /// Point-to-point `send`/`recv`.
+    PointToPoint,
+}
+
+/// The signature of a call, carried by every message: two ranks at the same
+/// point of a communicator must agree on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Signature {
+    /// Which call.
+    pub kind: CallKind,
+    /// Element type.
+    pub dtype: DType,
+    /// Reduction operator, for reducing collectives.
+    pub op: Option<ReduceOp>,
+    /// Element count as the caller passed it (per-rank block for the
+    /// block collectives; 0 for alltoallv and barrier).
+    pub count: usize,
+    /// Root, for rooted collectives.
+    pub root: Option<usize>,
+}
+
+impl fmt::Display for Signature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            CallKind::Collective(c) => write!(f, "{c}(")?,
+            CallKind::PointToPoint => write!(f, "send/recv(")?,
+        }
+        write!(f, "count={}, {}", self.count, self.dtype)?;
+        if let Some(op) = self.op {
+            write!(f, ", {op}")?;
+        }
+        if let Some(root) = self.root {
+            write!(f, ", root={root}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// Identifies the messages of one call on one communicator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Header {
+    /// Communicator id (the same on every member; distinct for split groups).
+    pub comm: u64,
+    /// Call sequence number on the communicator (collectives), or the user
+    /// tag with [`Header::P2P_BIT`] set (point-to-point).
+    pub seq: u64,
+    /// The call's signature.
+    pub sig: Signature,
+}
+
+impl Header {
+    /// Marks `seq` as a point-to-point tag rather than a collective number.
+    pub const P2P_BIT: u64 = 1 << 63;
+
+    /// Messages with equal keys are matched in FIFO order.
+    pub fn key(&self) -> (u64, u64) {
+        (self.comm, self.seq)
+    }
+}
+
+/// One outgoing message of a round.
+#[derive(Clone, Copy, Debug)]
+pub struct Outgoing<'a> {
+    /// Destination, in transport (world) ranks.
+    pub peer: usize,
+    /// The bytes to send.
+    pub data: &'a [u8],
+}
+
+/// One expected incoming message of a round.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Incoming {
+    /// Source, in transport (world) ranks.
+    pub peer: usize,
+    /// Exact length in bytes; a message of any other length is a mismatch.
+    pub len: usize,
+}
+
+/// Receives incoming data.
+pub trait Sink {
+    /// Called with `chunk`, bytes `offset..offset + chunk.len()` of incoming
+    /// message `index` (an index into the `recvs` of [`Transport::exchange`]).
+    /// Chunks of one message arrive in order and cover it exactly once;
+    /// `offset` is a multiple of 8 so chunks hold whole elements.
+    fn deliver(&mut self, index: usize, offset: usize, chunk: &[u8]);
+}
+
+/// Moves bytes between the ranks of a group.
+pub trait Transport: Send + Sync {
+    /// This rank (transport/world numbering).
+    fn rank(&self) -> usize;
+
+    /// Number of ranks the transport connects.
+    fn size(&self) -> usize;
+
+    /// Sends every message of `sends` and receives every message of `recvs`,
+    /// all in flight together, and returns when all are done.
+    ///
+    /// Messages to one peer are delivered in order, and matched by
+    /// [`Header::key`] in FIFO order. A message under the same key but with a
+    /// different signature or length fails with [`crate::Error::Mismatch`];
+    /// waiting past `deadline` fails with [`crate::Error::Timeout`] naming the
+    /// peer. On error, no send of this call is left referencing `sends`.
+    fn exchange(
+        &self,
+        header: &Header,
+        sends: &[Outgoing<'_>],
+        recvs: &[Incoming],
+        sink: &mut dyn Sink,
+        deadline: Instant,
+    ) -> Result<()>;
+
+    /// Makes every current and future wait of every rank on this transport
+    /// fail with [`crate::Error::Aborted`].
+    fn abort(&self);
+
+    /// Short name for diagnostics and benchmark output (`thread`, `shm`, `tcp`).
+    fn name(&self) -> &'static str;
+}
