@@ -215,13 +215,15 @@ mod tests {
 
     #[test]
     fn unaligned_operands_take_the_copy_path() {
-        // Offsetting by one byte makes the f32 view misaligned.
-        let mut dst = vec![0u8; 17];
-        let mut src = vec![0u8; 17];
-        dst[1..].copy_from_slice(bytemuck::cast_slice(&[1.0f32, 2.0, 3.0, 4.0]));
-        src[1..].copy_from_slice(bytemuck::cast_slice(&[10.0f32, 20.0, 30.0, 40.0]));
-        accumulate(DType::F32, ReduceOp::Sum, &mut dst[1..], &src[1..]);
-        let out: Vec<f32> = aligned_copy(&dst[1..]);
+        // u32 backing is 4-aligned, so one byte in the f32 view is not.
+        let mut dst_words = [0u32; 5];
+        let mut src_words = [0u32; 5];
+        let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut dst_words);
+        let src: &mut [u8] = bytemuck::cast_slice_mut(&mut src_words);
+        dst[1..17].copy_from_slice(bytemuck::cast_slice(&[1.0f32, 2.0, 3.0, 4.0]));
+        src[1..17].copy_from_slice(bytemuck::cast_slice(&[10.0f32, 20.0, 30.0, 40.0]));
+        accumulate(DType::F32, ReduceOp::Sum, &mut dst[1..17], &src[1..17]);
+        let out: Vec<f32> = aligned_copy(&dst[1..17]);
         assert_eq!(out, [11.0, 22.0, 33.0, 44.0]);
     }
 

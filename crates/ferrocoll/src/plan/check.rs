@@ -112,7 +112,10 @@ pub fn validate(plan: &Plan, req: &PlanRequest, layout: Layout) -> Result<(), St
                     if dst.len != src.len {
                         return Err(at("copy operands differ in length"));
                     }
-                    if layout.overlaps(&dst, &src) && !layout.same(&dst, &src) {
+                    if layout.same(&dst, &src) {
+                        continue; // a no-op (in place), which the executor skips
+                    }
+                    if layout.overlaps(&dst, &src) {
                         return Err(at("copy operands partly overlap"));
                     }
                     (vec![src], vec![dst])

@@ -16,12 +16,23 @@ use std::time::{Duration, Instant};
 use super::{Header, Incoming, Outgoing, Sink, Transport};
 use crate::error::{Error, Result};
 
+/// [`Header::key`]: identifies one call on one communicator.
+type CallKey = (u64, u64);
+
 /// Longest sleep between checks for abort and lost peers.
 const POLL: Duration = Duration::from_millis(50);
 
 /// The shared state of all ranks of one in-process group.
 pub struct ThreadFabric {
     inboxes: Vec<Inbox>,
+    /// The calls each rank is inside `exchange` for right now: a rank stuck
+    /// waiting looks here to tell "the peer is late" from "the peer called
+    /// something else", which would otherwise deadlock silently when neither
+    /// side sends first.
+    active: Vec<Mutex<Vec<Header>>>,
+    /// Verdicts left for a rank by a peer that found its call mismatched
+    /// (keyed by the call), so both sides fail even if one leaves first.
+    verdicts: Vec<Mutex<Vec<(CallKey, Error)>>>,
     aborted: AtomicBool,
     lost: Vec<AtomicBool>,
 }
@@ -84,6 +95,8 @@ impl ThreadFabric {
     pub fn new(n: usize) -> Arc<ThreadFabric> {
         Arc::new(ThreadFabric {
             inboxes: (0..n).map(|_| Inbox::default()).collect(),
+            active: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
+            verdicts: (0..n).map(|_| Mutex::new(Vec::new())).collect(),
             aborted: AtomicBool::new(false),
             lost: (0..n).map(|_| AtomicBool::new(false)).collect(),
         })
@@ -121,6 +134,37 @@ impl ThreadFabric {
         } else {
             Ok(())
         }
+    }
+}
+
+impl ThreadFabric {
+    /// The call `peer` is making at this point of `header`'s communicator, if
+    /// it differs from `header`'s.
+    fn conflicting_call(&self, peer: usize, header: &Header) -> Option<Header> {
+        let active = self.active[peer].lock().unwrap_or_else(|e| e.into_inner());
+        active
+            .iter()
+            .find(|h| h.key() == header.key() && h.sig != header.sig)
+            .copied()
+    }
+}
+
+impl ThreadFabric {
+    fn leave_verdict(&self, rank: usize, key: CallKey, err: Error) {
+        self.verdicts[rank]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((key, err));
+        let _guard = self.inboxes[rank].lock();
+        self.inboxes[rank].arrived.notify_all();
+    }
+
+    fn take_verdict(&self, rank: usize, key: CallKey) -> Option<Error> {
+        let mut verdicts = self.verdicts[rank]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let i = verdicts.iter().position(|(k, _)| *k == key)?;
+        Some(verdicts.swap_remove(i).1)
     }
 }
 
@@ -164,6 +208,39 @@ impl Drop for Posted<'_> {
                 .changed
                 .wait(st)
                 .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// Registers a call in [`ThreadFabric::active`] for the duration of an
+/// `exchange`.
+struct ActiveCall<'a> {
+    fabric: &'a ThreadFabric,
+    rank: usize,
+    header: Header,
+}
+
+impl<'a> ActiveCall<'a> {
+    fn enter(fabric: &'a ThreadFabric, rank: usize, header: &Header) -> ActiveCall<'a> {
+        fabric.active[rank]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(*header);
+        ActiveCall {
+            fabric,
+            rank,
+            header: *header,
+        }
+    }
+}
+
+impl Drop for ActiveCall<'_> {
+    fn drop(&mut self) {
+        let mut active = self.fabric.active[self.rank]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = active.iter().position(|h| *h == self.header) {
+            active.swap_remove(i);
         }
     }
 }
@@ -223,6 +300,28 @@ impl ThreadTransport {
                         .expect("remaining > 0");
                     for (rv, _) in recvs.iter().zip(&waiting).filter(|(_, w)| **w) {
                         self.fabric.check(rv.peer)?;
+                        if let Some(theirs) = self.fabric.conflicting_call(rv.peer, header) {
+                            let (local, remote) = (header.sig.to_string(), theirs.sig.to_string());
+                            self.fabric.leave_verdict(
+                                rv.peer,
+                                theirs.key(),
+                                Error::Mismatch {
+                                    rank: rv.peer,
+                                    local: remote.clone(),
+                                    peer: self.rank,
+                                    remote: local.clone(),
+                                },
+                            );
+                            return Err(Error::Mismatch {
+                                rank: self.rank,
+                                local,
+                                peer: rv.peer,
+                                remote,
+                            });
+                        }
+                    }
+                    if let Some(err) = self.fabric.take_verdict(self.rank, header.key()) {
+                        return Err(err);
                     }
                     // A receiver rejected one of our messages: the call is over.
                     if let Some(err) = posted.done.lock().failure.take() {
@@ -244,7 +343,8 @@ impl ThreadTransport {
             for (i, post) in taken.drain(..) {
                 waiting[i] = false;
                 remaining -= 1;
-                if let Err((mine, theirs)) = self.check_match(header, &recvs[i], &post) {
+                if let Err(verdict) = self.check_match(header, &recvs[i], &post) {
+                    let (mine, theirs) = *verdict;
                     post.done.finish_one(Some(theirs));
                     // Wake the sender if it is still waiting for its own receives.
                     self.fabric.inboxes[post.src].arrived.notify_all();
@@ -274,7 +374,7 @@ impl ThreadTransport {
         header: &Header,
         expected: &Incoming,
         post: &Post,
-    ) -> std::result::Result<(), (Error, Error)> {
+    ) -> std::result::Result<(), Box<(Error, Error)>> {
         let mut local = header.sig.to_string();
         let mut remote = post.header.sig.to_string();
         if post.header.sig == header.sig {
@@ -296,7 +396,7 @@ impl ThreadTransport {
             peer: self.rank,
             remote: local,
         };
-        Err((mine, theirs))
+        Err(Box::new((mine, theirs)))
     }
 
     /// Waits until every post is consumed.
@@ -364,6 +464,7 @@ impl Transport for ThreadTransport {
         if self.fabric.aborted.load(Ordering::SeqCst) {
             return Err(Error::Aborted);
         }
+        let _active = ActiveCall::enter(&self.fabric, self.rank, header);
         let posted = Posted {
             fabric: &self.fabric,
             done: Arc::new(Completion {
