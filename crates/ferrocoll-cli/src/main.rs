@@ -1,1 +1,56 @@
-fn main() {}
+//! The `ferrocoll` command.
+//!
+//! Subcommands:
+//!
+//! * `bench`: an nccl-tests-style sweep of one collective over a range of
+//!   message sizes, printing time, algorithm and bus bandwidth per size.
+//!
+//! `run`, `model`, `sim`, `calibrate` and `topo` are planned; each gets a
+//! variant of [`Command`] and a module of its own.
+
+mod bench;
+mod error;
+mod verify;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::error::CliError;
+
+/// Collective communication for Rust: benchmarks and tools.
+#[derive(Debug, Parser)]
+#[command(name = "ferrocoll", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Measure one collective over a sweep of sizes (as nccl-tests does).
+    ///
+    /// Ranks are threads of this process (transport `thread`). Sizes count
+    /// the whole buffer as nccl-tests does: for allgather, reducescatter,
+    /// alltoall, gather and scatter the size is all n blocks, so each rank's
+    /// block is size/n; `count` is size / element size, as nccl-tests prints
+    /// it.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench(args) => bench::main(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output went away (`ferrocoll bench | head`):
+        // nothing left to say to anyone.
+        Err(CliError::BrokenPipe) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferrocoll: error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

@@ -221,6 +221,12 @@ impl Communicator {
     }
 
     /// The algorithm a collective of `bytes` would use, and why.
+    ///
+    /// `bytes` is the size of the call as nccl-tests counts it, which every
+    /// rank agrees on (so every rank chooses alike): the buffer for allreduce,
+    /// broadcast and reduce; all `size()` blocks for allgather, reducescatter,
+    /// alltoall, gather and scatter; 0 for alltoallv (whose sizes differ per
+    /// rank) and barrier. [`Communicator::call_bytes`] computes it.
     pub fn choose(&self, coll: Collective, bytes: usize) -> Result<(Algorithm, String)> {
         if let Some(a) = self.options.algorithm {
             if !coll.algorithms().contains(&a) {
@@ -233,6 +239,22 @@ impl Communicator {
         }
         let (a, why) = select::auto(coll, bytes, self.size());
         Ok((a, format!("auto: {why}")))
+    }
+
+    /// The size in bytes that algorithm choice looks at (see
+    /// [`Communicator::choose`]) for a call of `count` elements of `dtype`
+    /// (the per-rank block for the block collectives).
+    pub fn call_bytes(&self, coll: Collective, count: usize, dtype: DType) -> usize {
+        let blocks = match coll {
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce => 1,
+            Collective::AllGather
+            | Collective::ReduceScatter
+            | Collective::AllToAll
+            | Collective::Gather
+            | Collective::Scatter => self.size(),
+            Collective::AllToAllV | Collective::Barrier => 0,
+        };
+        blocks * count * dtype.size()
     }
 
     fn next_seq(&self) -> u64 {
@@ -285,12 +307,14 @@ impl Communicator {
     unsafe fn run(&self, spec: Spec, mem: Memory) -> Result<()> {
         let seq = self.next_seq();
         let elem = spec.dtype.size();
-        let (algo, why) = self.choose(spec.coll, mem.input_bytes.max(mem.output_bytes))?;
+        // Every rank must choose alike, so the choice looks only at what every
+        // rank agrees on (not, say, the root's larger gather buffer).
+        let bytes = self.call_bytes(spec.coll, spec.count, spec.dtype);
+        let (algo, why) = self.choose(spec.coll, bytes)?;
         if self.shared.config.debug && self.rank() == 0 {
             eprintln!(
-                "ferrocoll: {} #{seq} {} B on {} ranks -> {algo} ({why})",
+                "ferrocoll: {} #{seq} {bytes} B on {} ranks -> {algo} ({why})",
                 spec.coll,
-                mem.input_bytes.max(mem.output_bytes),
                 self.size()
             );
         }

@@ -41,13 +41,13 @@ impl Config {
     pub fn from_env() -> Result<Config> {
         let mut config = Config::default();
         if let Ok(spec) = std::env::var("FERROCOLL_ALGO") {
-            config.algorithms = AlgoChoice::parse(&spec).map_err(|e| match e {
-                Error::InvalidArgument(reason) => Error::Config {
-                    var: "FERROCOLL_ALGO".into(),
-                    value: spec.clone(),
-                    reason,
+            config.algorithms = AlgoChoice::parse(&spec).map_err(|e| Error::Config {
+                var: "FERROCOLL_ALGO".into(),
+                value: spec.clone(),
+                reason: match e {
+                    Error::InvalidArgument(reason) => reason,
+                    other => other.to_string(),
                 },
-                other => other,
             })?;
         }
         if let Ok(v) = std::env::var("FERROCOLL_TIMEOUT") {

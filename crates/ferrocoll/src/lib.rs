@@ -51,3 +51,8 @@ pub use types::{DType, Element, ReduceOp};
 
 /// Re-export of the 16-bit float types ferrocoll reduces.
 pub use half::{bf16, f16};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

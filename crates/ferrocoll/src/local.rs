@@ -20,6 +20,7 @@ use crate::comm::Communicator;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::transport::thread::ThreadFabric;
+use crate::transport::Transport;
 
 /// Runs `f` on `n` ranks (threads) with the configuration from the
 /// environment (`FERROCOLL_ALGO`, `FERROCOLL_TIMEOUT`, ...) and returns each
@@ -46,28 +47,42 @@ where
         return Err(Error::invalid("local::run needs at least one rank"));
     }
     let fabric = ThreadFabric::new(n);
+    let mut spawn_error = None;
     let outcomes: Vec<std::thread::Result<R>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..n)
-            .map(|rank| {
-                let comm = Communicator::new(Arc::new(fabric.transport(rank)), config.clone());
-                let (f, fabric) = (&f, &fabric);
-                std::thread::Builder::new()
-                    .name(format!("ferrocoll-rank-{rank}"))
-                    .spawn_scoped(scope, move || {
-                        let out = panic::catch_unwind(AssertUnwindSafe(|| f(comm)));
-                        if out.is_err() {
-                            fabric.mark_lost(rank);
-                        }
-                        out
-                    })
-                    .expect("spawning a rank thread")
-            })
-            .collect();
+        let mut handles = Vec::with_capacity(n);
+        for rank in 0..n {
+            let comm = Communicator::new(Arc::new(fabric.transport(rank)), config.clone());
+            let (f, fabric) = (&f, &fabric);
+            let spawned = std::thread::Builder::new()
+                .name(format!("ferrocoll-rank-{rank}"))
+                .spawn_scoped(scope, move || {
+                    let out = panic::catch_unwind(AssertUnwindSafe(|| f(comm)));
+                    if out.is_err() {
+                        fabric.mark_lost(rank);
+                    }
+                    out
+                });
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    // The ranks already started would wait for this one
+                    // forever: abort them, then report.
+                    fabric.transport(0).abort();
+                    spawn_error = Some(Error::invalid(format!(
+                        "could not start a thread for rank {rank} of {n}: {e}; use fewer ranks"
+                    )));
+                    break;
+                }
+            }
+        }
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(Err))
             .collect()
     });
+    if let Some(e) = spawn_error {
+        return Err(e);
+    }
     let mut results = Vec::with_capacity(n);
     for outcome in outcomes {
         match outcome {

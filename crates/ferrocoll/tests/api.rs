@@ -310,3 +310,22 @@ fn avg_divides_by_the_group_size() {
     .unwrap();
     assert!(out.iter().all(|&(f, i)| f == 1.5 && i == 4)); // (0+3+6+9)/4 = 4 (truncated)
 }
+
+#[test]
+fn auto_chooses_alike_on_root_and_leaves() {
+    // 12 ranks, 8 KiB blocks: the root's gather buffer is 96 KiB while the
+    // others hold 8 KiB. The choice must not depend on that difference.
+    let config = cfg().with_timeout(Duration::from_secs(20));
+    let out = local::run_with(12, config, |comm| {
+        let mine = vec![comm.rank() as f32; 2048];
+        let mut all = vec![0.0f32; if comm.rank() == 3 { 12 * 2048 } else { 0 }];
+        comm.gather(&mine, &mut all, 3)?;
+        let mut back = vec![0.0f32; 2048];
+        comm.scatter(&all, &mut back, 3)?;
+        Ok::<_, Error>(back[2047])
+    })
+    .unwrap();
+    for (rank, r) in out.into_iter().enumerate() {
+        assert_eq!(r.unwrap(), rank as f32);
+    }
+}

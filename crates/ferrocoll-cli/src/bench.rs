@@ -1,0 +1,734 @@
+//! `ferrocoll bench`: an nccl-tests-style sweep of one collective.
+//!
+//! For each size from `--minbytes` to `--maxbytes` (multiplying by
+//! `--stepfactor`), every rank runs `--warmup` untimed calls, meets the others
+//! at a barrier, then times `--iters` calls. The reported time is the slowest
+//! rank's average per call; bandwidths follow nccl-tests:
+//!
+//! * `algbw = bytes / time`;
+//! * `busbw = algbw * factor`, the factor making busbw comparable with the
+//!   link bandwidth: 2(n-1)/n for allreduce, (n-1)/n for allgather,
+//!   reducescatter, alltoall, gather and scatter, 1 for bcast and reduce.
+//!
+//! `bytes` is the whole buffer as nccl-tests counts it: for allgather,
+//! reducescatter, alltoall, gather and scatter it is all n blocks, so each
+//! rank's block is bytes / (n * element size). The `count` reported is, as in
+//! nccl-tests, bytes / element size.
+
+use std::io::{self, IsTerminal, Write};
+use std::time::Instant;
+
+use clap::Args;
+use ferrocoll::{CallOptions, Collective, Communicator, DType, ReduceOp};
+use half::{bf16, f16};
+use serde::Serialize;
+
+use crate::error::{lib_message, CliError};
+use crate::verify::{self, Pattern, Sample};
+
+/// The collectives `bench` measures, in the order `--help` lists them.
+const BENCHED: [Collective; 8] = [
+    Collective::AllReduce,
+    Collective::AllGather,
+    Collective::ReduceScatter,
+    Collective::AllToAll,
+    Collective::Broadcast,
+    Collective::Reduce,
+    Collective::Gather,
+    Collective::Scatter,
+];
+
+/// Arguments of `ferrocoll bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Collective to measure: allreduce, allgather, reducescatter, alltoall,
+    /// bcast (or broadcast), reduce, gather or scatter.
+    #[arg(value_name = "COLL", default_value = "allreduce", value_parser = parse_collective)]
+    pub coll: Collective,
+
+    /// Number of ranks.
+    #[arg(short = 'n', long, default_value = "4", value_parser = at_least::<1>)]
+    pub ranks: usize,
+
+    /// Smallest size in bytes (suffixes K, M, G, T are powers of 1024).
+    #[arg(short = 'b', long, default_value = "8", value_parser = parse_size)]
+    pub minbytes: usize,
+
+    /// Largest size in bytes (suffixes K, M, G, T are powers of 1024).
+    #[arg(short = 'e', long, default_value = "64M", value_parser = parse_size)]
+    pub maxbytes: usize,
+
+    /// Multiply the size by this factor between steps.
+    #[arg(short = 'f', long, default_value = "4", value_parser = at_least::<2>)]
+    pub stepfactor: usize,
+
+    /// Element type: f32, f64, f16, bf16, i8, i32, i64, u8, u32, u64.
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    pub dtype: DType,
+
+    /// Reduction of allreduce, reduce and reducescatter: sum, prod, min,
+    /// max, avg.
+    #[arg(long, default_value = "sum", value_parser = parse_op)]
+    pub op: ReduceOp,
+
+    /// Algorithm to force, or auto (then FERROCOLL_ALGO applies): ring or
+    /// tree for allreduce, bcast and reduce; ring for allgather and
+    /// reducescatter; direct for alltoall; linear or tree for gather and
+    /// scatter.
+    #[arg(long, default_value = "auto")]
+    pub algo: String,
+
+    /// Timed calls per size.
+    #[arg(long, default_value = "20", value_parser = at_least::<1>)]
+    pub iters: usize,
+
+    /// Untimed calls per size before timing.
+    #[arg(long, default_value = "5", value_parser = at_least::<0>)]
+    pub warmup: usize,
+
+    /// Verify every size: run once more with known data and count the
+    /// elements that differ from a sequential reference.
+    #[arg(long)]
+    pub check: bool,
+
+    /// Print one JSON object per size and line, nothing else, on stdout.
+    #[arg(long)]
+    pub json: bool,
+
+    /// Root rank of bcast, reduce, gather and scatter.
+    #[arg(long, default_value = "0")]
+    pub root: usize,
+
+    /// How ranks communicate. Only `thread` (ranks are threads of this
+    /// process) exists so far.
+    #[arg(long, default_value = "thread", value_parser = parse_transport)]
+    pub transport: Transport,
+}
+
+/// The transports `bench` can run over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// Ranks are threads of this process (`ferrocoll::local`).
+    Thread,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Thread => "thread",
+        }
+    }
+}
+
+// ---- argument parsing ------------------------------------------------------
+
+fn parse_collective(s: &str) -> Result<Collective, String> {
+    let names = BENCHED.map(|c| c.name()).join(", ");
+    match Collective::from_name(s) {
+        Some(c) if BENCHED.contains(&c) => Ok(c),
+        Some(c) => Err(format!(
+            "bench does not measure {c} yet; use one of: {names}"
+        )),
+        None => Err(format!("unknown collective; use one of: {names}")),
+    }
+}
+
+fn parse_dtype(s: &str) -> Result<DType, String> {
+    s.parse().map_err(lib_message)
+}
+
+fn parse_op(s: &str) -> Result<ReduceOp, String> {
+    s.parse().map_err(lib_message)
+}
+
+fn parse_transport(s: &str) -> Result<Transport, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "thread" => Ok(Transport::Thread),
+        "shm" | "tcp" => Err(format!(
+            "the {s} transport is not implemented yet (shm and tcp are planned); \
+             use thread: ranks as threads of this process"
+        )),
+        _ => Err("unknown transport; use thread (shm and tcp are not implemented yet)".into()),
+    }
+}
+
+/// A whole number of at least `MIN`.
+fn at_least<const MIN: usize>(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(v) if v >= MIN => Ok(v),
+        _ => Err(format!("give a whole number of at least {MIN}")),
+    }
+}
+
+/// Parses a size in bytes: plain bytes or a K, M, G or T suffix (powers of
+/// 1024, case-insensitive, optionally followed by `B` or `iB`).
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let help = "use whole bytes or a K, M, G or T suffix (powers of 1024), e.g. 8, 1K, 64M, 1G";
+    let lower = s.trim().to_ascii_lowercase();
+    let split = lower
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(lower.len());
+    let (digits, unit) = lower.split_at(split);
+    let shift = match unit {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return Err(format!("not a size; {help}")),
+    };
+    let value: u64 = digits.parse().map_err(|_| format!("not a size; {help}"))?;
+    value
+        .checked_mul(1 << shift)
+        .and_then(|b| usize::try_from(b).ok())
+        .ok_or_else(|| "size too large for this machine".to_string())
+}
+
+/// Checks that `name` is `auto` or an algorithm `coll` has, and returns the
+/// options forcing it. Unknown names get the library's error for the
+/// collective, which lists the valid names.
+fn algorithm_options(coll: Collective, name: &str) -> Result<CallOptions, ferrocoll::Error> {
+    let unknown = || ferrocoll::plan::unknown_algorithm(coll, name.trim());
+    let options = CallOptions::algorithm_named(name.trim()).map_err(|_| unknown())?;
+    match options.algorithm {
+        Some(a) if !coll.algorithms().contains(&a) => Err(unknown()),
+        _ => Ok(options),
+    }
+}
+
+// ---- the sweep ---------------------------------------------------------------
+
+/// One size of the sweep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Size {
+    /// The whole buffer, nccl-tests style (all n blocks for the block
+    /// collectives).
+    pub bytes: usize,
+    /// Elements per rank buffer (per block for the block collectives).
+    pub count: usize,
+}
+
+/// True for the collectives whose size counts all n blocks.
+fn is_block(coll: Collective) -> bool {
+    matches!(
+        coll,
+        Collective::AllGather
+            | Collective::ReduceScatter
+            | Collective::AllToAll
+            | Collective::Gather
+            | Collective::Scatter
+    )
+}
+
+/// Sizes from `min` to `max` bytes, multiplying by `factor`, rounded down to
+/// whole elements (whole n-block buffers for the block collectives); sizes
+/// that round to nothing are skipped.
+pub fn sweep(
+    coll: Collective,
+    n: usize,
+    elem: usize,
+    min: usize,
+    max: usize,
+    factor: usize,
+) -> Vec<Size> {
+    let unit = elem * if is_block(coll) { n } else { 1 };
+    let mut sizes: Vec<Size> = Vec::new();
+    let mut bytes = Some(min);
+    while let Some(b) = bytes.filter(|&b| b <= max) {
+        let count = b / unit;
+        if count > 0 && sizes.last().map_or(true, |s| s.count != count) {
+            sizes.push(Size {
+                bytes: count * unit,
+                count,
+            });
+        }
+        bytes = b.checked_mul(factor);
+    }
+    sizes
+}
+
+/// busbw / algbw for `coll` on `n` ranks (nccl-tests' factors).
+pub fn bus_factor(coll: Collective, n: usize) -> f64 {
+    let n = n as f64;
+    match coll {
+        Collective::AllReduce => 2.0 * (n - 1.0) / n,
+        Collective::Broadcast | Collective::Reduce => 1.0,
+        _ => (n - 1.0) / n,
+    }
+}
+
+/// Elements of this rank's send and receive buffers for a call of `count`
+/// (empty where the library ignores the buffer: the send buffer of non-roots
+/// in bcast and scatter, the receive buffer of non-roots in reduce and
+/// gather).
+fn buffer_lens(
+    coll: Collective,
+    n: usize,
+    rank: usize,
+    root: usize,
+    count: usize,
+) -> (usize, usize) {
+    let root_only = |len: usize| if rank == root { len } else { 0 };
+    match coll {
+        Collective::AllReduce => (count, count),
+        Collective::Broadcast => (root_only(count), count),
+        Collective::Reduce => (count, root_only(count)),
+        Collective::AllGather => (count, n * count),
+        Collective::ReduceScatter => (n * count, count),
+        Collective::AllToAll => (n * count, n * count),
+        Collective::Gather => (count, root_only(n * count)),
+        Collective::Scatter => (root_only(n * count), count),
+        Collective::AllToAllV | Collective::Barrier => (0, 0),
+    }
+}
+
+/// One call of `coll` (out of place).
+fn call<T: Sample>(
+    comm: &Communicator,
+    coll: Collective,
+    send: &[T],
+    recv: &mut [T],
+    op: ReduceOp,
+    root: usize,
+) -> ferrocoll::Result<()> {
+    match coll {
+        Collective::AllReduce => comm.all_reduce(send, recv, op),
+        Collective::Broadcast => comm.broadcast(send, recv, root),
+        Collective::Reduce => comm.reduce(send, recv, op, root),
+        Collective::AllGather => comm.all_gather(send, recv),
+        Collective::ReduceScatter => comm.reduce_scatter(send, recv, op),
+        Collective::AllToAll => comm.all_to_all(send, recv),
+        Collective::Gather => comm.gather(send, recv, root),
+        Collective::Scatter => comm.scatter(send, recv, root),
+        Collective::AllToAllV | Collective::Barrier => Err(ferrocoll::Error::invalid(format!(
+            "bench does not measure {coll}"
+        ))),
+    }
+}
+
+/// Everything the ranks need, validated.
+struct Setup {
+    coll: Collective,
+    n: usize,
+    dtype: DType,
+    op: ReduceOp,
+    root: usize,
+    options: CallOptions,
+    sizes: Vec<Size>,
+    warmup: usize,
+    iters: usize,
+    check: bool,
+    json: bool,
+    transport: Transport,
+}
+
+impl Setup {
+    /// The op name for output: the reduction, or `none`.
+    fn op_name(&self) -> &'static str {
+        if self.coll.reduces() {
+            self.op.name()
+        } else {
+            "none"
+        }
+    }
+
+    /// The root for the table: the root, or -1 (as nccl-tests).
+    fn root_column(&self) -> i64 {
+        if self.coll.has_root() {
+            self.root as i64
+        } else {
+            -1
+        }
+    }
+}
+
+/// One line of results: the `--json` object, field for field.
+#[derive(Clone, Debug, Serialize)]
+struct Row {
+    coll: &'static str,
+    bytes: usize,
+    count: usize,
+    dtype: &'static str,
+    op: &'static str,
+    ranks: usize,
+    transport: &'static str,
+    algo: &'static str,
+    time_us: f64,
+    algbw: f64,
+    busbw: f64,
+    /// Wrong elements over all ranks; `None` (null) without `--check`.
+    wrong: Option<u64>,
+}
+
+// ---- output --------------------------------------------------------------
+
+const TABLE_HEADER: [&str; 2] = [
+    "#        size         count    type   redop    root     time(us)  algbw(GB/s)  busbw(GB/s)   #wrong  algo",
+    "#         (B)    (elements)",
+];
+
+fn table_line(row: &Row, root: i64) -> String {
+    let wrong = row
+        .wrong
+        .map_or_else(|| "N/A".to_string(), |w| w.to_string());
+    format!(
+        "{:>13} {:>13} {:>7} {:>7} {:>7} {:>12.2} {:>12.2} {:>12.2} {:>8}  {}",
+        row.bytes,
+        row.count,
+        row.dtype,
+        row.op,
+        root,
+        row.time_us,
+        row.algbw,
+        row.busbw,
+        wrong,
+        row.algo
+    )
+}
+
+fn describe(setup: &Setup, algo: &str) -> String {
+    let mut s = format!(
+        "# ferrocoll bench: {}, {} ranks, transport {}, dtype {}, op {}",
+        setup.coll,
+        setup.n,
+        setup.transport.name(),
+        setup.dtype,
+        setup.op_name()
+    );
+    if setup.coll.has_root() {
+        s += &format!(", root {}", setup.root);
+    }
+    s += &format!(", algo {}", algo.trim().to_ascii_lowercase());
+    if let Ok(spec) = std::env::var("FERROCOLL_ALGO") {
+        s += &format!(" (FERROCOLL_ALGO={spec})");
+    }
+    s += &format!(
+        ", iters {}, warmup {}, check {}",
+        setup.iters,
+        setup.warmup,
+        if setup.check { "on" } else { "off" }
+    );
+    s
+}
+
+// ---- the ranks ---------------------------------------------------------------
+
+/// Calls `$f::<T>($args)` with `T` the element type of `$dtype`.
+macro_rules! with_dtype {
+    ($dtype:expr, $f:ident($($arg:expr),* $(,)?)) => {
+        match $dtype {
+            DType::F32 => $f::<f32>($($arg),*),
+            DType::F64 => $f::<f64>($($arg),*),
+            DType::F16 => $f::<f16>($($arg),*),
+            DType::BF16 => $f::<bf16>($($arg),*),
+            DType::I8 => $f::<i8>($($arg),*),
+            DType::I32 => $f::<i32>($($arg),*),
+            DType::I64 => $f::<i64>($($arg),*),
+            DType::U8 => $f::<u8>($($arg),*),
+            DType::U32 => $f::<u32>($($arg),*),
+            DType::U64 => $f::<u64>($($arg),*),
+        }
+    };
+}
+
+/// One rank's part of the sweep. Rank 0 prints each row as it completes and
+/// returns the rows; the other ranks return nothing.
+fn run_rank<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>, CliError> {
+    let (n, rank, coll, root, op) = (setup.n, comm.rank(), setup.coll, setup.root, setup.op);
+    let tuned = comm.with_options(setup.options.clone());
+    let pattern = Pattern::new::<T>(coll.reduces().then_some(op), n);
+
+    // Buffers for the largest size; each size uses a prefix (the pattern is
+    // defined per index, so a prefix of the largest input is the input of a
+    // smaller size).
+    let max_count = setup.sizes.last().map_or(0, |s| s.count);
+    let (send_max, recv_max) = buffer_lens(coll, n, rank, root, max_count);
+    let mut send = vec![T::from_small(0); send_max];
+    pattern.fill(rank, &mut send);
+    let mut recv = vec![T::from_small(0); recv_max];
+
+    let progress = setup.json && io::stderr().is_terminal();
+    let mut rows = Vec::new();
+    for &size in &setup.sizes {
+        let (send_len, recv_len) = buffer_lens(coll, n, rank, root, size.count);
+        let (send, recv) = (&send[..send_len], &mut recv[..recv_len]);
+
+        // The same byte count the library passes to its choice.
+        let (algo, _why) = tuned.choose(coll, comm.call_bytes(coll, size.count, setup.dtype))?;
+
+        for _ in 0..setup.warmup {
+            call(&tuned, coll, send, recv, op, root)?;
+        }
+        comm.barrier()?;
+        let start = Instant::now();
+        for _ in 0..setup.iters {
+            call(&tuned, coll, send, recv, op, root)?;
+        }
+        let mine = start.elapsed().as_secs_f64() / setup.iters as f64;
+        let mut slowest = [0.0f64];
+        comm.all_reduce(&[mine], &mut slowest, ReduceOp::Max)?;
+
+        let wrong = if setup.check {
+            let expected = verify::expected::<T>(
+                &pattern,
+                &verify::Call {
+                    coll,
+                    op,
+                    n,
+                    rank,
+                    root,
+                    count: size.count,
+                },
+            );
+            verify::poison(recv, &expected);
+            call(&tuned, coll, send, recv, op, root)?;
+            let mut total = [0u64];
+            comm.all_reduce(
+                &[verify::count_wrong(recv, &expected)],
+                &mut total,
+                ReduceOp::Sum,
+            )?;
+            Some(total[0])
+        } else {
+            None
+        };
+
+        if rank == 0 {
+            let time = slowest[0];
+            let algbw = size.bytes as f64 / time / 1e9;
+            let row = Row {
+                coll: coll.name(),
+                bytes: size.bytes,
+                count: size.bytes / setup.dtype.size(),
+                dtype: setup.dtype.name(),
+                op: setup.op_name(),
+                ranks: n,
+                transport: comm.transport_name(),
+                algo: algo.name(),
+                time_us: time * 1e6,
+                algbw,
+                busbw: algbw * bus_factor(coll, n),
+                wrong,
+            };
+            let line = if setup.json {
+                serde_json::to_string(&row)
+                    .map_err(|e| CliError::Run(format!("encoding JSON: {e}")))?
+            } else {
+                table_line(&row, setup.root_column())
+            };
+            // Locked only here: a lock held by every rank would deadlock.
+            let mut stdout = io::stdout().lock();
+            writeln!(stdout, "{line}")?;
+            stdout.flush()?;
+            if progress {
+                eprintln!("bench: {coll} {} B done", size.bytes);
+            }
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+/// Runs `ferrocoll bench`.
+pub fn main(args: &BenchArgs) -> Result<(), CliError> {
+    let coll = args.coll;
+    let n = args.ranks;
+    if coll.has_root() && args.root >= n {
+        return Err(CliError::Usage(format!(
+            "--root {} is not a rank; with {n} ranks use 0 to {}",
+            args.root,
+            n - 1
+        )));
+    }
+    let options = algorithm_options(coll, &args.algo)?;
+    // Report a bad FERROCOLL_ALGO/FERROCOLL_TIMEOUT before printing anything
+    // (local::run reads the same variables again).
+    ferrocoll::Config::from_env().map_err(|e| match e {
+        ferrocoll::Error::Config { .. } => CliError::Lib(e),
+        // An unknown name inside FERROCOLL_ALGO comes back without the
+        // variable's name; say where it came from.
+        other => CliError::Usage(format!(
+            "FERROCOLL_ALGO={:?}: {other}",
+            std::env::var("FERROCOLL_ALGO").unwrap_or_default()
+        )),
+    })?;
+    if args.minbytes > args.maxbytes {
+        return Err(CliError::Usage(format!(
+            "--minbytes ({}) is larger than --maxbytes ({})",
+            args.minbytes, args.maxbytes
+        )));
+    }
+    let elem = args.dtype.size();
+    let sizes = sweep(coll, n, elem, args.minbytes, args.maxbytes, args.stepfactor);
+    if sizes.is_empty() {
+        let unit = elem * if is_block(coll) { n } else { 1 };
+        return Err(CliError::Usage(format!(
+            "no size from {} to {} B holds a whole {coll} buffer: each needs at least {unit} B \
+             ({} x {elem} B); raise --maxbytes",
+            args.minbytes,
+            args.maxbytes,
+            if is_block(coll) {
+                format!("{n} ranks")
+            } else {
+                "1 element".into()
+            },
+        )));
+    }
+    let setup = Setup {
+        coll,
+        n,
+        dtype: args.dtype,
+        op: args.op,
+        root: args.root,
+        options,
+        sizes,
+        warmup: args.warmup,
+        iters: args.iters,
+        check: args.check,
+        json: args.json,
+        transport: args.transport,
+    };
+
+    if !setup.json {
+        let mut out = io::stdout().lock();
+        writeln!(out, "{}", describe(&setup, &args.algo))?;
+        writeln!(out, "#")?;
+        for line in TABLE_HEADER {
+            writeln!(out, "{line}")?;
+        }
+    }
+
+    let outcomes = match setup.transport {
+        Transport::Thread => ferrocoll::local::run(n, |comm| {
+            let result = with_dtype!(setup.dtype, run_rank(&comm, &setup));
+            if result.is_err() {
+                // Don't leave the other ranks waiting for this one until
+                // the timeout.
+                comm.abort();
+            }
+            result
+        })?,
+    };
+    // Report the first error that is not merely a consequence of another
+    // rank's (the ranks that were waiting for it see `Aborted`).
+    let mut rows = Vec::new();
+    let mut secondary = None;
+    for (rank, outcome) in outcomes.into_iter().enumerate() {
+        match outcome {
+            Ok(r) if rank == 0 => rows = r,
+            Ok(_) => {}
+            Err(e) if e.is_secondary() => {
+                secondary.get_or_insert(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some(e) = secondary {
+        return Err(e);
+    }
+
+    let wrong: u64 = rows.iter().filter_map(|r| r.wrong).sum();
+    if !setup.json {
+        let mut out = io::stdout().lock();
+        let avg_busbw = rows.iter().map(|r| r.busbw).sum::<f64>() / rows.len().max(1) as f64;
+        writeln!(out, "#")?;
+        if setup.check {
+            let verdict = if wrong == 0 { "OK" } else { "FAILED" };
+            writeln!(out, "# Wrong elements    : {wrong} {verdict}")?;
+        }
+        writeln!(out, "# Avg bus bandwidth : {avg_busbw:.3} GB/s")?;
+    }
+    if wrong > 0 {
+        return Err(CliError::Run(format!(
+            "--check found {wrong} wrong elements in {coll} results"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_suffixes() {
+        assert_eq!(parse_size("8"), Ok(8));
+        assert_eq!(parse_size("1K"), Ok(1024));
+        assert_eq!(parse_size("64m"), Ok(64 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert_eq!(parse_size("2KiB"), Ok(2048));
+        assert!(parse_size("").is_err());
+        assert!(parse_size("K").is_err());
+        assert!(parse_size("1.5M").is_err());
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999999999999999T").is_err());
+    }
+
+    #[test]
+    fn sweep_rounds_to_whole_blocks_and_skips_empty_ones() {
+        let s = sweep(Collective::AllReduce, 4, 4, 8, 64 << 20, 4);
+        assert_eq!(s.first(), Some(&Size { bytes: 8, count: 2 }));
+        assert_eq!(s.last().unwrap().bytes, 32 << 20);
+        // 3 ranks of f32: 12-byte units; 8 B holds none.
+        let s = sweep(Collective::AllGather, 3, 4, 8, 512, 4);
+        assert_eq!(
+            s,
+            vec![
+                Size {
+                    bytes: 24,
+                    count: 2
+                },
+                Size {
+                    bytes: 120,
+                    count: 10
+                },
+                Size {
+                    bytes: 504,
+                    count: 42
+                },
+            ]
+        );
+        assert!(sweep(Collective::AllToAll, 8, 8, 8, 32, 2).is_empty());
+        // No overflow at the top of the range.
+        assert!(!sweep(Collective::AllReduce, 2, 1, usize::MAX / 2, usize::MAX, 4).is_empty());
+    }
+
+    #[test]
+    fn bus_factors_match_nccl_tests() {
+        assert_eq!(bus_factor(Collective::AllReduce, 4), 1.5);
+        assert_eq!(bus_factor(Collective::AllGather, 4), 0.75);
+        assert_eq!(bus_factor(Collective::Broadcast, 4), 1.0);
+    }
+
+    #[test]
+    fn algorithm_names_are_checked_per_collective() {
+        assert!(algorithm_options(Collective::AllReduce, "auto")
+            .unwrap()
+            .algorithm
+            .is_none());
+        assert_eq!(
+            algorithm_options(Collective::AllReduce, "Ring")
+                .unwrap()
+                .algorithm,
+            Some(ferrocoll::Algorithm::Ring)
+        );
+        for bad in ["linear", "bruck"] {
+            let msg = algorithm_options(Collective::AllReduce, bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                msg.contains(bad) && msg.contains("ring") && msg.contains("tree"),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn collective_names() {
+        assert_eq!(parse_collective("broadcast"), Ok(Collective::Broadcast));
+        assert_eq!(parse_collective("all_reduce"), Ok(Collective::AllReduce));
+        assert!(parse_collective("barrier").is_err());
+        assert!(parse_collective("allredux").is_err());
+    }
+}

@@ -1,0 +1,227 @@
+//! End-to-end tests of `ferrocoll bench`: the built binary, its JSON output,
+//! its algorithm reporting and its errors.
+
+use std::collections::BTreeSet;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+const COLLECTIVES: [&str; 8] = [
+    "allreduce",
+    "allgather",
+    "reducescatter",
+    "alltoall",
+    "bcast",
+    "reduce",
+    "gather",
+    "scatter",
+];
+
+const FIELDS: [&str; 12] = [
+    "coll",
+    "bytes",
+    "count",
+    "dtype",
+    "op",
+    "ranks",
+    "transport",
+    "algo",
+    "time_us",
+    "algbw",
+    "busbw",
+    "wrong",
+];
+
+/// Runs `ferrocoll bench ARGS` (few iterations) with `FERROCOLL_ALGO` set to
+/// `algo_env` or removed.
+fn bench(args: &[&str], algo_env: Option<&str>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrocoll"));
+    cmd.arg("bench")
+        .args(["--iters", "2", "--warmup", "1"])
+        .args(args)
+        .env_remove("FERROCOLL_ALGO")
+        // A hang (a library bug) fails the test in seconds, not minutes.
+        .env("FERROCOLL_TIMEOUT", "30");
+    if let Some(spec) = algo_env {
+        cmd.env("FERROCOLL_ALGO", spec);
+    }
+    cmd.output().expect("running the ferrocoll binary")
+}
+
+/// The JSON objects of a successful `--json` run, one per stdout line.
+fn json_rows(args: &[&str], algo_env: Option<&str>) -> Vec<serde_json::Map<String, Value>> {
+    let out = bench(args, algo_env);
+    let stdout = String::from_utf8(out.stdout).expect("stdout is UTF-8");
+    assert!(
+        out.status.success(),
+        "bench {args:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<_> = stdout
+        .lines()
+        .map(|line| match serde_json::from_str(line) {
+            Ok(Value::Object(map)) => map,
+            other => panic!("not a JSON object: {line:?} ({other:?})"),
+        })
+        .collect();
+    assert!(!rows.is_empty(), "bench {args:?} printed no rows");
+    rows
+}
+
+fn algos(rows: &[serde_json::Map<String, Value>]) -> BTreeSet<String> {
+    rows.iter()
+        .map(|r| r["algo"].as_str().expect("algo is a string").to_string())
+        .collect()
+}
+
+#[test]
+fn every_collective_checks_clean_with_exact_fields() {
+    let want: BTreeSet<&str> = FIELDS.into_iter().collect();
+    for coll in COLLECTIVES {
+        let args = [coll, "--json", "-n", "3", "-b", "8", "-e", "64K", "--check"];
+        let rows = json_rows(&args, None);
+        let block = !matches!(coll, "allreduce" | "bcast" | "reduce");
+        let reduces = matches!(coll, "allreduce" | "reduce" | "reducescatter");
+        for row in &rows {
+            let got: BTreeSet<&str> = row.keys().map(String::as_str).collect();
+            assert_eq!(got, want, "{coll}: fields of {row:?}");
+            assert_eq!(row["wrong"], 0, "{coll}: {row:?}");
+            assert_eq!(row["coll"], coll);
+            assert_eq!(row["ranks"], 3);
+            assert_eq!(row["dtype"], "f32");
+            assert_eq!(row["transport"], "thread");
+            assert_eq!(row["op"], if reduces { "sum" } else { "none" });
+            let (bytes, count) = (
+                row["bytes"].as_u64().unwrap(),
+                row["count"].as_u64().unwrap(),
+            );
+            assert!(count > 0);
+            // count = bytes / element size, as nccl-tests prints it; block
+            // collectives move whole per-rank blocks.
+            assert_eq!(bytes, count * 4, "{coll}: {row:?}");
+            if block {
+                assert_eq!(count % 3, 0, "{coll}: {row:?}");
+            }
+            assert!(bytes <= 64 * 1024);
+            for field in ["time_us", "algbw", "busbw"] {
+                let v = row[field].as_f64().unwrap();
+                assert!(v.is_finite() && v >= 0.0, "{coll}: {field} = {v}");
+            }
+        }
+        // Sizes grow by the default factor of 4, from the first one that
+        // holds at least one element per rank.
+        assert_eq!(rows.len(), if block { 6 } else { 7 }, "{coll}: {rows:?}");
+    }
+}
+
+#[test]
+fn without_check_wrong_is_null() {
+    let rows = json_rows(&["--json", "-n", "2", "-e", "1K"], None);
+    assert!(rows.iter().all(|r| r["wrong"].is_null()), "{rows:?}");
+}
+
+#[test]
+fn algo_field_follows_option_and_environment() {
+    let small = ["--json", "-n", "3", "-b", "8", "-e", "4K"];
+    let large = ["--json", "-n", "3", "-b", "256K", "-e", "256K"];
+    // auto: trees for small messages, rings for large ones.
+    assert_eq!(
+        algos(&json_rows(&small, None)),
+        BTreeSet::from(["tree".into()])
+    );
+    assert_eq!(
+        algos(&json_rows(&large, None)),
+        BTreeSet::from(["ring".into()])
+    );
+    // --algo forces it.
+    let forced: Vec<&str> = small.iter().copied().chain(["--algo", "ring"]).collect();
+    assert_eq!(
+        algos(&json_rows(&forced, None)),
+        BTreeSet::from(["ring".into()])
+    );
+    // FERROCOLL_ALGO forces it under auto...
+    let env = Some("allreduce:tree");
+    assert_eq!(
+        algos(&json_rows(&large, env)),
+        BTreeSet::from(["tree".into()])
+    );
+    // ...and --algo wins over it.
+    assert_eq!(
+        algos(&json_rows(&forced, env)),
+        BTreeSet::from(["ring".into()])
+    );
+    // An entry for another collective leaves allreduce on auto.
+    let other = Some("bcast:ring");
+    assert_eq!(
+        algos(&json_rows(&small, other)),
+        BTreeSet::from(["tree".into()])
+    );
+}
+
+#[test]
+fn unknown_algorithm_fails_listing_valid_names() {
+    for name in ["bruck", "linear"] {
+        let out = bench(&["allreduce", "--algo", name, "-e", "1K"], None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--algo {name} was accepted");
+        assert!(out.stdout.is_empty(), "--algo {name} printed results");
+        for want in [name, "auto", "ring", "tree"] {
+            assert!(stderr.contains(want), "--algo {name}: {stderr}");
+        }
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+    let out = bench(&["allreduce", "-e", "1K"], Some("allreduce:bruck"));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("FERROCOLL_ALGO") && stderr.contains("bruck"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn user_mistakes_are_errors_not_panics() {
+    let cases: [&[&str]; 6] = [
+        &["-b", "12Q"],
+        &["-b", "1M", "-e", "1K"],
+        &["gather", "-n", "3", "--root", "3"],
+        &["--transport", "shm"],
+        &["--dtype", "f128"],
+        &["barrier"],
+    ];
+    for args in cases {
+        let out = bench(args, None);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(out.stdout.is_empty(), "{args:?} printed results");
+        assert!(
+            !stderr.is_empty() && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
+    }
+    let out = bench(&["--transport", "tcp"], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not implemented"), "{stderr}");
+}
+
+#[test]
+fn table_output_has_header_and_one_row_per_size() {
+    let out = bench(
+        &["bcast", "-n", "2", "-b", "1K", "-e", "16K", "--check"],
+        None,
+    );
+    assert!(out.status.success());
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let header = stdout.lines().next().unwrap();
+    for want in ["bcast", "2 ranks", "thread", "f32", "op none"] {
+        assert!(header.contains(want), "{header}");
+    }
+    let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    // size count type redop root time algbw busbw #wrong algo
+    let cols: Vec<&str> = rows[0].split_whitespace().collect();
+    assert_eq!(cols.len(), 10, "{}", rows[0]);
+    assert_eq!(&cols[..5], ["1024", "256", "f32", "none", "0"]);
+    assert_eq!(cols[8], "0");
+}
