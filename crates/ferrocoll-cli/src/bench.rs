@@ -543,15 +543,7 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
     let options = algorithm_options(coll, &args.algo)?;
     // Report a bad FERROCOLL_ALGO/FERROCOLL_TIMEOUT before printing anything
     // (local::run reads the same variables again).
-    ferrocoll::Config::from_env().map_err(|e| match e {
-        ferrocoll::Error::Config { .. } => CliError::Lib(e),
-        // An unknown name inside FERROCOLL_ALGO comes back without the
-        // variable's name; say where it came from.
-        other => CliError::Usage(format!(
-            "FERROCOLL_ALGO={:?}: {other}",
-            std::env::var("FERROCOLL_ALGO").unwrap_or_default()
-        )),
-    })?;
+    ferrocoll::Config::from_env().map_err(CliError::Lib)?;
     if args.minbytes > args.maxbytes {
         return Err(CliError::Usage(format!(
             "--minbytes ({}) is larger than --maxbytes ({})",
@@ -637,6 +629,18 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
             writeln!(out, "# Wrong elements    : {wrong} {verdict}")?;
         }
         writeln!(out, "# Avg bus bandwidth : {avg_busbw:.3} GB/s")?;
+        // The machine's limit, measured in the same run: ranks are threads,
+        // so every byte a collective moves is at least one memory copy.
+        if let Some(last) = rows.last() {
+            let limit = memcpy_gbps(last.bytes);
+            writeln!(
+                out,
+                "# Machine limit     : memcpy of {} B on one thread {limit:.2} GB/s; \
+                 largest size's algbw is {:.2} of it",
+                last.bytes,
+                last.algbw / limit
+            )?;
+        }
     }
     if wrong > 0 {
         return Err(CliError::Run(format!(
@@ -644,6 +648,21 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
         )));
     }
     Ok(())
+}
+
+/// Bandwidth of a single-threaded copy of `bytes` (best of several runs),
+/// in GB/s.
+fn memcpy_gbps(bytes: usize) -> f64 {
+    let src = vec![1u8; bytes.max(1)];
+    let mut dst = vec![0u8; bytes.max(1)];
+    let mut best = f64::INFINITY;
+    for _ in 0..10 {
+        let start = Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    bytes as f64 / best.max(1e-9) / 1e9
 }
 
 #[cfg(test)]

@@ -124,7 +124,7 @@ fn without_check_wrong_is_null() {
 #[test]
 fn algo_field_follows_option_and_environment() {
     let small = ["--json", "-n", "3", "-b", "8", "-e", "4K"];
-    let large = ["--json", "-n", "3", "-b", "256K", "-e", "256K"];
+    let large = ["--json", "-n", "3", "-b", "1M", "-e", "1M"];
     // auto: trees for small messages, rings for large ones.
     assert_eq!(
         algos(&json_rows(&small, None)),

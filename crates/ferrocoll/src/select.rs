@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::plan::{unknown_algorithm, Algorithm, Collective};
 
 /// Messages up to this many bytes use latency-optimal algorithms under `auto`.
-pub const SMALL_BYTES: usize = 64 * 1024;
+pub const SMALL_BYTES: usize = 256 * 1024;
 
 /// Algorithms forced by configuration (`FERROCOLL_ALGO`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

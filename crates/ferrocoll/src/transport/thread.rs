@@ -19,6 +19,10 @@ use crate::error::{Error, Result};
 /// [`Header::key`]: identifies one call on one communicator.
 type CallKey = (u64, u64);
 
+/// Yields before the first sleep while waiting for a message; yielding (not
+/// spinning) keeps oversubscribed ranks from starving the one they wait for.
+const SPINS: u32 = 16;
+
 /// Longest sleep between checks for abort and lost peers.
 const POLL: Duration = Duration::from_millis(50);
 
@@ -155,7 +159,10 @@ impl ThreadFabric {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((key, err));
-        let _guard = self.inboxes[rank].lock();
+        // Called while holding our own inbox lock, so we must not take the
+        // peer's (two ranks doing this at once would deadlock). Notifying
+        // without the lock can miss a waiter that is just about to sleep; it
+        // then finds the verdict on its next poll, within POLL.
         self.inboxes[rank].arrived.notify_all();
     }
 
@@ -270,6 +277,7 @@ impl ThreadTransport {
         let mut waiting: Vec<bool> = vec![true; recvs.len()];
         let mut remaining = recvs.len();
         let mut taken: Vec<(usize, Post)> = Vec::new();
+        let mut spins = 0;
         while remaining > 0 {
             {
                 let mut posts = inbox.lock();
@@ -330,6 +338,16 @@ impl ThreadTransport {
                     let now = Instant::now();
                     if now >= deadline {
                         return Err(self.timeout(header, first, start));
+                    }
+                    if spins < SPINS {
+                        // Yield instead of sleeping at first: the sender is
+                        // usually a few microseconds away, and a futex sleep
+                        // and wake-up costs more than that.
+                        spins += 1;
+                        drop(posts);
+                        std::thread::yield_now();
+                        posts = inbox.lock();
+                        continue;
                     }
                     let slice = (deadline - now).min(POLL);
                     posts = inbox
@@ -407,15 +425,22 @@ impl ThreadTransport {
         start: Instant,
         deadline: Instant,
     ) -> Result<()> {
-        let mut st = posted.done.lock();
+        let mut spins = 0;
         loop {
-            if let Some(err) = st.failure.take() {
-                return Err(err);
+            {
+                let mut st = posted.done.lock();
+                if let Some(err) = st.failure.take() {
+                    return Err(err);
+                }
+                if st.pending == 0 {
+                    return Ok(());
+                }
             }
-            if st.pending == 0 {
-                return Ok(());
+            if spins < SPINS {
+                spins += 1;
+                std::thread::yield_now();
+                continue;
             }
-            drop(st);
             // Name a peer that has not taken its message yet.
             let slow = posted.peers.iter().copied().find(|&p| {
                 self.fabric.inboxes[p]
@@ -430,14 +455,15 @@ impl ThreadTransport {
             if now >= deadline {
                 return Err(self.timeout(header, slow.unwrap_or(self.rank), start));
             }
-            st = posted.done.lock();
+            let st = posted.done.lock();
             if st.pending > 0 && st.failure.is_none() {
-                st = posted
-                    .done
-                    .changed
-                    .wait_timeout(st, (deadline - now).min(POLL))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
+                drop(
+                    posted
+                        .done
+                        .changed
+                        .wait_timeout(st, (deadline - now).min(POLL))
+                        .unwrap_or_else(|e| e.into_inner()),
+                );
             }
         }
     }
