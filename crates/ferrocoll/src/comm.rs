@@ -328,23 +328,41 @@ impl Communicator {
             send_counts: spec.send_counts.clone(),
             recv_counts: spec.recv_counts.clone(),
         };
-        let plan = plan::build(algo, &req)?;
-        if cfg!(debug_assertions) {
-            let layout = if spec.in_place {
-                Layout::in_place(&req).expect("in-place form exists")
+        let layout = if spec.in_place {
+            Layout::in_place(&req).expect("in-place form exists")
+        } else {
+            Layout::OUT_OF_PLACE
+        };
+        let sig = spec.signature();
+        let op = spec.op.unwrap_or(ReduceOp::Sum);
+        // Elementwise collectives of many bytes run as consecutive slices,
+        // each a whole collective on a cache-sized piece (see
+        // `exec::slices`); everything else runs as one plan.
+        let mut planned: Option<(usize, Plan)> = None;
+        for (offset, len) in exec::slices(spec.coll, spec.count, elem) {
+            if planned.as_ref().map(|(l, _)| *l) != Some(len) {
+                let req = PlanRequest {
+                    count: len,
+                    ..req.clone()
+                };
+                let plan = plan::build(algo, &req)?;
+                if cfg!(debug_assertions) {
+                    plan::validate(&plan, &req, layout).map_err(|e| {
+                        Error::Internal(format!("{algo} plan for {}: {e}", spec.coll))
+                    })?;
+                }
+                planned = Some((len, plan));
+            }
+            let (_, plan) = planned.as_ref().expect("planned above");
+            let piece = if len == spec.count {
+                mem // one slice: the whole call, whatever its buffers' shapes
             } else {
-                Layout::OUT_OF_PLACE
+                mem.slice(offset * elem, len * elem)
             };
-            plan::validate(&plan, &req, layout)
-                .map_err(|e| Error::Internal(format!("{algo} plan for {}: {e}", spec.coll)))?;
+            // SAFETY: `piece` is a sub-range of `mem` (the caller's contract).
+            unsafe { self.execute(plan, &piece, &sig, seq, op) }?;
         }
-        self.execute(
-            &plan,
-            &mem,
-            &spec.signature(),
-            seq,
-            spec.op.unwrap_or(ReduceOp::Sum),
-        )
+        Ok(())
     }
 
     /// Runs a plan under a header.

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::plan::{Buf, Op, Plan, Span};
+use crate::plan::{Buf, Collective, Op, Plan, Span};
 use crate::transport::{Header, Incoming, Outgoing, Sink, Transport};
 use crate::types::{DType, ReduceOp};
 
@@ -19,11 +19,60 @@ use crate::types::{DType, ReduceOp};
 ///
 /// In place, `input` and `output` point into the same allocation (see
 /// [`crate::plan::Layout`]).
+#[derive(Clone, Copy)]
 pub(crate) struct Memory {
     pub input: *const u8,
     pub input_bytes: usize,
     pub output: *mut u8,
     pub output_bytes: usize,
+}
+
+impl Memory {
+    /// Bytes `offset..offset + len` of both buffers (a buffer this rank does
+    /// not use, of length 0, stays empty).
+    pub fn slice(&self, offset: usize, len: usize) -> Memory {
+        let part = |base: *mut u8, bytes: usize| {
+            if bytes == 0 {
+                (base, 0)
+            } else {
+                assert!(offset + len <= bytes, "slice past the end of a buffer");
+                // SAFETY: in bounds of the buffer, as asserted.
+                (unsafe { base.add(offset) }, len)
+            }
+        };
+        let (input, input_bytes) = part(self.input.cast_mut(), self.input_bytes);
+        let (output, output_bytes) = part(self.output, self.output_bytes);
+        Memory {
+            input: input.cast_const(),
+            input_bytes,
+            output,
+            output_bytes,
+        }
+    }
+}
+
+/// Slices larger than this run one after another (see [`slices`]).
+pub const SLICE_BYTES: usize = 2 << 20;
+
+/// How a call is cut into consecutive slices: `(first element, count)`.
+///
+/// Allreduce, broadcast and reduce treat every element independently, so a
+/// large call can run as several whole collectives over consecutive pieces of
+/// at most [`SLICE_BYTES`]. Each piece's working set (input, output and the
+/// neighbour's block being reduced) then stays in cache instead of streaming
+/// the whole buffer from memory at every step of the algorithm; the extra
+/// rounds cost little next to the bytes. Other collectives run whole.
+pub fn slices(coll: Collective, count: usize, elem: usize) -> Vec<(usize, usize)> {
+    let elementwise = matches!(
+        coll,
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce
+    );
+    let per_slice = (SLICE_BYTES / elem).max(1);
+    if !elementwise || count <= per_slice {
+        return vec![(0, count)];
+    }
+    let n = count.div_ceil(per_slice);
+    (0..n).map(|k| crate::plan::block(count, n, k)).collect()
 }
 
 /// Everything about one call that is not the plan.
