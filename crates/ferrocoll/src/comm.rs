@@ -339,7 +339,9 @@ impl Communicator {
         // each a whole collective on a cache-sized piece (see
         // `exec::slices`); everything else runs as one plan.
         let mut planned: Option<(usize, Plan)> = None;
-        for (offset, len) in exec::slices(spec.coll, spec.count, elem) {
+        for (offset, len) in
+            exec::slices(spec.coll, spec.count, elem, self.shared.config.slice_bytes)
+        {
             if planned.as_ref().map(|(l, _)| *l) != Some(len) {
                 let req = PlanRequest {
                     count: len,

@@ -5,12 +5,17 @@
 //! | `FERROCOLL_ALGO` | force algorithms: `allreduce:ring,bcast:tree`, or one name for every collective that has it | `auto` |
 //! | `FERROCOLL_TIMEOUT` | seconds any wait may take before failing with [`crate::Error::Timeout`] | 300 |
 //! | `FERROCOLL_DEBUG` | `1`: rank 0 prints every algorithm choice and why to stderr | off |
+//! | `FERROCOLL_SLICE_BYTES` | allreduce/broadcast/reduce larger than this run as consecutive slices of this size (cache locality); `0` never slices | 2 MiB |
 
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::plan::{Algorithm, Collective};
 use crate::select::AlgoChoice;
+
+/// Default for [`Config::slice_bytes`]: measured best on the thread
+/// transport (see bench/RESULTS.md).
+pub const DEFAULT_SLICE_BYTES: usize = 2 << 20;
 
 /// Default deadline for any single wait.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -24,6 +29,8 @@ pub struct Config {
     pub timeout: Duration,
     /// Print algorithm choices (rank 0, stderr).
     pub debug: bool,
+    /// Elementwise collectives above this size run as slices of it (0: off).
+    pub slice_bytes: usize,
 }
 
 impl Default for Config {
@@ -32,6 +39,7 @@ impl Default for Config {
             algorithms: AlgoChoice::default(),
             timeout: DEFAULT_TIMEOUT,
             debug: false,
+            slice_bytes: DEFAULT_SLICE_BYTES,
         }
     }
 }
@@ -62,6 +70,13 @@ impl Config {
                     reason: "give a positive number of seconds, e.g. 30 or 0.5".into(),
                 })?;
             config.timeout = Duration::from_secs_f64(secs);
+        }
+        if let Ok(v) = std::env::var("FERROCOLL_SLICE_BYTES") {
+            config.slice_bytes = v.trim().parse().map_err(|_| Error::Config {
+                var: "FERROCOLL_SLICE_BYTES".into(),
+                value: v.clone(),
+                reason: "give a number of bytes, e.g. 2097152, or 0 to never slice".into(),
+            })?;
         }
         if let Ok(v) = std::env::var("FERROCOLL_DEBUG") {
             config.debug = !matches!(v.trim(), "" | "0" | "false" | "off");

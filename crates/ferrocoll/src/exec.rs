@@ -51,24 +51,27 @@ impl Memory {
     }
 }
 
-/// Slices larger than this run one after another (see [`slices`]).
-pub const SLICE_BYTES: usize = 2 << 20;
-
 /// How a call is cut into consecutive slices: `(first element, count)`.
 ///
 /// Allreduce, broadcast and reduce treat every element independently, so a
 /// large call can run as several whole collectives over consecutive pieces of
-/// at most [`SLICE_BYTES`]. Each piece's working set (input, output and the
-/// neighbour's block being reduced) then stays in cache instead of streaming
-/// the whole buffer from memory at every step of the algorithm; the extra
-/// rounds cost little next to the bytes. Other collectives run whole.
-pub fn slices(coll: Collective, count: usize, elem: usize) -> Vec<(usize, usize)> {
+/// at most `slice_bytes` (0: never slice). Each piece's working set (input,
+/// output and the neighbour's block being reduced) then stays in cache instead
+/// of streaming the whole buffer from memory at every step of the algorithm;
+/// the extra rounds cost little next to the bytes. Other collectives run
+/// whole.
+pub fn slices(
+    coll: Collective,
+    count: usize,
+    elem: usize,
+    slice_bytes: usize,
+) -> Vec<(usize, usize)> {
     let elementwise = matches!(
         coll,
         Collective::AllReduce | Collective::Broadcast | Collective::Reduce
     );
-    let per_slice = (SLICE_BYTES / elem).max(1);
-    if !elementwise || count <= per_slice {
+    let per_slice = (slice_bytes / elem).max(1);
+    if !elementwise || slice_bytes == 0 || count <= per_slice {
         return vec![(0, count)];
     }
     let n = count.div_ceil(per_slice);

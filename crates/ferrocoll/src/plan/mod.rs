@@ -4,7 +4,7 @@
 //! size, this rank, counts, root, ...) to a [`Plan`]: an ordered list of
 //! [`Round`]s, each a set of [`Op`]s over three buffers ([`Buf::Input`],
 //! [`Buf::Output`], [`Buf::Scratch`]). Plans never touch a socket, a thread or
-//! a clock; the executor ([`crate::exec`]) runs them over any transport and the
+//! a clock; the executor (`exec.rs`) runs them over any transport and the
 //! simulator runs the plans of all ranks against a network model.
 //!
 //! # Round semantics

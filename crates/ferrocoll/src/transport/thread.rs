@@ -4,10 +4,11 @@
 //! the sender stays inside [`Transport::exchange`] until the receiver has
 //! consumed it. The receiver hands the sender's memory straight to its sink,
 //! so a ring step reduces directly from the neighbour's buffer: one pass over
-//! the data, no intermediate copy. Waiting sleeps on a condition variable
-//! (never a busy spin), waking at least every [`POLL`] to notice aborts and
-//! lost peers, which is what oversubscribed machines (8 ranks on 2 cores)
-//! need.
+//! the data, no intermediate copy. A waiting rank first yields its core a
+//! few times (the peer is usually microseconds away), then sleeps on a
+//! condition variable, waking at least every 50 ms to notice aborts and lost
+//! peers: never a busy spin, which oversubscribed machines (8 ranks on 2
+//! cores) need.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
