@@ -191,7 +191,7 @@ fn algorithm_options(coll: Collective, name: &str) -> Result<CallOptions, ferroc
     let unknown = || ferrocoll::plan::unknown_algorithm(coll, name.trim());
     let options = CallOptions::algorithm_named(name.trim()).map_err(|_| unknown())?;
     match options.algorithm {
-        Some(a) if !coll.algorithms().contains(&a) => Err(unknown()),
+        Some(a) if a.for_collective(coll).is_none() => Err(unknown()),
         _ => Ok(options),
     }
 }

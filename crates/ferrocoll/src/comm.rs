@@ -17,6 +17,7 @@ use crate::kernels;
 use crate::plan::{self, Algorithm, Collective, Layout, Op, Plan, PlanRequest, Round, Span};
 use crate::request::Request;
 use crate::select;
+use crate::topo::Topology;
 use crate::transport::{CallKind, Header, Signature, Transport};
 use crate::types::{DType, Element, ReduceOp};
 
@@ -71,6 +72,9 @@ struct Shared {
     next_seq: AtomicU64,
     splits: AtomicU64,
     config: Arc<Config>,
+    topology: Topology,
+    /// Scratch memory kept between calls (plans declare what they need).
+    scratch: std::sync::Mutex<Vec<u64>>,
 }
 
 /// A group of ranks that call collectives together.
@@ -156,12 +160,20 @@ fn len_error(call: &str, what: &str, got: usize, want: usize, why: &str) -> Erro
 }
 
 impl Communicator {
-    /// A communicator over every rank of `transport`.
-    pub fn new(transport: Arc<dyn Transport>, config: Config) -> Communicator {
+    /// A communicator over every rank of `transport`, with the topology of
+    /// `config` (flat if it has none). Fails if that topology does not have
+    /// the transport's number of ranks.
+    pub fn new(transport: Arc<dyn Transport>, config: Config) -> Result<Communicator> {
         let size = transport.size();
         let rank = transport.rank();
-        Communicator {
+        let topology = config
+            .topology
+            .clone()
+            .unwrap_or_else(|| Topology::flat(size));
+        topology.check_size(size)?;
+        Ok(Communicator {
             shared: Arc::new(Shared {
+                topology,
                 transport,
                 group: (0..size).collect(),
                 rank,
@@ -169,10 +181,16 @@ impl Communicator {
                 next_seq: AtomicU64::new(0),
                 splits: AtomicU64::new(0),
                 config: Arc::new(config),
+                scratch: Default::default(),
             }),
             options: CallOptions::default(),
             reserved_seq: None,
-        }
+        })
+    }
+
+    /// How this group's ranks nest into nodes.
+    pub fn topology(&self) -> &Topology {
+        &self.shared.topology
     }
 
     /// This rank, `0..size()`.
@@ -229,9 +247,9 @@ impl Communicator {
     /// rank) and barrier. [`Communicator::call_bytes`] computes it.
     pub fn choose(&self, coll: Collective, bytes: usize) -> Result<(Algorithm, String)> {
         if let Some(a) = self.options.algorithm {
-            if !coll.algorithms().contains(&a) {
-                return Err(plan::unknown_algorithm(coll, a.name()));
-            }
+            let a = a
+                .for_collective(coll)
+                .ok_or_else(|| plan::unknown_algorithm(coll, a.name()))?;
             return Ok((a, "forced by call options".into()));
         }
         if let Some(a) = self.shared.config.algorithms.get(coll) {
@@ -327,6 +345,7 @@ impl Communicator {
             elem_size: elem,
             send_counts: spec.send_counts.clone(),
             recv_counts: spec.recv_counts.clone(),
+            topology: self.shared.topology.clone(),
         };
         let layout = if spec.in_place {
             Layout::in_place(&req).expect("in-place form exists")
@@ -391,8 +410,22 @@ impl Communicator {
             op,
             deadline: self.deadline(),
         };
+        // Reuse the communicator's scratch memory; a call running alongside
+        // (non-blocking) finds it taken and uses a fresh buffer.
+        let mut scratch = self
+            .shared
+            .scratch
+            .try_lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default();
         // SAFETY: forwarded from this function's contract.
-        unsafe { exec::execute(plan, mem, &call) }.map_err(|e| self.group_error(e))
+        let result = unsafe { exec::execute(plan, mem, &call, &mut scratch) };
+        if let Ok(mut slot) = self.shared.scratch.try_lock() {
+            if slot.len() < scratch.len() {
+                *slot = scratch;
+            }
+        }
+        result.map_err(|e| self.group_error(e))
     }
 
     fn check_root(&self, call: &str, root: usize) -> Result<()> {
@@ -920,6 +953,8 @@ impl Communicator {
             .position(|&(_, r)| r == self.rank())
             .expect("this rank has this color");
         let group = members.iter().map(|&(_, r)| self.shared.group[r]).collect();
+        let in_parent: Vec<usize> = members.iter().map(|&(_, r)| r).collect();
+        let topology = self.shared.topology.subgroup(&in_parent);
         let id = mix(mix(self.shared.id ^ 0x9e37_79b9_7f4a_7c15) ^ split_no) ^ u64::from(color);
         Ok(Some(Communicator {
             shared: Arc::new(Shared {
@@ -930,6 +965,8 @@ impl Communicator {
                 next_seq: AtomicU64::new(0),
                 splits: AtomicU64::new(0),
                 config: Arc::clone(&self.shared.config),
+                topology,
+                scratch: Default::default(),
             }),
             options: self.options.clone(),
             reserved_seq: None,

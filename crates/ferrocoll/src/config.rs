@@ -5,6 +5,7 @@
 //! | `FERROCOLL_ALGO` | force algorithms: `allreduce:ring,bcast:tree`, or one name for every collective that has it | `auto` |
 //! | `FERROCOLL_TIMEOUT` | seconds any wait may take before failing with [`crate::Error::Timeout`] | 300 |
 //! | `FERROCOLL_DEBUG` | `1`: rank 0 prints every algorithm choice and why to stderr | off |
+//! | `FERROCOLL_TOPO` | level sizes of the group, outermost first: `2x4` = 2 nodes of 4 ranks (read by `hier`, `torus2d`, `mesh2d`) | flat |
 //! | `FERROCOLL_SLICE_BYTES` | allreduce/broadcast/reduce larger than this run as consecutive slices of this size (cache locality); `0` never slices | 2 MiB |
 
 use std::time::Duration;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::plan::{Algorithm, Collective};
 use crate::select::AlgoChoice;
+use crate::topo::Topology;
 
 /// Default for [`Config::slice_bytes`]: measured best on the thread
 /// transport (see bench/RESULTS.md).
@@ -31,6 +33,8 @@ pub struct Config {
     pub debug: bool,
     /// Elementwise collectives above this size run as slices of it (0: off).
     pub slice_bytes: usize,
+    /// How the world's ranks nest into nodes; `None` is flat.
+    pub topology: Option<Topology>,
 }
 
 impl Default for Config {
@@ -40,6 +44,7 @@ impl Default for Config {
             timeout: DEFAULT_TIMEOUT,
             debug: false,
             slice_bytes: DEFAULT_SLICE_BYTES,
+            topology: None,
         }
     }
 }
@@ -78,6 +83,14 @@ impl Config {
                 reason: "give a number of bytes, e.g. 2097152, or 0 to never slice".into(),
             })?;
         }
+        if let Ok(v) = std::env::var("FERROCOLL_TOPO") {
+            let topo = v.parse::<Topology>().map_err(|e| Error::Config {
+                var: "FERROCOLL_TOPO".into(),
+                value: v.clone(),
+                reason: e.to_string(),
+            })?;
+            config.topology = Some(topo);
+        }
         if let Ok(v) = std::env::var("FERROCOLL_DEBUG") {
             config.debug = !matches!(v.trim(), "" | "0" | "false" | "off");
         }
@@ -88,6 +101,12 @@ impl Config {
     pub fn with_algorithm(mut self, coll: Collective, algo: Algorithm) -> Result<Config> {
         self.algorithms.set(coll, algo)?;
         Ok(self)
+    }
+
+    /// Sets the topology of the world group.
+    pub fn with_topology(mut self, topology: Topology) -> Config {
+        self.topology = Some(topology);
+        self
     }
 
     /// Sets the default deadline.

@@ -175,7 +175,8 @@ impl Resolver<'_> {
     }
 }
 
-/// Runs `plan` on `mem`.
+/// Runs `plan` on `mem`, with `scratch` (grown as the plan needs) as its
+/// scratch buffer.
 ///
 /// # Safety
 ///
@@ -185,10 +186,19 @@ impl Resolver<'_> {
 /// [`crate::plan::Layout`] describes), and `plan` must pass
 /// [`crate::plan::validate`] for that layout (bounds are checked here again;
 /// disjointness of in-flight ops is not).
-pub(crate) unsafe fn execute(plan: &Plan, mem: &Memory, call: &Call<'_>) -> Result<()> {
+pub(crate) unsafe fn execute(
+    plan: &Plan,
+    mem: &Memory,
+    call: &Call<'_>,
+    scratch: &mut Vec<u64>,
+) -> Result<()> {
     let elem = call.dtype.size();
-    // u64 backing keeps scratch aligned for every element type.
-    let mut scratch = vec![0u64; (plan.scratch * elem).div_ceil(8)];
+    // u64 backing keeps scratch aligned for every element type. Plans write
+    // scratch before reading it, so reused memory needs no clearing.
+    let words = (plan.scratch * elem).div_ceil(8);
+    if scratch.len() < words {
+        scratch.resize(words, 0);
+    }
     let res = Resolver {
         mem,
         scratch: scratch.as_mut_ptr().cast(),
@@ -280,6 +290,5 @@ pub(crate) unsafe fn execute(plan: &Plan, mem: &Memory, call: &Call<'_>) -> Resu
                 .exchange(&call.header, &sends, &recvs, &mut sink, call.deadline)?;
         }
     }
-    drop(scratch);
     Ok(())
 }

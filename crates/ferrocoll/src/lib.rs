@@ -39,6 +39,7 @@ pub mod local;
 pub mod plan;
 mod request;
 pub mod select;
+pub mod topo;
 pub mod transport;
 mod types;
 
@@ -47,6 +48,7 @@ pub use config::Config;
 pub use error::{Error, Result};
 pub use plan::{Algorithm, Collective};
 pub use request::Request;
+pub use topo::Topology;
 pub use types::{DType, Element, ReduceOp};
 
 /// Re-export of the 16-bit float types ferrocoll reduces.

@@ -46,12 +46,16 @@ where
     if n == 0 {
         return Err(Error::invalid("local::run needs at least one rank"));
     }
+    if let Some(topo) = &config.topology {
+        topo.check_size(n)?;
+    }
     let fabric = ThreadFabric::new(n);
     let mut spawn_error = None;
     let outcomes: Vec<std::thread::Result<R>> = std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(n);
         for rank in 0..n {
-            let comm = Communicator::new(Arc::new(fabric.transport(rank)), config.clone());
+            let comm = Communicator::new(Arc::new(fabric.transport(rank)), config.clone())
+                .expect("topology size checked above");
             let (f, fabric) = (&f, &fabric);
             let spawned = std::thread::Builder::new()
                 .name(format!("ferrocoll-rank-{rank}"))

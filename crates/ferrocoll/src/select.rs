@@ -45,7 +45,7 @@ impl AlgoChoice {
                         continue;
                     }
                     let algo = Algorithm::from_name(algo_name)
-                        .filter(|a| coll.algorithms().contains(a))
+                        .and_then(|a| a.for_collective(coll))
                         .ok_or_else(|| unknown_algorithm(coll, algo_name))?;
                     choice.per_collective.insert(coll, algo);
                 }
@@ -66,9 +66,9 @@ impl AlgoChoice {
 
     /// Forces `algo` for `coll` (checked against the collective's list).
     pub fn set(&mut self, coll: Collective, algo: Algorithm) -> Result<()> {
-        if !coll.algorithms().contains(&algo) {
-            return Err(unknown_algorithm(coll, algo.name()));
-        }
+        let algo = algo
+            .for_collective(coll)
+            .ok_or_else(|| unknown_algorithm(coll, algo.name()))?;
         self.per_collective.insert(coll, algo);
         Ok(())
     }
@@ -78,7 +78,7 @@ impl AlgoChoice {
         self.per_collective
             .get(&coll)
             .copied()
-            .or_else(|| self.global.filter(|a| coll.algorithms().contains(a)))
+            .or_else(|| self.global.and_then(|a| a.for_collective(coll)))
     }
 }
 
@@ -97,12 +97,14 @@ pub fn auto(coll: Collective, bytes: usize, n: usize) -> (Algorithm, &'static st
                 (Algorithm::Ring, "large message: bandwidth-optimal ring")
             }
         }
-        Collective::AllGather | Collective::ReduceScatter => {
-            (Algorithm::Ring, "only algorithm so far")
-        }
-        Collective::AllToAll | Collective::AllToAllV => {
-            (Algorithm::Direct, "only algorithm so far")
-        }
+        Collective::AllGather | Collective::ReduceScatter => (
+            Algorithm::Ring,
+            "ring: bandwidth-optimal, one neighbour per step",
+        ),
+        Collective::AllToAll | Collective::AllToAllV => (
+            Algorithm::Direct,
+            "direct: one round, every message in flight at once",
+        ),
         Collective::Gather | Collective::Scatter => {
             if small && n > 8 {
                 (Algorithm::Tree, "small blocks, many ranks: log2 N rounds")
@@ -113,7 +115,10 @@ pub fn auto(coll: Collective, bytes: usize, n: usize) -> (Algorithm, &'static st
                 )
             }
         }
-        Collective::Barrier => (Algorithm::Dissemination, "only algorithm so far"),
+        Collective::Barrier => (
+            Algorithm::Dissemination,
+            "dissemination: ceil(log2 N) rounds",
+        ),
     }
 }
 
@@ -125,10 +130,12 @@ mod tests {
     fn parses_per_collective_and_global_names() {
         let c = AlgoChoice::parse("allreduce:tree, bcast:ring").unwrap();
         assert_eq!(c.get(Collective::AllReduce), Some(Algorithm::Tree));
-        assert_eq!(c.get(Collective::Broadcast), Some(Algorithm::Ring));
+        assert_eq!(c.get(Collective::Broadcast), Some(Algorithm::Pipeline));
         assert_eq!(c.get(Collective::Reduce), None);
         let c = AlgoChoice::parse("ring").unwrap();
         assert_eq!(c.get(Collective::AllGather), Some(Algorithm::Ring));
+        // Broadcast's ring algorithm is the pipelined chain.
+        assert_eq!(c.get(Collective::Broadcast), Some(Algorithm::Pipeline));
         assert_eq!(c.get(Collective::AllToAll), None, "alltoall has no ring");
         let c = AlgoChoice::parse("tree,allreduce:ring").unwrap();
         assert_eq!(c.get(Collective::AllReduce), Some(Algorithm::Ring));
@@ -143,7 +150,7 @@ mod tests {
             msg.contains("bruck") && msg.contains("ring") && msg.contains("tree"),
             "{msg}"
         );
-        let e = AlgoChoice::parse("allreduce:direct").unwrap_err();
+        let e = AlgoChoice::parse("allreduce:linear").unwrap_err();
         assert!(matches!(e, Error::UnknownAlgorithm { .. }));
         let e = AlgoChoice::parse("allredux:ring").unwrap_err();
         assert!(e.to_string().contains("allreduce"), "{e}");

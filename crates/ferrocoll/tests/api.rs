@@ -210,7 +210,7 @@ fn different_counts_are_a_mismatch() {
     })
     .unwrap();
     assert!(
-        out.iter().any(|r| matches!(r, Err(Error::Mismatch { .. }))),
+        out.iter().all(|r| matches!(r, Err(Error::Mismatch { .. }))),
         "{out:?}"
     );
 }
@@ -328,4 +328,22 @@ fn auto_chooses_alike_on_root_and_leaves() {
     for (rank, r) in out.into_iter().enumerate() {
         assert_eq!(r.unwrap(), rank as f32);
     }
+}
+
+#[test]
+fn topology_must_fit_the_group_and_follows_splits() {
+    use ferrocoll::Topology;
+    let t: Topology = "2x4".parse().unwrap();
+    let e = local::run_with(6, cfg().with_topology(t.clone()), |_| ()).unwrap_err();
+    assert!(e.to_string().contains("2x4"), "{e}");
+    let out = local::run_with(8, cfg().with_topology(t), |comm| {
+        assert_eq!(comm.topology().levels(), &[2, 4]);
+        // Even local ranks of both nodes: 2 nodes of 2.
+        let color = (comm.rank() % 2 == 0).then_some(0);
+        let sub = comm.split(color, 0).unwrap();
+        sub.map(|s| s.topology().levels().to_vec())
+    })
+    .unwrap();
+    assert_eq!(out[0], Some(vec![2, 2]));
+    assert_eq!(out[1], None);
 }

@@ -5,7 +5,7 @@
 //! traffic of the ring allreduce against the seeds' volume formula.
 
 use ferrocoll::plan::{self, match_messages, validate, Layout, Plan, PlanRequest};
-use ferrocoll::{Algorithm, Collective};
+use ferrocoll::{Algorithm, Collective, Topology};
 
 /// Counts around the interesting boundaries for group size `n`.
 fn counts(n: usize) -> Vec<usize> {
@@ -15,12 +15,47 @@ fn counts(n: usize) -> Vec<usize> {
     c
 }
 
-fn requests(coll: Collective, n: usize, count: usize, root: usize) -> Vec<PlanRequest> {
+/// Whether `FERROCOLL_TEST_ALGOS` (if set) selects `algo` for `coll`.
+fn selected(coll: Collective, algo: Algorithm) -> bool {
+    let Ok(spec) = std::env::var("FERROCOLL_TEST_ALGOS") else {
+        return true;
+    };
+    spec.split(',')
+        .map(str::trim)
+        .any(|entry| match entry.split_once(':') {
+            Some((c, a)) => Collective::from_name(c) == Some(coll) && a == algo.name(),
+            None => entry == algo.name(),
+        })
+}
+
+/// Flat, every two-level factorisation (1xN and Nx1 included) and, where
+/// they fit, three-level topologies.
+fn topologies(n: usize) -> Vec<Topology> {
+    let mut t = vec![Topology::flat(n)];
+    for a in (1..=n).filter(|a| n % a == 0) {
+        t.push(Topology::new(vec![a, n / a]).unwrap());
+    }
+    for levels in [vec![2, 2, 2], vec![2, 2, 3], vec![3, 2, 2]] {
+        if levels.iter().product::<usize>() == n {
+            t.push(Topology::new(levels).unwrap());
+        }
+    }
+    t
+}
+
+fn requests(
+    coll: Collective,
+    n: usize,
+    count: usize,
+    root: usize,
+    topo: &Topology,
+) -> Vec<PlanRequest> {
     (0..n)
         .map(|rank| {
             let mut req = PlanRequest::new(coll, n, rank, count)
                 .with_root(root)
-                .with_elem_size(4);
+                .with_elem_size(4)
+                .with_topology(topo.clone());
             if coll == Collective::AllToAllV {
                 // Uneven counts: rank r sends (r + 2p + count) % 5 elements to p.
                 let send = (0..n).map(|p| (rank + 2 * p + count) % 5).collect();
@@ -32,13 +67,20 @@ fn requests(coll: Collective, n: usize, count: usize, root: usize) -> Vec<PlanRe
         .collect()
 }
 
-fn check_all(coll: Collective, algo: Algorithm, n: usize, count: usize, root: usize) {
-    let reqs = requests(coll, n, count, root);
+fn check_all(
+    coll: Collective,
+    algo: Algorithm,
+    n: usize,
+    count: usize,
+    root: usize,
+    topo: &Topology,
+) {
+    let reqs = requests(coll, n, count, root, topo);
     let plans: Vec<Plan> = reqs
         .iter()
         .map(|r| plan::build(algo, r).expect("plan builds"))
         .collect();
-    let what = format!("{coll}/{algo} n={n} count={count} root={root}");
+    let what = format!("{coll}/{algo} n={n} count={count} root={root} topology={topo}");
     for (req, p) in reqs.iter().zip(&plans) {
         validate(p, req, Layout::OUT_OF_PLACE)
             .unwrap_or_else(|e| panic!("{what} rank {}: {e}", req.rank));
@@ -50,19 +92,34 @@ fn check_all(coll: Collective, algo: Algorithm, n: usize, count: usize, root: us
     match_messages(&plans).unwrap_or_else(|e| panic!("{what}: {e}"));
 }
 
+/// Algorithms that read the topology; the others are checked on flat groups.
+fn reads_topology(algo: Algorithm) -> bool {
+    matches!(
+        algo,
+        Algorithm::Hier | Algorithm::Torus2d | Algorithm::Mesh2d
+    )
+}
+
 #[test]
 fn every_plan_is_valid_and_deadlock_free() {
     for coll in Collective::ALL {
-        for &algo in coll.algorithms() {
+        for &algo in coll.algorithms().iter().filter(|&&a| selected(coll, a)) {
             for n in 1..=17 {
                 let roots: Vec<usize> = if coll.has_root() {
                     (0..n).collect()
                 } else {
                     vec![0]
                 };
-                for count in counts(n) {
-                    for &root in &roots {
-                        check_all(coll, algo, n, count, root);
+                let topos = if reads_topology(algo) {
+                    topologies(n)
+                } else {
+                    vec![Topology::flat(n)]
+                };
+                for topo in &topos {
+                    for count in counts(n) {
+                        for &root in &roots {
+                            check_all(coll, algo, n, count, root, topo);
+                        }
                     }
                 }
             }
@@ -73,11 +130,16 @@ fn every_plan_is_valid_and_deadlock_free() {
 #[test]
 fn pipelined_chains_validate_with_many_segments() {
     // 64 MiB of f32: the chain cuts it into the maximum number of segments.
-    for algo in [Algorithm::Ring] {
-        for coll in [Collective::Broadcast, Collective::Reduce] {
-            for n in [2, 3, 5, 8] {
-                check_all(coll, algo, n, 16 << 20, n / 2);
-            }
+    for coll in [Collective::Broadcast, Collective::Reduce] {
+        for n in [2, 3, 5, 8] {
+            check_all(
+                coll,
+                Algorithm::Pipeline,
+                n,
+                16 << 20,
+                n / 2,
+                &Topology::flat(n),
+            );
         }
     }
 }
@@ -138,7 +200,7 @@ fn binomial_trees_take_ceil_log2_n_steps() {
             Collective::Gather,
             Collective::Scatter,
         ] {
-            let plans: Vec<Plan> = requests(coll, n, 10, 0)
+            let plans: Vec<Plan> = requests(coll, n, 10, 0, &Topology::flat(n))
                 .iter()
                 .map(|r| plan::build(Algorithm::Tree, r).unwrap())
                 .collect();

@@ -124,10 +124,13 @@ pub fn validate(plan: &Plan, req: &PlanRequest, layout: Layout) -> Result<(), St
                     if dst.len != a.len || a.len != b.len {
                         return Err(at("reduce operands differ in length"));
                     }
-                    for x in [a, b] {
-                        if layout.overlaps(&dst, &x) && !layout.same(&dst, &x) {
-                            return Err(at("reduce operand partly overlaps dst"));
-                        }
+                    if layout.overlaps(&dst, &a) && !layout.same(&dst, &a) {
+                        return Err(at("reduce operand a partly overlaps dst"));
+                    }
+                    // The executor reads `b` while writing `dst`: no overlap
+                    // at all (put the accumulator in `a`).
+                    if layout.overlaps(&dst, &b) {
+                        return Err(at("reduce operand b overlaps dst; swap a and b"));
                     }
                     (vec![a, b], vec![dst])
                 }
@@ -200,6 +203,28 @@ pub struct MessageStats {
     /// communication steps on the critical path, as the alpha term counts
     /// them).
     pub steps: usize,
+    /// Elements each rank sends.
+    pub sent: Vec<usize>,
+    /// Elements each rank receives.
+    pub received: Vec<usize>,
+}
+
+/// Elements each rank sends to ranks on other nodes of `topology` (block
+/// placement: rank r is on node r / local_size).
+pub fn inter_node_elements(plans: &[Plan], topology: &crate::topo::Topology) -> Vec<usize> {
+    let local = topology.local_size();
+    plans
+        .iter()
+        .enumerate()
+        .map(|(rank, plan)| {
+            plan.ops()
+                .filter_map(|op| match *op {
+                    Op::Send { peer, src } if peer / local != rank / local => Some(src.len),
+                    _ => None,
+                })
+                .sum()
+        })
+        .collect()
 }
 
 /// A message endpoint: (rank, round, index of the op in the round).
@@ -215,7 +240,11 @@ pub fn match_messages(plans: &[Plan]) -> Result<MessageStats, String> {
     // Number every message on its (src, dst) pair, in plan order.
     let mut sends: HashMap<(usize, usize, usize), (Site, usize)> = HashMap::new();
     let mut recvs: HashMap<(usize, usize, usize), (Site, usize)> = HashMap::new();
-    let mut stats = MessageStats::default();
+    let mut stats = MessageStats {
+        sent: vec![0; n],
+        received: vec![0; n],
+        ..MessageStats::default()
+    };
     for (rank, plan) in plans.iter().enumerate() {
         let mut next_send = vec![0usize; n];
         let mut next_recv = vec![0usize; n];
@@ -227,10 +256,12 @@ pub fn match_messages(plans: &[Plan]) -> Result<MessageStats, String> {
                         next_send[peer] += 1;
                         stats.messages += 1;
                         stats.elements += src.len;
+                        stats.sent[rank] += src.len;
                     }
                     Op::Recv { peer, dst } | Op::RecvReduce { peer, dst, .. } => {
                         recvs.insert((peer, rank, next_recv[peer]), ((rank, ri, oi), dst.len));
                         next_recv[peer] += 1;
+                        stats.received[rank] += dst.len;
                     }
                     _ => {}
                 }

@@ -34,14 +34,23 @@
 //! each rank's ports, and the simulator replays rounds message by message.
 
 mod barrier;
+mod bruck;
+mod butterfly;
 mod check;
+mod composite;
+mod dbtree;
 mod direct;
+mod halving_doubling;
+mod hier;
+mod pairwise;
 mod ring;
+mod torus;
 mod tree;
 
-pub use check::{match_messages, validate, Layout, MessageStats};
+pub use check::{inter_node_elements, match_messages, validate, Layout, MessageStats};
 
 use crate::error::{Error, Result};
+pub use crate::topo::Topology;
 
 /// The collectives ferrocoll implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -135,14 +144,27 @@ impl Collective {
     pub fn algorithms(self) -> &'static [Algorithm] {
         use Algorithm::*;
         match self {
-            Collective::AllReduce => &[Ring, Tree],
-            Collective::Broadcast => &[Ring, Tree],
-            Collective::Reduce => &[Ring, Tree],
-            Collective::AllGather => &[Ring],
-            Collective::ReduceScatter => &[Ring],
-            Collective::AllToAll | Collective::AllToAllV => &[Direct],
-            Collective::Gather | Collective::Scatter => &[Tree, Linear],
-            Collective::Barrier => &[Dissemination],
+            Collective::AllReduce => &[
+                Ring,
+                Ring2,
+                Tree,
+                DoubleBinaryTree,
+                Butterfly,
+                HalvingDoubling,
+                Direct,
+                Star,
+                Hier,
+                Torus2d,
+                Mesh2d,
+            ],
+            Collective::Broadcast => &[Tree, ScatterAllgather, Pipeline, Direct],
+            Collective::Reduce => &[Tree, RsGather, Pipeline],
+            Collective::AllGather => &[Ring, Butterfly, Bruck, Direct, Hier],
+            Collective::ReduceScatter => &[Ring, Halving, Pairwise, Direct, Hier],
+            Collective::AllToAll => &[Direct, Pairwise, Bruck, Hier],
+            Collective::AllToAllV => &[Direct, Pairwise, Hier],
+            Collective::Gather | Collective::Scatter => &[Linear, Tree],
+            Collective::Barrier => &[Dissemination, Tree],
         }
     }
 }
@@ -155,42 +177,118 @@ impl std::fmt::Display for Collective {
 
 /// An algorithm family. Which collectives have which is
 /// [`Collective::algorithms`]; the plan functions live one family per file.
+///
+/// "Power of two" algorithms work for every group size with the seeds'
+/// pre/post step: the r = N - 2^floor(log2 N) extra ranks first fold their
+/// data into a partner, sit out the power-of-two core, and receive the result
+/// after.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// Ring: allreduce as reduce-scatter + allgather around the ring
     /// (bandwidth-optimal, 2(N-1) steps); allgather and reduce-scatter in N-1
-    /// steps; broadcast and reduce as a segmented pipeline along the ring
-    /// (NCCL's ring broadcast/reduce).
+    /// steps.
     Ring,
+    /// Two-port ring (allreduce): half the buffer goes clockwise, half
+    /// counter-clockwise, using both directions of every link at once.
+    Ring2,
     /// Binomial tree: broadcast, reduce, gather and scatter in ceil(log2 N)
-    /// rounds; allreduce as tree reduce to rank 0 then tree broadcast.
+    /// rounds; allreduce as tree reduce to rank 0 then tree broadcast; barrier
+    /// as an empty gather then broadcast.
     Tree,
+    /// Double binary tree (allreduce, as NCCL builds it): two complementary
+    /// binary trees, each reducing and broadcasting half of the buffer; a rank
+    /// that is a leaf in one tree is interior in the other.
+    DoubleBinaryTree,
+    /// Recursive doubling: log2 N rounds exchanging the whole (allreduce) or
+    /// the gathered-so-far (allgather) buffer with the partner at distance 2^k.
+    Butterfly,
+    /// Recursive halving-doubling, Rabenseifner's allreduce: reduce-scatter
+    /// by recursive halving, then allgather by recursive doubling.
+    HalvingDoubling,
+    /// Recursive halving reduce-scatter.
+    Halving,
     /// Direct (mesh): every rank exchanges with every peer in one round.
     Direct,
+    /// Star (allreduce): every rank sends to rank 0, which reduces and sends
+    /// the result back; the parameter-server baseline.
+    Star,
     /// Linear gather/scatter: the root exchanges with every rank in one round.
     Linear,
     /// Dissemination barrier: ceil(log2 N) rounds, rank r signals r + 2^k.
     Dissemination,
+    /// Bruck: allgather and alltoall in ceil(log2 N) rounds for any N, at
+    /// the price of local copies (in alltoall block i travels popcount(i)
+    /// hops, so each round carries about half of the blocks).
+    Bruck,
+    /// Pairwise exchange: in step k rank i sends to i+k and receives from
+    /// i-k (N-1 steps, one peer per step).
+    Pairwise,
+    /// Hierarchical over the topology's levels: reduce-scatter (or gather)
+    /// inside each level from the innermost out, the top-level exchange
+    /// between nodes, and back out.
+    Hier,
+    /// 2-D torus allreduce (Sony): reduce-scatter along rows, allreduce
+    /// along columns, allgather along rows.
+    Torus2d,
+    /// 2-D mesh allreduce (Google): each half of the buffer runs the torus
+    /// scheme with the dimensions in opposite order, both at once.
+    Mesh2d,
+    /// Broadcast by scatter then ring allgather (van de Geijn).
+    ScatterAllgather,
+    /// Segmented pipeline along the ring (broadcast, reduce): segments flow
+    /// root -> root+1 -> ... one hop per round (NCCL's ring broadcast/reduce).
+    /// `ring` names it too for these collectives.
+    Pipeline,
+    /// Reduce as reduce-scatter then gather to the root (Rabenseifner).
+    RsGather,
 }
 
 impl Algorithm {
     /// Every algorithm, in a stable order.
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 19] = [
         Algorithm::Ring,
+        Algorithm::Ring2,
         Algorithm::Tree,
+        Algorithm::DoubleBinaryTree,
+        Algorithm::Butterfly,
+        Algorithm::HalvingDoubling,
+        Algorithm::Halving,
         Algorithm::Direct,
+        Algorithm::Star,
         Algorithm::Linear,
         Algorithm::Dissemination,
+        Algorithm::Bruck,
+        Algorithm::Pairwise,
+        Algorithm::Hier,
+        Algorithm::Torus2d,
+        Algorithm::Mesh2d,
+        Algorithm::ScatterAllgather,
+        Algorithm::Pipeline,
+        Algorithm::RsGather,
     ];
 
     /// The name used in `FERROCOLL_ALGO` and in benchmark output.
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
+            Algorithm::Ring2 => "ring2",
             Algorithm::Tree => "tree",
+            Algorithm::DoubleBinaryTree => "dbtree",
+            Algorithm::Butterfly => "butterfly",
+            Algorithm::HalvingDoubling => "hd",
+            Algorithm::Halving => "halving",
             Algorithm::Direct => "direct",
+            Algorithm::Star => "star",
             Algorithm::Linear => "linear",
             Algorithm::Dissemination => "dissemination",
+            Algorithm::Bruck => "bruck",
+            Algorithm::Pairwise => "pairwise",
+            Algorithm::Hier => "hier",
+            Algorithm::Torus2d => "torus2d",
+            Algorithm::Mesh2d => "mesh2d",
+            Algorithm::ScatterAllgather => "scatter_allgather",
+            Algorithm::Pipeline => "pipeline",
+            Algorithm::RsGather => "rs_gather",
         }
     }
 
@@ -198,6 +296,21 @@ impl Algorithm {
     pub fn from_name(s: &str) -> Option<Algorithm> {
         let key = s.to_ascii_lowercase();
         Algorithm::ALL.into_iter().find(|a| a.name() == key)
+    }
+
+    /// This algorithm as `coll` knows it: itself if the collective has it,
+    /// `pipeline` for `ring` on broadcast and reduce (whose ring algorithm is
+    /// the pipelined chain), `None` otherwise.
+    pub fn for_collective(self, coll: Collective) -> Option<Algorithm> {
+        if coll.algorithms().contains(&self) {
+            Some(self)
+        } else if self == Algorithm::Ring
+            && matches!(coll, Collective::Broadcast | Collective::Reduce)
+        {
+            Some(Algorithm::Pipeline)
+        } else {
+            None
+        }
     }
 }
 
@@ -296,7 +409,8 @@ pub enum Op {
     },
     /// Local reduction `dst = a op b`.
     Reduce {
-        /// Destination (exactly `a`, or disjoint from it).
+        /// Destination (exactly `a`, or disjoint from it; always disjoint
+        /// from `b`).
         dst: Span,
         /// First operand.
         a: Span,
@@ -379,6 +493,9 @@ pub struct PlanRequest {
     pub send_counts: Vec<usize>,
     /// For alltoallv: elements this rank receives from each peer.
     pub recv_counts: Vec<usize>,
+    /// How the group's ranks nest into nodes; only the hierarchical, torus
+    /// and mesh algorithms read it. Its size is `n`.
+    pub topology: Topology,
 }
 
 impl PlanRequest {
@@ -393,7 +510,14 @@ impl PlanRequest {
             elem_size: 4,
             send_counts: Vec::new(),
             recv_counts: Vec::new(),
+            topology: Topology::flat(n),
         }
+    }
+
+    /// Sets the topology (its size must be `n`).
+    pub fn with_topology(mut self, topology: Topology) -> PlanRequest {
+        self.topology = topology;
+        self
     }
 
     /// Sets the root.
@@ -469,9 +593,9 @@ impl PlanRequest {
 /// length).
 pub fn build(algorithm: Algorithm, req: &PlanRequest) -> Result<Plan> {
     let coll = req.collective;
-    if !coll.algorithms().contains(&algorithm) {
-        return Err(unknown_algorithm(coll, algorithm.name()));
-    }
+    let algorithm = algorithm
+        .for_collective(coll)
+        .ok_or_else(|| unknown_algorithm(coll, algorithm.name()))?;
     if req.n == 0 || req.rank >= req.n {
         return Err(Error::invalid(format!(
             "rank {} is not in a group of {} ranks",
@@ -494,23 +618,53 @@ pub fn build(algorithm: Algorithm, req: &PlanRequest) -> Result<Plan> {
             req.recv_counts.len()
         )));
     }
+    if req.topology.size() != req.n {
+        return Err(Error::invalid(format!(
+            "topology {} does not describe a group of {} ranks",
+            req.topology, req.n
+        )));
+    }
+    use Algorithm as A;
+    use Collective as C;
     let plan = match (algorithm, coll) {
-        (Algorithm::Ring, Collective::AllReduce) => ring::all_reduce(req),
-        (Algorithm::Ring, Collective::AllGather) => ring::all_gather(req),
-        (Algorithm::Ring, Collective::ReduceScatter) => ring::reduce_scatter(req),
-        (Algorithm::Ring, Collective::Broadcast) => ring::broadcast(req),
-        (Algorithm::Ring, Collective::Reduce) => ring::reduce(req),
-        (Algorithm::Tree, Collective::AllReduce) => tree::all_reduce(req),
-        (Algorithm::Tree, Collective::Broadcast) => tree::broadcast(req),
-        (Algorithm::Tree, Collective::Reduce) => tree::reduce(req),
-        (Algorithm::Tree, Collective::Gather) => tree::gather(req),
-        (Algorithm::Tree, Collective::Scatter) => tree::scatter(req),
-        (Algorithm::Linear, Collective::Gather) => direct::gather(req),
-        (Algorithm::Linear, Collective::Scatter) => direct::scatter(req),
-        (Algorithm::Direct, Collective::AllToAll | Collective::AllToAllV) => {
-            direct::all_to_all(req)
-        }
-        (Algorithm::Dissemination, Collective::Barrier) => barrier::dissemination(req),
+        (A::Ring, C::AllReduce) => ring::all_reduce(req),
+        (A::Ring, C::AllGather) => ring::all_gather(req),
+        (A::Ring, C::ReduceScatter) => ring::reduce_scatter(req),
+        (A::Ring2, C::AllReduce) => ring::all_reduce_bidirectional(req),
+        (A::Pipeline, C::Broadcast) => ring::broadcast(req),
+        (A::Pipeline, C::Reduce) => ring::reduce(req),
+        (A::Tree, C::AllReduce) => tree::all_reduce(req),
+        (A::Tree, C::Broadcast) => tree::broadcast(req),
+        (A::Tree, C::Reduce) => tree::reduce(req),
+        (A::Tree, C::Gather) => tree::gather(req),
+        (A::Tree, C::Scatter) => tree::scatter(req),
+        (A::Tree, C::Barrier) => tree::barrier(req),
+        (A::DoubleBinaryTree, C::AllReduce) => dbtree::all_reduce(req),
+        (A::Butterfly, C::AllReduce) => butterfly::all_reduce(req),
+        (A::Butterfly, C::AllGather) => butterfly::all_gather(req),
+        (A::HalvingDoubling, C::AllReduce) => halving_doubling::all_reduce(req),
+        (A::Halving, C::ReduceScatter) => halving_doubling::reduce_scatter(req),
+        (A::Direct, C::AllReduce) => direct::all_reduce(req),
+        (A::Direct, C::AllGather) => direct::all_gather(req),
+        (A::Direct, C::ReduceScatter) => direct::reduce_scatter(req),
+        (A::Direct, C::Broadcast) => direct::broadcast(req),
+        (A::Direct, C::AllToAll | C::AllToAllV) => direct::all_to_all(req),
+        (A::Star, C::AllReduce) => direct::star_all_reduce(req),
+        (A::Linear, C::Gather) => direct::gather(req),
+        (A::Linear, C::Scatter) => direct::scatter(req),
+        (A::Bruck, C::AllGather) => bruck::all_gather(req),
+        (A::Bruck, C::AllToAll) => bruck::all_to_all(req),
+        (A::Pairwise, C::ReduceScatter) => pairwise::reduce_scatter(req),
+        (A::Pairwise, C::AllToAll | C::AllToAllV) => pairwise::all_to_all(req),
+        (A::Hier, C::AllReduce) => hier::all_reduce(req),
+        (A::Hier, C::AllGather) => hier::all_gather(req),
+        (A::Hier, C::ReduceScatter) => hier::reduce_scatter(req),
+        (A::Hier, C::AllToAll | C::AllToAllV) => hier::all_to_all(req),
+        (A::Torus2d, C::AllReduce) => torus::torus2d_all_reduce(req),
+        (A::Mesh2d, C::AllReduce) => torus::mesh2d_all_reduce(req),
+        (A::ScatterAllgather, C::Broadcast) => composite::broadcast_scatter_allgather(req),
+        (A::RsGather, C::Reduce) => composite::reduce_rs_gather(req),
+        (A::Dissemination, C::Barrier) => barrier::dissemination(req),
         _ => unreachable!("Collective::algorithms lists {algorithm} for {coll}"),
     };
     Ok(plan)
@@ -592,6 +746,12 @@ impl RoundBuilder<'_> {
     pub(crate) fn copy(&mut self, dst: Span, src: Span) -> &mut Self {
         if dst.len > 0 {
             self.round.ops.push(Op::Copy { dst, src });
+        }
+        self
+    }
+    pub(crate) fn reduce(&mut self, dst: Span, a: Span, b: Span) -> &mut Self {
+        if dst.len > 0 {
+            self.round.ops.push(Op::Reduce { dst, a, b });
         }
         self
     }

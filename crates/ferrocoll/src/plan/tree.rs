@@ -206,3 +206,34 @@ pub(super) fn scatter(req: &PlanRequest) -> Plan {
     p.round().copy(Span::output(0, c), Span::scratch(0, c));
     p.finish()
 }
+
+/// Tree barrier: an empty binomial gather to rank 0 (fan-in), then an empty
+/// binomial broadcast (fan-out): 2 ceil(log2 N) rounds, zero-byte messages.
+/// No rank leaves before rank 0 has heard from everyone.
+pub(super) fn barrier(req: &PlanRequest) -> Plan {
+    let (n, v) = (req.n, req.rank);
+    let signal = Span::input(0, 0);
+    let mut p = PlanBuilder::default();
+    let mut mask = 1;
+    while mask < n {
+        if v & mask != 0 {
+            p.round().send(v - mask, signal);
+            break;
+        }
+        if v + mask < n {
+            p.round().recv(v + mask, Span::output(0, 0));
+        }
+        mask <<= 1;
+    }
+    if v > 0 {
+        p.round().recv(v - subtree(v, n), Span::output(0, 0));
+    }
+    let mut mask = subtree(v, n) >> 1;
+    while mask > 0 {
+        if v + mask < n {
+            p.round().send(v + mask, signal);
+        }
+        mask >>= 1;
+    }
+    p.finish()
+}

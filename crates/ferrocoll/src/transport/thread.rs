@@ -452,6 +452,10 @@ impl ThreadTransport {
             if let Some(p) = slow {
                 self.fabric.check(p)?;
             }
+            // The receiver may have found our call mismatched and left.
+            if let Some(err) = self.fabric.take_verdict(self.rank, header.key()) {
+                return Err(err);
+            }
             let now = Instant::now();
             if now >= deadline {
                 return Err(self.timeout(header, slow.unwrap_or(self.rank), start));
