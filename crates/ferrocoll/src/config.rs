@@ -15,6 +15,17 @@ use crate::plan::{Algorithm, Collective};
 use crate::select::AlgoChoice;
 use crate::topo::Topology;
 
+/// An environment variable's value; unset and empty are the same.
+fn var(name: &str) -> Result<String, std::env::VarError> {
+    std::env::var(name).and_then(|v| {
+        if v.trim().is_empty() {
+            Err(std::env::VarError::NotPresent)
+        } else {
+            Ok(v)
+        }
+    })
+}
+
 /// Default for [`Config::slice_bytes`]: measured best on the thread
 /// transport (see bench/RESULTS.md).
 pub const DEFAULT_SLICE_BYTES: usize = 2 << 20;
@@ -53,7 +64,7 @@ impl Config {
     /// Reads `FERROCOLL_ALGO`, `FERROCOLL_TIMEOUT` and `FERROCOLL_DEBUG`.
     pub fn from_env() -> Result<Config> {
         let mut config = Config::default();
-        if let Ok(spec) = std::env::var("FERROCOLL_ALGO") {
+        if let Ok(spec) = var("FERROCOLL_ALGO") {
             config.algorithms = AlgoChoice::parse(&spec).map_err(|e| Error::Config {
                 var: "FERROCOLL_ALGO".into(),
                 value: spec.clone(),
@@ -63,7 +74,7 @@ impl Config {
                 },
             })?;
         }
-        if let Ok(v) = std::env::var("FERROCOLL_TIMEOUT") {
+        if let Ok(v) = var("FERROCOLL_TIMEOUT") {
             let secs: f64 = v
                 .trim()
                 .parse()
@@ -76,14 +87,14 @@ impl Config {
                 })?;
             config.timeout = Duration::from_secs_f64(secs);
         }
-        if let Ok(v) = std::env::var("FERROCOLL_SLICE_BYTES") {
+        if let Ok(v) = var("FERROCOLL_SLICE_BYTES") {
             config.slice_bytes = v.trim().parse().map_err(|_| Error::Config {
                 var: "FERROCOLL_SLICE_BYTES".into(),
                 value: v.clone(),
                 reason: "give a number of bytes, e.g. 2097152, or 0 to never slice".into(),
             })?;
         }
-        if let Ok(v) = std::env::var("FERROCOLL_TOPO") {
+        if let Ok(v) = var("FERROCOLL_TOPO") {
             let topo = v.parse::<Topology>().map_err(|e| Error::Config {
                 var: "FERROCOLL_TOPO".into(),
                 value: v.clone(),
@@ -91,7 +102,7 @@ impl Config {
             })?;
             config.topology = Some(topo);
         }
-        if let Ok(v) = std::env::var("FERROCOLL_DEBUG") {
+        if let Ok(v) = var("FERROCOLL_DEBUG") {
             config.debug = !matches!(v.trim(), "" | "0" | "false" | "off");
         }
         Ok(config)
