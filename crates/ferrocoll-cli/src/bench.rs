@@ -8,12 +8,27 @@
 //! * `algbw = bytes / time`;
 //! * `busbw = algbw * factor`, the factor making busbw comparable with the
 //!   link bandwidth: 2(n-1)/n for allreduce, (n-1)/n for allgather,
-//!   reducescatter, alltoall, gather and scatter, 1 for bcast and reduce.
+//!   reducescatter, alltoall, alltoallv, gather and scatter, 1 for bcast and
+//!   reduce.
 //!
 //! `bytes` is the whole buffer as nccl-tests counts it: for allgather,
 //! reducescatter, alltoall, gather and scatter it is all n blocks, so each
 //! rank's block is bytes / (n * element size). The `count` reported is, as in
 //! nccl-tests, bytes / element size.
+//!
+//! alltoallv sends uneven blocks. Each swept size `S` sets an average block
+//! of `b = S / (n * element size)` elements, and rank `s` sends rank `d`
+//! `floor(b * w / 4)` elements with `w = 1 + (s + 2d) mod 7` (from b/4 to
+//! 7b/4 elements; some blocks are empty when b < 4), the same formula on
+//! every rank, so `--check` can rebuild every rank's input and output (see
+//! [`verify::alltoallv_count`]). Ranks send different amounts, so the
+//! reported `bytes` is the *average* send buffer: all ranks' send counts
+//! together, divided by n, rounded down to whole elements, times the element
+//! size. It is close to `S` (equal to it for 3 ranks and b a multiple of 4)
+//! but not always exactly `S`; sizes whose average rounds to nothing are
+//! skipped. As for alltoall, busbw = algbw * (n-1)/n. The algorithm reported
+//! is chosen, as the library chooses it for alltoallv, on 0 bytes (per-rank
+//! sizes differ, so no size every rank agrees on enters the choice).
 
 use std::io::{self, IsTerminal, Write};
 use std::time::Instant;
@@ -27,11 +42,12 @@ use crate::error::{lib_message, CliError};
 use crate::verify::{self, Pattern, Sample};
 
 /// The collectives `bench` measures, in the order `--help` lists them.
-const BENCHED: [Collective; 8] = [
+const BENCHED: [Collective; 9] = [
     Collective::AllReduce,
     Collective::AllGather,
     Collective::ReduceScatter,
     Collective::AllToAll,
+    Collective::AllToAllV,
     Collective::Broadcast,
     Collective::Reduce,
     Collective::Gather,
@@ -42,7 +58,8 @@ const BENCHED: [Collective; 8] = [
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Collective to measure: allreduce, allgather, reducescatter, alltoall,
-    /// bcast (or broadcast), reduce, gather or scatter.
+    /// alltoallv (uneven blocks; bytes is the average send buffer), bcast
+    /// (or broadcast), reduce, gather or scatter.
     #[arg(value_name = "COLL", default_value = "allreduce", value_parser = parse_collective)]
     pub coll: Collective,
 
@@ -71,10 +88,12 @@ pub struct BenchArgs {
     #[arg(long, default_value = "sum", value_parser = parse_op)]
     pub op: ReduceOp,
 
-    /// Algorithm to force, or auto (then FERROCOLL_ALGO applies): ring or
-    /// tree for allreduce, bcast and reduce; ring for allgather and
-    /// reducescatter; direct for alltoall; linear or tree for gather and
-    /// scatter.
+    /// Algorithm to force, or auto (then FERROCOLL_ALGO applies), e.g. ring
+    /// or tree for allreduce, bcast and reduce; ring for allgather and
+    /// reducescatter; direct, pairwise, bruck or hier for alltoall; direct,
+    /// pairwise or hier for alltoallv; linear or tree for gather and scatter.
+    /// An unknown name is refused with the list of the collective's
+    /// algorithms.
     #[arg(long, default_value = "auto")]
     pub algo: String,
 
@@ -202,19 +221,22 @@ fn algorithm_options(coll: Collective, name: &str) -> Result<CallOptions, ferroc
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Size {
     /// The whole buffer, nccl-tests style (all n blocks for the block
-    /// collectives).
+    /// collectives; the average send buffer for alltoallv).
     pub bytes: usize,
-    /// Elements per rank buffer (per block for the block collectives).
+    /// Elements per rank buffer (per block for the block collectives, the
+    /// average block `b` of the count formula for alltoallv).
     pub count: usize,
 }
 
-/// True for the collectives whose size counts all n blocks.
+/// True for the collectives whose size counts all n blocks (n average
+/// blocks for alltoallv).
 fn is_block(coll: Collective) -> bool {
     matches!(
         coll,
         Collective::AllGather
             | Collective::ReduceScatter
             | Collective::AllToAll
+            | Collective::AllToAllV
             | Collective::Gather
             | Collective::Scatter
     )
@@ -222,7 +244,8 @@ fn is_block(coll: Collective) -> bool {
 
 /// Sizes from `min` to `max` bytes, multiplying by `factor`, rounded down to
 /// whole elements (whole n-block buffers for the block collectives); sizes
-/// that round to nothing are skipped.
+/// that round to nothing are skipped. For alltoallv each size fixes the
+/// average block and reports the average send buffer (see the module docs).
 pub fn sweep(
     coll: Collective,
     n: usize,
@@ -236,9 +259,14 @@ pub fn sweep(
     let mut bytes = Some(min);
     while let Some(b) = bytes.filter(|&b| b <= max) {
         let count = b / unit;
-        if count > 0 && sizes.last().map_or(true, |s| s.count != count) {
+        let reported = if coll == Collective::AllToAllV {
+            verify::alltoallv_mean(n, count).saturating_mul(elem)
+        } else {
+            count * unit
+        };
+        if reported > 0 && sizes.last().map_or(true, |s| s.count != count) {
             sizes.push(Size {
-                bytes: count * unit,
+                bytes: reported,
                 count,
             });
         }
@@ -260,7 +288,7 @@ pub fn bus_factor(coll: Collective, n: usize) -> f64 {
 /// Elements of this rank's send and receive buffers for a call of `count`
 /// (empty where the library ignores the buffer: the send buffer of non-roots
 /// in bcast and scatter, the receive buffer of non-roots in reduce and
-/// gather).
+/// gather; the sums of this rank's per-peer counts for alltoallv).
 fn buffer_lens(
     coll: Collective,
     n: usize,
@@ -278,11 +306,34 @@ fn buffer_lens(
         Collective::AllToAll => (n * count, n * count),
         Collective::Gather => (count, root_only(n * count)),
         Collective::Scatter => (root_only(n * count), count),
-        Collective::AllToAllV | Collective::Barrier => (0, 0),
+        Collective::AllToAllV => {
+            let (send, recv) = verify::alltoallv_counts(n, rank, count);
+            (send.iter().sum(), recv.iter().sum())
+        }
+        Collective::Barrier => (0, 0),
     }
 }
 
-/// One call of `coll` (out of place).
+/// This rank's per-peer counts of an alltoallv call (empty for the other
+/// collectives).
+#[derive(Clone, Debug, Default)]
+struct PeerCounts {
+    send: Vec<usize>,
+    recv: Vec<usize>,
+}
+
+impl PeerCounts {
+    fn new(coll: Collective, n: usize, rank: usize, count: usize) -> PeerCounts {
+        if coll == Collective::AllToAllV {
+            let (send, recv) = verify::alltoallv_counts(n, rank, count);
+            PeerCounts { send, recv }
+        } else {
+            PeerCounts::default()
+        }
+    }
+}
+
+/// One call of `coll` (out of place); `counts` are used by alltoallv only.
 fn call<T: Sample>(
     comm: &Communicator,
     coll: Collective,
@@ -290,6 +341,7 @@ fn call<T: Sample>(
     recv: &mut [T],
     op: ReduceOp,
     root: usize,
+    counts: &PeerCounts,
 ) -> ferrocoll::Result<()> {
     match coll {
         Collective::AllReduce => comm.all_reduce(send, recv, op),
@@ -300,7 +352,8 @@ fn call<T: Sample>(
         Collective::AllToAll => comm.all_to_all(send, recv),
         Collective::Gather => comm.gather(send, recv, root),
         Collective::Scatter => comm.scatter(send, recv, root),
-        Collective::AllToAllV | Collective::Barrier => Err(ferrocoll::Error::invalid(format!(
+        Collective::AllToAllV => comm.all_to_all_v(send, &counts.send, recv, &counts.recv),
+        Collective::Barrier => Err(ferrocoll::Error::invalid(format!(
             "bench does not measure {coll}"
         ))),
     }
@@ -452,17 +505,19 @@ fn run_rank<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>, C
     for &size in &setup.sizes {
         let (send_len, recv_len) = buffer_lens(coll, n, rank, root, size.count);
         let (send, recv) = (&send[..send_len], &mut recv[..recv_len]);
+        let counts = PeerCounts::new(coll, n, rank, size.count);
 
-        // The same byte count the library passes to its choice.
+        // The same byte count the library passes to its choice (0 for
+        // alltoallv, whose per-rank sizes differ).
         let (algo, _why) = tuned.choose(coll, comm.call_bytes(coll, size.count, setup.dtype))?;
 
         for _ in 0..setup.warmup {
-            call(&tuned, coll, send, recv, op, root)?;
+            call(&tuned, coll, send, recv, op, root, &counts)?;
         }
         comm.barrier()?;
         let start = Instant::now();
         for _ in 0..setup.iters {
-            call(&tuned, coll, send, recv, op, root)?;
+            call(&tuned, coll, send, recv, op, root, &counts)?;
         }
         let mine = start.elapsed().as_secs_f64() / setup.iters as f64;
         let mut slowest = [0.0f64];
@@ -481,7 +536,7 @@ fn run_rank<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>, C
                 },
             );
             verify::poison(recv, &expected);
-            call(&tuned, coll, send, recv, op, root)?;
+            call(&tuned, coll, send, recv, op, root, &counts)?;
             let mut total = [0u64];
             comm.all_reduce(
                 &[verify::count_wrong(recv, &expected)],
@@ -554,9 +609,14 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
     let sizes = sweep(coll, n, elem, args.minbytes, args.maxbytes, args.stepfactor);
     if sizes.is_empty() {
         let unit = elem * if is_block(coll) { n } else { 1 };
+        let alltoallv = if coll == Collective::AllToAllV {
+            ", and an average of at least 1 element sent per rank"
+        } else {
+            ""
+        };
         return Err(CliError::Usage(format!(
             "no size from {} to {} B holds a whole {coll} buffer: each needs at least {unit} B \
-             ({} x {elem} B); raise --maxbytes",
+             ({} x {elem} B){alltoallv}; raise --maxbytes",
             args.minbytes,
             args.maxbytes,
             if is_block(coll) {
@@ -714,9 +774,37 @@ mod tests {
     }
 
     #[test]
+    fn alltoallv_sizes_report_the_average_send_buffer() {
+        // 3 ranks of f32: 12-byte units of one average element per block.
+        let s = sweep(Collective::AllToAllV, 3, 4, 8, 512, 4);
+        let blocks: Vec<usize> = s.iter().map(|z| z.count).collect();
+        assert_eq!(blocks, [2, 10, 42]);
+        for z in &s {
+            let total: usize = (0..3)
+                .map(|r| {
+                    verify::alltoallv_counts(3, r, z.count)
+                        .0
+                        .iter()
+                        .sum::<usize>()
+                })
+                .sum();
+            assert_eq!(z.bytes, total / 3 * 4, "{z:?}");
+        }
+        // With b a multiple of 4, 3 ranks' weights average exactly 4.
+        assert_eq!(sweep(Collective::AllToAllV, 3, 4, 48, 48, 4)[0].bytes, 48);
+        // One rank sending itself b/4 elements: nothing below b = 4.
+        assert_eq!(
+            sweep(Collective::AllToAllV, 1, 1, 1, 8, 2),
+            vec![Size { bytes: 1, count: 4 }, Size { bytes: 2, count: 8 }]
+        );
+        assert!(!sweep(Collective::AllToAllV, 2, 1, usize::MAX / 2, usize::MAX, 4).is_empty());
+    }
+
+    #[test]
     fn bus_factors_match_nccl_tests() {
         assert_eq!(bus_factor(Collective::AllReduce, 4), 1.5);
         assert_eq!(bus_factor(Collective::AllGather, 4), 0.75);
+        assert_eq!(bus_factor(Collective::AllToAllV, 4), 0.75);
         assert_eq!(bus_factor(Collective::Broadcast, 4), 1.0);
     }
 
@@ -732,6 +820,10 @@ mod tests {
                 .algorithm,
             Some(ferrocoll::Algorithm::Ring)
         );
+        for good in ["direct", "pairwise", "hier"] {
+            assert!(algorithm_options(Collective::AllToAllV, good).is_ok());
+        }
+        assert!(algorithm_options(Collective::AllToAllV, "bruck").is_err());
         for bad in ["linear", "bruck"] {
             let msg = algorithm_options(Collective::AllReduce, bad)
                 .unwrap_err()
@@ -747,6 +839,7 @@ mod tests {
     fn collective_names() {
         assert_eq!(parse_collective("broadcast"), Ok(Collective::Broadcast));
         assert_eq!(parse_collective("all_reduce"), Ok(Collective::AllReduce));
+        assert_eq!(parse_collective("alltoallv"), Ok(Collective::AllToAllV));
         assert!(parse_collective("barrier").is_err());
         assert!(parse_collective("allredux").is_err());
     }

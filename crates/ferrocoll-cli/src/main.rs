@@ -2,8 +2,9 @@
 //!
 //! Subcommands:
 //!
-//! * `bench`: an nccl-tests-style sweep of one collective over a range of
-//!   message sizes, printing time, algorithm and bus bandwidth per size.
+//! * `bench`: an nccl-tests-style sweep of one collective (alltoallv
+//!   included, with uneven blocks) over a range of message sizes, printing
+//!   time, algorithm and bus bandwidth per size.
 //!
 //! `run`, `model`, `sim`, `calibrate` and `topo` are planned; each gets a
 //! variant of [`Command`] and a module of its own.
@@ -34,7 +35,10 @@ enum Command {
     /// the whole buffer as nccl-tests does: for allgather, reducescatter,
     /// alltoall, gather and scatter the size is all n blocks, so each rank's
     /// block is size/n; `count` is size / element size, as nccl-tests prints
-    /// it.
+    /// it. alltoallv sends uneven blocks (rank s sends rank d
+    /// floor(b * (1 + (s + 2d) mod 7) / 4) elements, b = size / (n * element
+    /// size)) and reports as its size the average send buffer: all ranks'
+    /// send counts together / n, in whole elements.
     Bench(bench::BenchArgs),
 }
 

@@ -16,6 +16,15 @@
 //!   type's largest finite power of two allows (2^15 for f16);
 //! * `min`/`max` and the collectives that only move data: scrambled values,
 //!   distinct across ranks and positions as far as the type allows.
+//!
+//! alltoallv uses uneven per-peer counts that every rank can compute for
+//! every pair of ranks ([`alltoallv_count`]): for an average block of `b`
+//! elements, rank `s` sends rank `d` `floor(b * w / 4)` elements with
+//! `w = 1 + (s + 2d) mod 7`, between `b/4` and `7b/4` (none at all for some
+//! pairs when `b < 4`). Element `j` of the block for `d` is element
+//! `offset(s, d) + j` of `s`'s send buffer, whose value is a hash of `s` and
+//! that position, so a block from the wrong rank, for the wrong rank or at
+//! the wrong offset is counted wrong.
 
 use ferrocoll::{Collective, Element, ReduceOp};
 use half::{bf16, f16};
@@ -228,6 +237,36 @@ impl Pattern {
     }
 }
 
+/// Elements rank `src` sends rank `dst` in `bench alltoallv` for an average
+/// block of `block` elements: `floor(block * w / 4)` with
+/// `w = 1 + (src + 2 * dst) mod 7` (see the module docs).
+pub fn alltoallv_count(src: usize, dst: usize, block: usize) -> usize {
+    let w = 1 + (src % 7 + 2 * (dst % 7)) % 7;
+    // floor(block * w / 4), saturating rather than overflowing for blocks
+    // no machine could allocate anyway.
+    (block / 4)
+        .saturating_mul(w)
+        .saturating_add((block % 4) * w / 4)
+}
+
+/// Rank `rank`'s `send_counts` and `recv_counts` for `bench alltoallv` on `n`
+/// ranks with an average block of `block` elements, in rank order.
+pub fn alltoallv_counts(n: usize, rank: usize, block: usize) -> (Vec<usize>, Vec<usize>) {
+    let send = (0..n).map(|d| alltoallv_count(rank, d, block)).collect();
+    let recv = (0..n).map(|s| alltoallv_count(s, rank, block)).collect();
+    (send, recv)
+}
+
+/// The average send buffer of `bench alltoallv` in elements: all ranks' send
+/// counts together, divided by `n` and rounded down (saturating where the
+/// total would not fit a `usize`).
+pub fn alltoallv_mean(n: usize, block: usize) -> usize {
+    let total: u128 = (0..n)
+        .flat_map(|s| (0..n).map(move |d| alltoallv_count(s, d, block) as u128))
+        .sum();
+    usize::try_from(total / n.max(1) as u128).unwrap_or(usize::MAX)
+}
+
 /// One call of a collective, as far as the reference needs to know it.
 #[derive(Clone, Copy, Debug)]
 pub struct Call {
@@ -241,7 +280,8 @@ pub struct Call {
     pub rank: usize,
     /// The root (ignored by collectives without one).
     pub root: usize,
-    /// Elements per rank buffer (per block for the block collectives).
+    /// Elements per rank buffer (per block for the block collectives, the
+    /// average block of [`alltoallv_count`] for alltoallv).
     pub count: usize,
 }
 
@@ -275,7 +315,15 @@ pub fn expected<T: Sample>(pattern: &Pattern, call: &Call) -> Vec<T> {
             .map(|k| pattern.value(k / c, rank * c + k % c))
             .collect(),
         Collective::Scatter => (0..c).map(|j| pattern.value(root, rank * c + j)).collect(),
-        Collective::AllToAllV | Collective::Barrier => Vec::new(),
+        // Block p is rank p's block for this rank: it starts after what p
+        // sends ranks 0..rank.
+        Collective::AllToAllV => (0..n)
+            .flat_map(|p| {
+                let offset: usize = (0..rank).map(|d| alltoallv_count(p, d, c)).sum();
+                (0..alltoallv_count(p, rank, c)).map(move |j| pattern.value(p, offset + j))
+            })
+            .collect(),
+        Collective::Barrier => Vec::new(),
     }
 }
 
@@ -374,6 +422,68 @@ mod tests {
         distinct.sort_unstable();
         distinct.dedup();
         assert_eq!(distinct.len(), out.len());
+    }
+
+    #[test]
+    fn alltoallv_counts_are_uneven_and_agree_between_peers() {
+        let n = 5;
+        for block in [0, 1, 3, 4, 10, 1000] {
+            let all: Vec<_> = (0..n).map(|r| alltoallv_counts(n, r, block)).collect();
+            for (p, (send, _)) in all.iter().enumerate() {
+                for (r, (_, recv)) in all.iter().enumerate() {
+                    assert_eq!(send[r], recv[p], "block {block}: {p} -> {r}");
+                }
+                for &c in send {
+                    assert!(c >= block / 4 && c <= 7 * block / 4, "block {block}: {c}");
+                }
+            }
+            let total: usize = all.iter().map(|(s, _)| s.iter().sum::<usize>()).sum();
+            assert_eq!(alltoallv_mean(n, block), total / n);
+        }
+        // Small blocks include empty ones; larger ones are uneven.
+        assert!(alltoallv_counts(n, 0, 1).0.contains(&0));
+        let (send, _) = alltoallv_counts(n, 0, 1000);
+        assert!(send.iter().any(|&c| c != send[0]), "{send:?}");
+        // No overflow for huge blocks.
+        assert_eq!(alltoallv_count(0, 0, usize::MAX), usize::MAX / 4);
+        assert_eq!(alltoallv_count(6, 0, usize::MAX), usize::MAX);
+    }
+
+    #[test]
+    fn alltoallv_reference_places_every_block() {
+        let (n, block) = (4, 6);
+        let pattern = Pattern::new::<u32>(None, n);
+        let mut seen = Vec::new();
+        for rank in 0..n {
+            let call = Call {
+                coll: Collective::AllToAllV,
+                op: ReduceOp::Sum,
+                n,
+                rank,
+                root: 0,
+                count: block,
+            };
+            let out = expected::<u32>(&pattern, &call);
+            let (_, recv) = alltoallv_counts(n, rank, block);
+            assert_eq!(out.len(), recv.iter().sum::<usize>());
+            // The block from rank 2 starts after those from ranks 0 and 1,
+            // and is rank 2's block for `rank` (after its blocks for 0..rank).
+            let start = recv[0] + recv[1];
+            let src_off: usize = (0..rank).map(|d| alltoallv_count(2, d, block)).sum();
+            for j in 0..recv[2] {
+                assert_eq!(out[start + j], pattern.value::<u32>(2, src_off + j));
+            }
+            seen.extend(out);
+        }
+        // Every element sent arrives exactly once somewhere, and they are
+        // all distinct: a misplaced one cannot match by accident.
+        let sent: usize = (0..n)
+            .map(|r| alltoallv_counts(n, r, block).0.iter().sum::<usize>())
+            .sum();
+        assert_eq!(seen.len(), sent);
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), sent);
     }
 
     #[test]

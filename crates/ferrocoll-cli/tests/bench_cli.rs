@@ -6,11 +6,12 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-const COLLECTIVES: [&str; 8] = [
+const COLLECTIVES: [&str; 9] = [
     "allreduce",
     "allgather",
     "reducescatter",
     "alltoall",
+    "alltoallv",
     "bcast",
     "reduce",
     "gather",
@@ -33,13 +34,20 @@ const FIELDS: [&str; 12] = [
 ];
 
 /// Runs `ferrocoll bench ARGS` (few iterations) with `FERROCOLL_ALGO` set to
-/// `algo_env` or removed.
+/// `algo_env` or removed (and `FERROCOLL_TOPO` removed: a flat group).
 fn bench(args: &[&str], algo_env: Option<&str>) -> Output {
+    bench_env(args, algo_env, &[])
+}
+
+/// As [`bench`], with extra environment variables.
+fn bench_env(args: &[&str], algo_env: Option<&str>, env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferrocoll"));
     cmd.arg("bench")
         .args(["--iters", "2", "--warmup", "1"])
         .args(args)
         .env_remove("FERROCOLL_ALGO")
+        .env_remove("FERROCOLL_TOPO")
+        .envs(env.iter().copied())
         // A hang (a library bug) fails the test in seconds, not minutes.
         .env("FERROCOLL_TIMEOUT", "30");
     if let Some(spec) = algo_env {
@@ -50,7 +58,16 @@ fn bench(args: &[&str], algo_env: Option<&str>) -> Output {
 
 /// The JSON objects of a successful `--json` run, one per stdout line.
 fn json_rows(args: &[&str], algo_env: Option<&str>) -> Vec<serde_json::Map<String, Value>> {
-    let out = bench(args, algo_env);
+    json_rows_env(args, algo_env, &[])
+}
+
+/// As [`json_rows`], with extra environment variables.
+fn json_rows_env(
+    args: &[&str],
+    algo_env: Option<&str>,
+    env: &[(&str, &str)],
+) -> Vec<serde_json::Map<String, Value>> {
+    let out = bench_env(args, algo_env, env);
     let stdout = String::from_utf8(out.stdout).expect("stdout is UTF-8");
     assert!(
         out.status.success(),
@@ -82,6 +99,7 @@ fn every_collective_checks_clean_with_exact_fields() {
         let args = [coll, "--json", "-n", "3", "-b", "8", "-e", "64K", "--check"];
         let rows = json_rows(&args, None);
         let block = !matches!(coll, "allreduce" | "bcast" | "reduce");
+        let mut avg_blocks = alltoallv_blocks(3, 4, 8, 64 * 1024).into_iter();
         let reduces = matches!(coll, "allreduce" | "reduce" | "reducescatter");
         for row in &rows {
             let got: BTreeSet<&str> = row.keys().map(String::as_str).collect();
@@ -100,7 +118,12 @@ fn every_collective_checks_clean_with_exact_fields() {
             // count = bytes / element size, as nccl-tests prints it; block
             // collectives move whole per-rank blocks.
             assert_eq!(bytes, count * 4, "{coll}: {row:?}");
-            if block {
+            if coll == "alltoallv" {
+                // Uneven blocks: the average send buffer, from the documented
+                // count formula.
+                let b = avg_blocks.next().expect("no more sizes than swept");
+                assert_eq!(count, alltoallv_mean(3, b), "{coll}: {row:?}");
+            } else if block {
                 assert_eq!(count % 3, 0, "{coll}: {row:?}");
             }
             assert!(bytes <= 64 * 1024);
@@ -112,6 +135,82 @@ fn every_collective_checks_clean_with_exact_fields() {
         // Sizes grow by the default factor of 4, from the first one that
         // holds at least one element per rank.
         assert_eq!(rows.len(), if block { 6 } else { 7 }, "{coll}: {rows:?}");
+    }
+}
+
+/// Elements rank `s` sends rank `d` in `bench alltoallv` for average block
+/// `b` (the formula `bench --help` documents, written out again).
+fn alltoallv_count(s: usize, d: usize, b: usize) -> usize {
+    b * (1 + (s + 2 * d) % 7) / 4
+}
+
+/// All ranks' alltoallv send counts together, divided by `n`.
+fn alltoallv_mean(n: usize, b: usize) -> u64 {
+    let total: usize = (0..n)
+        .flat_map(|s| (0..n).map(move |d| alltoallv_count(s, d, b)))
+        .sum();
+    (total / n) as u64
+}
+
+/// The average blocks of an alltoallv sweep from `min` to `max` bytes by 4
+/// (n ranks, `elem`-byte elements), skipping those that send nothing.
+fn alltoallv_blocks(n: usize, elem: usize, min: usize, max: usize) -> Vec<usize> {
+    let mut blocks = Vec::new();
+    let mut bytes = min;
+    while bytes <= max {
+        let b = bytes / (n * elem);
+        if alltoallv_mean(n, b) > 0 {
+            blocks.push(b);
+        }
+        bytes *= 4;
+    }
+    blocks
+}
+
+#[test]
+fn alltoallv_algorithms_are_named_and_check_clean() {
+    let base = [
+        "alltoallv",
+        "--json",
+        "--check",
+        "-n",
+        "4",
+        "-b",
+        "8",
+        "-e",
+        "64K",
+    ];
+    // Some blocks are empty at the smallest sizes (average block < 4).
+    assert_eq!(alltoallv_count(0, 0, 2), 0);
+    let with = |extra: &[&'static str]| -> Vec<&str> {
+        base.iter().copied().chain(extra.iter().copied()).collect()
+    };
+    let check = |rows: &[serde_json::Map<String, Value>], want: &str| {
+        assert_eq!(algos(rows), BTreeSet::from([want.to_string()]), "{rows:?}");
+        assert!(rows.iter().all(|r| r["wrong"] == 0), "{rows:?}");
+    };
+    // auto: the direct exchange.
+    check(&json_rows(&base, None), "direct");
+    for name in ["hier", "pairwise", "direct"] {
+        check(&json_rows(&with(&["--algo", name]), None), name);
+    }
+    // FERROCOLL_ALGO under auto, and --algo over it.
+    check(&json_rows(&base, Some("alltoallv:pairwise")), "pairwise");
+    check(
+        &json_rows(&with(&["--algo", "hier"]), Some("alltoallv:pairwise")),
+        "hier",
+    );
+    // hier over a real two-level topology: 2 nodes of 2 ranks.
+    check(
+        &json_rows_env(&base, Some("alltoallv:hier"), &[("FERROCOLL_TOPO", "2x2")]),
+        "hier",
+    );
+    // alltoall's bruck is not an alltoallv algorithm.
+    let out = bench(&["alltoallv", "--algo", "bruck", "-e", "1K"], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && out.stdout.is_empty(), "{stderr}");
+    for want in ["bruck", "direct", "pairwise", "hier"] {
+        assert!(stderr.contains(want), "{stderr}");
     }
 }
 
