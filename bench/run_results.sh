@@ -30,3 +30,21 @@ echo; echo "## 5. every collective checked, 4 ranks, 8 B .. 1 MiB (JSON lines)"
 for c in allreduce allgather reducescatter alltoall bcast reduce gather scatter; do
   run $fc bench $c --json -n 4 -e 1M --check
 done
+
+echo; echo "## 6. every algorithm of the catalogue, checked (n = 2, 3, 4, 5, 8 and topologies)"
+echo "\$ bash bench/check_algorithms.sh 1M"
+bash bench/check_algorithms.sh 1M | tail -3
+
+echo; echo "## 7. allreduce, every algorithm, time in us per size (4 ranks flat; 8 ranks as 2x4)"
+for spec in "4:" "8:2x4"; do
+  n=${spec%%:*}; topo=${spec#*:}
+  echo; echo "# n=$n topology=${topo:-flat}; columns: bytes then time_us per algorithm"
+  printf "%-10s" algo; for b in 8 512 32768 2097152; do printf "%12s" "$b"; done; echo
+  for a in ring ring2 tree dbtree butterfly hd direct star hier torus2d mesh2d; do
+    printf "%-10s" "$a"
+    # Capture first: a parser starting alongside would steal a core from the first size.
+    out=$(env ${topo:+FERROCOLL_TOPO=$topo} $fc bench allreduce -n "$n" -b 8 -e 2M -f 64 --iters 50 \
+      --warmup 10 --algo "$a" --json)
+    python3 -c 'import json,sys; print("".join("%12.1f" % json.loads(l)["time_us"] for l in sys.stdin))' <<<"$out"
+  done
+done
