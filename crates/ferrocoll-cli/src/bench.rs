@@ -411,12 +411,15 @@ struct Row {
     busbw: f64,
     /// Wrong elements over all ranks; `None` (null) without `--check`.
     wrong: Option<u64>,
+    /// The cost model's prediction for this call on the communicator's
+    /// profile (null where it has no closed form, as for alltoallv).
+    predicted_us: Option<f64>,
 }
 
 // ---- output --------------------------------------------------------------
 
 const TABLE_HEADER: [&str; 2] = [
-    "#        size         count    type   redop    root     time(us)  algbw(GB/s)  busbw(GB/s)   #wrong  algo",
+    "#        size         count    type   redop    root     time(us)  algbw(GB/s)  busbw(GB/s)   #wrong  algo                predicted(us)",
     "#         (B)    (elements)",
 ];
 
@@ -424,8 +427,11 @@ fn table_line(row: &Row, root: i64) -> String {
     let wrong = row
         .wrong
         .map_or_else(|| "N/A".to_string(), |w| w.to_string());
+    let predicted = row
+        .predicted_us
+        .map_or_else(|| "N/A".to_string(), |p| format!("{p:.2}"));
     format!(
-        "{:>13} {:>13} {:>7} {:>7} {:>7} {:>12.2} {:>12.2} {:>12.2} {:>8}  {}",
+        "{:>13} {:>13} {:>7} {:>7} {:>7} {:>12.2} {:>12.2} {:>12.2} {:>8}  {:<18} {:>13}",
         row.bytes,
         row.count,
         row.dtype,
@@ -435,7 +441,8 @@ fn table_line(row: &Row, root: i64) -> String {
         row.algbw,
         row.busbw,
         wrong,
-        row.algo
+        row.algo,
+        predicted
     )
 }
 
@@ -564,6 +571,10 @@ fn run_rank<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>, C
                 algbw,
                 busbw: algbw * bus_factor(coll, n),
                 wrong,
+                predicted_us: tuned
+                    .predict(coll, size.count, setup.dtype)?
+                    .1
+                    .map(|c| c.total() * 1e6),
             };
             let line = if setup.json {
                 serde_json::to_string(&row)

@@ -6,11 +6,18 @@
 //!   included, with uneven blocks) over a range of message sizes, printing
 //!   time, algorithm and bus bandwidth per size.
 //!
-//! `run`, `model`, `sim`, `calibrate` and `topo` are planned; each gets a
-//! variant of [`Command`] and a module of its own.
+//! * `model`: the cost model's prediction for every algorithm of a
+//!   collective, with the choice, n* and the crossover sizes.
+//!
+//! * `calibrate`: measures the machine and fits the cost model's profile.
+//!
+//! `run`, `sim` and `topo` are planned; each gets a variant of
+//! [`Command`] and a module of its own.
 
 mod bench;
+mod calibrate;
 mod error;
+mod model;
 mod verify;
 
 use std::process::ExitCode;
@@ -40,12 +47,20 @@ enum Command {
     /// size)) and reports as its size the average send buffer: all ranks'
     /// send counts together / n, in whole elements.
     Bench(bench::BenchArgs),
+    /// Predict what every algorithm of a collective costs (alpha-beta-gamma
+    /// closed forms), without running anything.
+    Model(model::ModelArgs),
+    /// Measure this machine and fit the cost model's alpha, beta and gamma;
+    /// writes the profile the library then predicts with.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench::main(&args),
+        Command::Model(args) => model::main(&args),
+        Command::Calibrate(args) => calibrate::main(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

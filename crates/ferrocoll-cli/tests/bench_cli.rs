@@ -18,7 +18,7 @@ const COLLECTIVES: [&str; 9] = [
     "scatter",
 ];
 
-const FIELDS: [&str; 12] = [
+const FIELDS: [&str; 13] = [
     "coll",
     "bytes",
     "count",
@@ -31,6 +31,7 @@ const FIELDS: [&str; 12] = [
     "algbw",
     "busbw",
     "wrong",
+    "predicted_us",
 ];
 
 /// Runs `ferrocoll bench ARGS` (few iterations) with `FERROCOLL_ALGO` set to
@@ -318,9 +319,11 @@ fn table_output_has_header_and_one_row_per_size() {
     }
     let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
     assert_eq!(rows.len(), 3, "{stdout}");
-    // size count type redop root time algbw busbw #wrong algo
+    // size count type redop root time algbw busbw #wrong algo predicted
     let cols: Vec<&str> = rows[0].split_whitespace().collect();
-    assert_eq!(cols.len(), 10, "{}", rows[0]);
+    assert_eq!(cols.len(), 11, "{}", rows[0]);
     assert_eq!(&cols[..5], ["1024", "256", "f32", "none", "0"]);
     assert_eq!(cols[8], "0");
+    let predicted: f64 = cols[10].parse().expect("a predicted time in us");
+    assert!(predicted > 0.0, "{}", rows[0]);
 }

@@ -259,6 +259,38 @@ impl Communicator {
         Ok((a, format!("auto: {why}")))
     }
 
+    /// The cost-model parameters this communicator predicts with: the
+    /// configured profile, else a calibrated file at
+    /// [`crate::cost::Profile::default_path`] for this transport, else the
+    /// transport's built-in one.
+    pub fn profile(&self) -> crate::cost::Profile {
+        if let Some(p) = &self.shared.config.profile {
+            return p.clone();
+        }
+        crate::cost::Profile::default_path(self.transport_name())
+            .and_then(|path| crate::cost::Profile::load(&path).ok())
+            .unwrap_or_else(crate::cost::Profile::thread_default)
+    }
+
+    /// The algorithm a call of `count` elements of `dtype` would use and its
+    /// predicted cost on [`Communicator::profile`] (`None` if the cost model
+    /// has no closed form for it).
+    pub fn predict(
+        &self,
+        coll: Collective,
+        count: usize,
+        dtype: DType,
+    ) -> Result<(Algorithm, Option<crate::cost::Cost>)> {
+        let (algo, _) = self.choose(coll, self.call_bytes(coll, count, dtype))?;
+        if coll == Collective::AllToAllV {
+            // Its cost depends on every pair's counts, which no rank knows.
+            return Ok((algo, None));
+        }
+        let mut shape = crate::cost::Shape::new(coll, self.size(), count, dtype.size());
+        shape.topology = self.shared.topology.clone();
+        Ok((algo, crate::cost::predict(algo, &shape, &self.profile())))
+    }
+
     /// The size in bytes that algorithm choice looks at (see
     /// [`Communicator::choose`]) for a call of `count` elements of `dtype`
     /// (the per-rank block for the block collectives).

@@ -6,6 +6,7 @@
 //! | `FERROCOLL_TIMEOUT` | seconds any wait may take before failing with [`crate::Error::Timeout`] | 300 |
 //! | `FERROCOLL_DEBUG` | `1`: rank 0 prints every algorithm choice and why to stderr | off |
 //! | `FERROCOLL_TOPO` | level sizes of the group, outermost first: `2x4` = 2 nodes of 4 ranks (read by `hier`, `torus2d`, `mesh2d`) | flat |
+//! | `FERROCOLL_PROFILE` | JSON profile from `ferrocoll calibrate` for the cost model; default: `$XDG_CONFIG_HOME/ferrocoll/<transport>.json` or `~/.config/ferrocoll/<transport>.json` if present | built-in |
 //! | `FERROCOLL_SLICE_BYTES` | allreduce/broadcast/reduce larger than this run as consecutive slices of this size (cache locality); `0` never slices | 2 MiB |
 
 use std::time::Duration;
@@ -34,7 +35,7 @@ pub const DEFAULT_SLICE_BYTES: usize = 2 << 20;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Settings shared by a communicator and the communicators split from it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// Forced algorithms.
     pub algorithms: AlgoChoice,
@@ -46,6 +47,10 @@ pub struct Config {
     pub slice_bytes: usize,
     /// How the world's ranks nest into nodes; `None` is flat.
     pub topology: Option<Topology>,
+    /// Cost-model parameters; `None` uses the transport's built-in profile
+    /// (or its calibrated file at the default path, read by the transport's
+    /// communicator).
+    pub profile: Option<crate::cost::Profile>,
 }
 
 impl Default for Config {
@@ -56,6 +61,7 @@ impl Default for Config {
             debug: false,
             slice_bytes: DEFAULT_SLICE_BYTES,
             topology: None,
+            profile: None,
         }
     }
 }
@@ -101,6 +107,17 @@ impl Config {
                 reason: e.to_string(),
             })?;
             config.topology = Some(topo);
+        }
+        if let Ok(v) = var("FERROCOLL_PROFILE") {
+            let profile =
+                crate::cost::Profile::load(std::path::Path::new(&v)).map_err(|reason| {
+                    Error::Config {
+                        var: "FERROCOLL_PROFILE".into(),
+                        value: v.clone(),
+                        reason: format!("{reason}; run `ferrocoll calibrate` to write one"),
+                    }
+                })?;
+            config.profile = Some(profile);
         }
         if let Ok(v) = var("FERROCOLL_DEBUG") {
             config.debug = !matches!(v.trim(), "" | "0" | "false" | "off");

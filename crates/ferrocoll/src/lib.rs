@@ -32,6 +32,7 @@
 
 mod comm;
 pub mod config;
+pub mod cost;
 mod error;
 mod exec;
 pub mod kernels;

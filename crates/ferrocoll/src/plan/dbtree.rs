@@ -241,8 +241,9 @@ impl TreeHalf {
     }
 }
 
-/// Segments per half for a half of `len` elements of `elem_size` bytes.
-fn segments(len: usize, elem_size: usize) -> usize {
+/// Segments per half for a half of `len` elements of `elem_size` bytes (the
+/// cost model uses the same rule).
+pub(crate) fn segments(len: usize, elem_size: usize) -> usize {
     (len * elem_size.max(1))
         .div_ceil(SEGMENT_BYTES)
         .clamp(1, MAX_SEGMENTS)

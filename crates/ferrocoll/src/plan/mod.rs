@@ -48,6 +48,8 @@ mod torus;
 mod tree;
 
 pub use check::{inter_node_elements, match_messages, validate, Layout, MessageStats};
+pub(crate) use dbtree::segments as dbtree_segments;
+pub(crate) use ring::chain_segments;
 
 use crate::error::{Error, Result};
 pub use crate::topo::Topology;

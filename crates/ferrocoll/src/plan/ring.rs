@@ -216,13 +216,18 @@ pub(super) fn reduce_scatter(req: &PlanRequest) -> Plan {
     p.finish()
 }
 
-/// Number of pipeline segments for a chain of `count` elements.
-fn segments(req: &PlanRequest) -> usize {
-    let bytes = req.count * req.elem_size.max(1);
-    bytes
+/// Number of pipeline segments for a chain of `count` elements of
+/// `elem_size` bytes (the cost model uses the same rule).
+pub(crate) fn chain_segments(count: usize, elem_size: usize) -> usize {
+    (count * elem_size.max(1))
         .div_ceil(SEGMENT_BYTES)
         .clamp(1, MAX_SEGMENTS)
-        .min(req.count.max(1))
+        .min(count.max(1))
+}
+
+/// Number of pipeline segments for the request's chain.
+fn segments(req: &PlanRequest) -> usize {
+    chain_segments(req.count, req.elem_size)
 }
 
 /// Pipelined chain broadcast: position p = rank - root (mod N) receives

@@ -1,0 +1,343 @@
+//! `ferrocoll calibrate`: measure this machine and fit the cost model.
+//!
+//! Runs short sweeps of allreduce, allgather and alltoall with every
+//! algorithm they have, over sizes from 8 B to `--maxbytes`, then fits alpha,
+//! beta and gamma by least squares. The closed forms are linear in (alpha,
+//! 1/beta, gamma): each measurement contributes its algorithm's rounds, bytes
+//! on the critical path and bytes reduced (the closed form evaluated with unit
+//! parameters), and the fit weighs every point by 1/time² so that a 10 %
+//! miss at 8 B counts as much as one at 16 MiB. Prints each point's error,
+//! R² and the geometric-mean error, and writes the profile as JSON where the
+//! communicator looks for it (or `--out`).
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use ferrocoll::cost::{self, Profile, ProfileFile, Shape};
+use ferrocoll::{local, CallOptions, Collective, Communicator, DType, ReduceOp};
+
+use crate::error::CliError;
+
+/// Arguments of `ferrocoll calibrate`.
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    /// Ranks to measure with.
+    #[arg(short = 'n', long = "ranks", default_value_t = 4)]
+    ranks: usize,
+    /// Largest size measured (nccl-tests bytes).
+    #[arg(short = 'e', long, default_value = "16M", value_parser = crate::bench::parse_size)]
+    maxbytes: usize,
+    /// Where to write the profile (default: the path the library reads).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print one JSON line per measured point as well.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The collectives calibration measures.
+const CALIBRATED: [Collective; 3] = [
+    Collective::AllReduce,
+    Collective::AllGather,
+    Collective::AllToAll,
+];
+
+/// One measurement and what the model needs to explain it.
+struct Point {
+    coll: Collective,
+    algo: &'static str,
+    bytes: usize,
+    seconds: f64,
+    /// Rounds, bytes/beta coefficient, reduced bytes: the closed form with
+    /// unit parameters.
+    coef: [f64; 3],
+}
+
+fn blocks(coll: Collective, n: usize) -> usize {
+    if coll == Collective::AllReduce {
+        1
+    } else {
+        n
+    }
+}
+
+/// Times `iters` calls on every rank; returns the slowest rank's mean.
+fn time_calls(
+    comm: &Communicator,
+    c: &Communicator,
+    coll: Collective,
+    count: usize,
+    iters: usize,
+) -> Result<f64, ferrocoll::Error> {
+    let n = comm.size();
+    let (send_len, recv_len) = match coll {
+        Collective::AllReduce => (count, count),
+        Collective::AllGather => (count, n * count),
+        _ => (n * count, n * count),
+    };
+    let send = vec![1.0f32; send_len];
+    let mut recv = vec![0.0f32; recv_len];
+    let mut call = |c: &Communicator| match coll {
+        Collective::AllReduce => c.all_reduce(&send, &mut recv, ReduceOp::Sum),
+        Collective::AllGather => c.all_gather(&send, &mut recv),
+        _ => c.all_to_all(&send, &mut recv),
+    };
+    for _ in 0..2 {
+        call(c)?;
+    }
+    comm.barrier()?;
+    let start = Instant::now();
+    for _ in 0..iters {
+        call(c)?;
+    }
+    let mine = [start.elapsed().as_secs_f64() / iters as f64];
+    let mut slowest = [0.0f64];
+    comm.all_reduce(&mine, &mut slowest, ReduceOp::Max)?;
+    Ok(slowest[0])
+}
+
+/// Unit-parameter coefficients of the closed form.
+fn coefficients(algo: ferrocoll::Algorithm, shape: &Shape) -> Option<[f64; 3]> {
+    let huge = 1e300;
+    let rounds = cost::predict(algo, shape, &Profile::uniform(1.0, huge, 0.0))?.latency;
+    let bytes = cost::predict(algo, shape, &Profile::uniform(0.0, 1.0, 0.0))?.bandwidth;
+    let reduced = cost::predict(algo, shape, &Profile::uniform(0.0, huge, 1.0))?.compute;
+    Some([rounds, bytes, reduced])
+}
+
+/// Weighted least squares for t ≈ x·coef with weights 1/t², x >= 0
+/// (parameters that come out negative are dropped and the rest refitted).
+fn fit(points: &[Point]) -> [f64; 3] {
+    let mut active = [true; 3];
+    loop {
+        let idx: Vec<usize> = (0..3).filter(|&i| active[i]).collect();
+        let k = idx.len();
+        let mut ata = vec![vec![0.0f64; k]; k];
+        let mut atb = vec![0.0f64; k];
+        for p in points {
+            let w = 1.0 / p.seconds; // rows scaled by 1/t: relative residuals
+            for (a, &i) in idx.iter().enumerate() {
+                atb[a] += p.coef[i] * w * w * p.seconds;
+                for (b, &j) in idx.iter().enumerate() {
+                    ata[a][b] += p.coef[i] * p.coef[j] * w * w;
+                }
+            }
+        }
+        let sol = solve(ata, atb);
+        let mut x = [0.0f64; 3];
+        for (a, &i) in idx.iter().enumerate() {
+            x[i] = sol[a];
+        }
+        match (0..3).find(|&i| active[i] && x[i] < 0.0) {
+            Some(i) => active[i] = false,
+            None => return x,
+        }
+    }
+}
+
+/// Gaussian elimination with partial pivoting (k <= 3).
+fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Vec<f64> {
+    let k = b.len();
+    for col in 0..k {
+        let piv = (col..k)
+            .max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))
+            .unwrap_or(col);
+        a.swap(col, piv);
+        b.swap(col, piv);
+        if a[col][col].abs() < 1e-300 {
+            continue;
+        }
+        for row in col + 1..k {
+            let f = a[row][col] / a[col][col];
+            let pivot_row = a[col].clone();
+            for (x, p) in a[row][col..].iter_mut().zip(&pivot_row[col..]) {
+                *x -= f * p;
+            }
+            b[row] -= f * b[col];
+        }
+    }
+    let mut x = vec![0.0; k];
+    for row in (0..k).rev() {
+        let s: f64 = (row + 1..k).map(|c| a[row][c] * x[c]).sum();
+        x[row] = if a[row][row].abs() < 1e-300 {
+            0.0
+        } else {
+            (b[row] - s) / a[row][row]
+        };
+    }
+    x
+}
+
+/// Runs `ferrocoll calibrate`.
+pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
+    let n = args.ranks;
+    if n < 2 {
+        return Err(CliError::Usage(
+            "--ranks must be at least 2 to measure communication".into(),
+        ));
+    }
+    let mut sizes = vec![];
+    let mut b = 8usize;
+    while b <= args.maxbytes {
+        sizes.push(b);
+        b *= 8;
+    }
+    let elem = DType::F32.size();
+    let progress = io::stderr();
+    let results = local::run(n, |comm| -> Result<Vec<Point>, ferrocoll::Error> {
+        let mut points = Vec::new();
+        for coll in CALIBRATED {
+            for &algo in coll.algorithms() {
+                let c = comm.with_options(CallOptions::algorithm(algo));
+                for &bytes in &sizes {
+                    let count = bytes / (elem * blocks(coll, n));
+                    if count == 0 {
+                        continue;
+                    }
+                    // Enough calls to fill ~20 ms, at least 3.
+                    let iters = (2e7 / (bytes as f64 + 2e4)).clamp(3.0, 200.0) as usize;
+                    let seconds = time_calls(&comm, &c, coll, count, iters)?;
+                    let mut shape = Shape::new(coll, n, count, elem);
+                    shape.topology = comm.topology().clone();
+                    if let Some(coef) = coefficients(algo, &shape) {
+                        points.push(Point {
+                            coll,
+                            algo: algo.name(),
+                            bytes: count * elem * blocks(coll, n),
+                            seconds,
+                            coef,
+                        });
+                    }
+                }
+                if comm.rank() == 0 {
+                    let _ = writeln!(progress.lock(), "calibrate: {coll}/{algo} measured");
+                }
+            }
+        }
+        Ok(points)
+    })?;
+    let mut points = Vec::new();
+    for r in results {
+        let p = r?;
+        if points.is_empty() {
+            points = p;
+        }
+    }
+    if points.is_empty() {
+        return Err(CliError::Run("no point could be measured".into()));
+    }
+    let [alpha, inv_beta, gamma] = fit(&points);
+    let profile = Profile::uniform(alpha, 1.0 / inv_beta.max(1e-18), gamma);
+    let predict = |p: &Point| alpha * p.coef[0] + inv_beta * p.coef[1] + gamma * p.coef[2];
+    // Fit quality on log time (sizes span many decades).
+    let logs: Vec<(f64, f64)> = points
+        .iter()
+        .map(|p| (p.seconds.ln(), predict(p).max(1e-12).ln()))
+        .collect();
+    let mean = logs.iter().map(|l| l.0).sum::<f64>() / logs.len() as f64;
+    let ss_res: f64 = logs.iter().map(|(m, q)| (m - q).powi(2)).sum();
+    let ss_tot: f64 = logs.iter().map(|(m, _)| (m - mean).powi(2)).sum();
+    let r2 = 1.0 - ss_res / ss_tot.max(1e-300);
+    let geomean_error = (ss_res / logs.len() as f64).sqrt().exp() - 1.0;
+
+    let mut out = io::stdout().lock();
+    writeln!(
+        out,
+        "# {:<14} {:<18} {:>10} {:>12} {:>12} {:>8}",
+        "coll", "algo", "bytes", "measured_us", "predicted_us", "error"
+    )?;
+    for p in &points {
+        let q = predict(p);
+        writeln!(
+            out,
+            "  {:<14} {:<18} {:>10} {:>12.2} {:>12.2} {:>7.1}%",
+            p.coll.name(),
+            p.algo,
+            p.bytes,
+            p.seconds * 1e6,
+            q * 1e6,
+            (q / p.seconds - 1.0) * 100.0
+        )?;
+        if args.json {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({"coll": p.coll.name(), "algo": p.algo, "bytes": p.bytes,
+                    "measured_us": p.seconds * 1e6, "predicted_us": q * 1e6})
+            )?;
+        }
+    }
+    writeln!(
+        out,
+        "# fit over {} points: alpha {:.3} us, beta {:.3} GB/s, gamma {:.4} ns/B; R^2 (log time) {:.4}; geometric-mean error {:.1}%",
+        points.len(),
+        alpha * 1e6,
+        1.0 / inv_beta.max(1e-18) / 1e9,
+        gamma * 1e9,
+        r2,
+        geomean_error * 100.0
+    )?;
+    let file = ProfileFile {
+        transport: "thread".into(),
+        profile,
+        r2,
+        geomean_error,
+        points: points.len(),
+    };
+    let path = match &args.out {
+        Some(p) => p.clone(),
+        None => Profile::default_path("thread").ok_or_else(|| {
+            CliError::Usage("no HOME or XDG_CONFIG_HOME to write the profile to; pass --out".into())
+        })?,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| CliError::Run(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&file).expect("plain data"),
+    )
+    .map_err(|e| CliError::Run(format!("cannot write {}: {e}", path.display())))?;
+    writeln!(
+        out,
+        "# wrote {} (FERROCOLL_PROFILE={} selects it explicitly)",
+        path.display(),
+        path.display()
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fit_recovers_known_parameters() {
+        // Points generated from alpha = 2 us, 1/beta = 1e-10 s/B, gamma = 5e-11.
+        let truth = [2e-6, 1e-10, 5e-11];
+        let coefs = [
+            [2.0, 8.0, 0.0],
+            [6.0, 1e6, 5e5],
+            [4.0, 1e7, 0.0],
+            [10.0, 3e4, 1e4],
+            [2.0, 1e8, 5e7],
+        ];
+        let points: Vec<Point> = coefs
+            .iter()
+            .map(|c| Point {
+                coll: Collective::AllReduce,
+                algo: "ring",
+                bytes: 0,
+                seconds: c[0] * truth[0] + c[1] * truth[1] + c[2] * truth[2],
+                coef: *c,
+            })
+            .collect();
+        let x = fit(&points);
+        for i in 0..3 {
+            assert!((x[i] - truth[i]).abs() <= 1e-6 * truth[i], "{x:?}");
+        }
+    }
+}

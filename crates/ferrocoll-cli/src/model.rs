@@ -1,0 +1,345 @@
+//! `ferrocoll model`: what every algorithm of a collective would cost, from
+//! the closed forms of the cost model, without running anything.
+//!
+//! Prints each candidate's predicted time split into latency, bandwidth and
+//! compute terms, the choice, the critical message size n* = alpha·beta, and
+//! the sizes where the cheapest algorithm changes.
+
+use std::io::{self, Write};
+
+use clap::Args;
+use ferrocoll::cost::{self, Cost, LinkParams, Profile, Shape};
+use ferrocoll::{Collective, DType, Topology};
+use serde::Serialize;
+
+use crate::error::CliError;
+
+/// Arguments of `ferrocoll model`.
+#[derive(Debug, Args)]
+pub struct ModelArgs {
+    /// The collective: allreduce, allgather, reducescatter, alltoall, bcast,
+    /// reduce, gather, scatter or barrier.
+    #[arg(value_parser = parse_collective)]
+    coll: Collective,
+    /// Number of ranks.
+    #[arg(short = 'n', long = "ranks", default_value_t = 8)]
+    ranks: usize,
+    /// Size of the call as nccl-tests counts it (the whole n-block buffer for
+    /// the block collectives): an integer, or with KB/MB/GB (powers of 1000)
+    /// or KiB/MiB/GiB (powers of 1024).
+    #[arg(short = 'b', long, default_value = "1MiB", value_parser = parse_bytes)]
+    bytes: usize,
+    /// Element type (sets the element size).
+    #[arg(long, default_value = "f32")]
+    dtype: DType,
+    /// Per-message latency within a node: e.g. 10us, 500ns, 1ms.
+    #[arg(long, default_value = "10us", value_parser = parse_seconds)]
+    alpha: f64,
+    /// Bandwidth of one port within a node: e.g. 10GB/s, 800MB/s.
+    #[arg(long, default_value = "10GB/s", value_parser = parse_rate)]
+    beta: f64,
+    /// Reduction cost: a rate (e.g. 20GB/s) or a time per byte (e.g. 0.05ns).
+    #[arg(long, default_value = "20GB/s", value_parser = parse_gamma)]
+    gamma: f64,
+    /// Topology, outermost level first (e.g. 4x8: 4 nodes of 8 ranks).
+    #[arg(long)]
+    topo: Option<Topology>,
+    /// Latency between nodes (defaults to --alpha).
+    #[arg(long, value_parser = parse_seconds)]
+    alpha_inter: Option<f64>,
+    /// Bandwidth between nodes (defaults to --beta).
+    #[arg(long, value_parser = parse_rate)]
+    beta_inter: Option<f64>,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_collective(s: &str) -> Result<Collective, String> {
+    match Collective::from_name(s) {
+        Some(Collective::AllToAllV) => Err(
+            "alltoallv depends on every pair's counts; model alltoall (uniform blocks) instead"
+                .into(),
+        ),
+        Some(c) => Ok(c),
+        None => Err(format!(
+            "unknown collective; use one of {}",
+            Collective::ALL.map(|c| c.name()).join(", ")
+        )),
+    }
+}
+
+/// Splits "10us" into (10.0, "us").
+fn number_and_unit(s: &str) -> Result<(f64, String), String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == 'e' || c == '-' || c == '+'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` does not start with a number"))?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(format!("`{s}` must be a non-negative number"));
+    }
+    Ok((value, unit.trim().to_string()))
+}
+
+/// Bytes: plain, KB/MB/GB/TB (1000s) or KiB/MiB/GiB/TiB (1024s).
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let (v, unit) = number_and_unit(s)?;
+    let scale: f64 = match unit.as_str() {
+        "" | "B" => 1.0,
+        "KB" | "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "TB" => 1e12,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "TiB" => 1024.0f64.powi(4),
+        other => {
+            return Err(format!(
+                "unknown size unit `{other}`; use B, KB, MB, GB, KiB, MiB or GiB"
+            ))
+        }
+    };
+    Ok((v * scale).round() as usize)
+}
+
+/// Seconds from ns/us/ms/s.
+pub fn parse_seconds(s: &str) -> Result<f64, String> {
+    let (v, unit) = number_and_unit(s)?;
+    let scale = match unit.as_str() {
+        "ns" => 1e-9,
+        "us" | "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "" => return Err(format!("`{s}` needs a unit: ns, us, ms or s")),
+        other => return Err(format!("unknown time unit `{other}`; use ns, us, ms or s")),
+    };
+    Ok(v * scale)
+}
+
+/// Bytes per second from GB/s, MB/s, KB/s (powers of 1000), GiB/s, B/s.
+pub fn parse_rate(s: &str) -> Result<f64, String> {
+    let (v, unit) = number_and_unit(s)?;
+    let scale = match unit.as_str() {
+        "B/s" => 1.0,
+        "KB/s" => 1e3,
+        "MB/s" => 1e6,
+        "GB/s" => 1e9,
+        "TB/s" => 1e12,
+        "GiB/s" => 1024.0 * 1024.0 * 1024.0,
+        other => {
+            return Err(format!(
+                "unknown rate unit `{other}`; use GB/s, MB/s or GiB/s"
+            ))
+        }
+    };
+    if v == 0.0 {
+        return Err("a bandwidth must be positive".into());
+    }
+    Ok(v * scale)
+}
+
+/// Seconds per byte, from a rate (`20GB/s`) or a time per byte (`0.05ns`).
+fn parse_gamma(s: &str) -> Result<f64, String> {
+    if s.contains("/s") {
+        parse_rate(s).map(|r| 1.0 / r)
+    } else {
+        parse_seconds(s)
+    }
+}
+
+#[derive(Serialize)]
+struct Candidate {
+    algo: &'static str,
+    time_us: f64,
+    latency_us: f64,
+    bandwidth_us: f64,
+    compute_us: f64,
+}
+
+#[derive(Serialize)]
+struct CrossoverOut {
+    bytes: usize,
+    from: &'static str,
+    to: &'static str,
+}
+
+#[derive(Serialize)]
+struct Report {
+    coll: &'static str,
+    ranks: usize,
+    bytes: usize,
+    choice: &'static str,
+    n_star_bytes: f64,
+    candidates: Vec<Candidate>,
+    crossovers: Vec<CrossoverOut>,
+}
+
+/// Blocks per call: the block collectives count all n blocks in their size.
+fn blocks(coll: Collective, n: usize) -> usize {
+    match coll {
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::Gather
+        | Collective::Scatter => n,
+        _ => 1,
+    }
+}
+
+/// Runs `ferrocoll model`.
+pub fn main(args: &ModelArgs) -> Result<(), CliError> {
+    let n = args.ranks;
+    if n == 0 {
+        return Err(CliError::Usage("--ranks must be at least 1".into()));
+    }
+    let topology = match &args.topo {
+        Some(t) => {
+            t.check_size(n).map_err(CliError::Lib)?;
+            t.clone()
+        }
+        None => Topology::flat(n),
+    };
+    let profile = Profile {
+        intra: LinkParams {
+            alpha: args.alpha,
+            beta: args.beta,
+        },
+        inter: LinkParams {
+            alpha: args.alpha_inter.unwrap_or(args.alpha),
+            beta: args.beta_inter.unwrap_or(args.beta),
+        },
+        gamma: args.gamma,
+    };
+    let elem = args.dtype.size();
+    let per = elem * blocks(args.coll, n);
+    let to_count = |bytes: usize| bytes / per;
+    let mut shape = Shape::new(args.coll, n, to_count(args.bytes), elem);
+    shape.topology = topology;
+    let ranked = cost::candidates(&shape, &profile);
+    let Some(&(choice, _)) = ranked.first() else {
+        return Err(CliError::Usage(format!(
+            "{} has no algorithm to model",
+            args.coll
+        )));
+    };
+    let max_bytes = args.bytes.max(1 << 30);
+    let crossovers = cost::crossovers(&shape, &profile, max_bytes, to_count);
+    let us = |c: &Cost| {
+        (
+            c.total() * 1e6,
+            c.latency * 1e6,
+            c.bandwidth * 1e6,
+            c.compute * 1e6,
+        )
+    };
+    let report = Report {
+        coll: args.coll.name(),
+        ranks: n,
+        bytes: shape.count * per,
+        choice: choice.name(),
+        n_star_bytes: profile.intra.alpha * profile.intra.beta,
+        candidates: ranked
+            .iter()
+            .map(|(a, c)| {
+                let (t, l, b, g) = us(c);
+                Candidate {
+                    algo: a.name(),
+                    time_us: t,
+                    latency_us: l,
+                    bandwidth_us: b,
+                    compute_us: g,
+                }
+            })
+            .collect(),
+        crossovers: crossovers
+            .iter()
+            .map(|c| CrossoverOut {
+                bytes: c.bytes,
+                from: c.from.name(),
+                to: c.to.name(),
+            })
+            .collect(),
+    };
+    let mut out = io::stdout().lock();
+    if args.json {
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&report).expect("plain data serialises")
+        )?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "# {} of {} B on {} ranks (topology {}), alpha {:.3} us, beta {:.3} GB/s, gamma {:.4} ns/B",
+        report.coll,
+        report.bytes,
+        n,
+        shape.topology,
+        profile.intra.alpha * 1e6,
+        profile.intra.beta / 1e9,
+        profile.gamma * 1e9
+    )?;
+    if profile.inter != profile.intra {
+        writeln!(
+            out,
+            "# between nodes: alpha {:.3} us, beta {:.3} GB/s",
+            profile.inter.alpha * 1e6,
+            profile.inter.beta / 1e9
+        )?;
+    }
+    writeln!(
+        out,
+        "# {:<18} {:>12} {:>12} {:>12} {:>12}",
+        "algo", "time(us)", "latency", "bandwidth", "compute"
+    )?;
+    for c in &report.candidates {
+        writeln!(
+            out,
+            "  {:<18} {:>12.3} {:>12.3} {:>12.3} {:>12.3}",
+            c.algo, c.time_us, c.latency_us, c.bandwidth_us, c.compute_us
+        )?;
+    }
+    writeln!(out, "# choice: {}", report.choice)?;
+    if let Some(second) = report.candidates.get(1) {
+        writeln!(
+            out,
+            "# runner-up: {} ({:.2}x the choice's time)",
+            second.algo,
+            second.time_us / report.candidates[0].time_us.max(f64::MIN_POSITIVE)
+        )?;
+    }
+    writeln!(
+        out,
+        "# n* = alpha * beta = {:.0} B (below it latency dominates a message)",
+        report.n_star_bytes
+    )?;
+    for c in &report.crossovers {
+        writeln!(out, "# crossover at {} B: {} -> {}", c.bytes, c.from, c.to)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_parse() {
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("1MB"), Ok(1_000_000));
+        assert_eq!(parse_bytes("4096"), Ok(4096));
+        assert!(parse_bytes("3 furlongs").is_err());
+        assert!((parse_seconds("10us").unwrap() - 1e-5).abs() < 1e-18);
+        assert!((parse_seconds("500ns").unwrap() - 5e-7).abs() < 1e-18);
+        assert!(parse_seconds("10").is_err());
+        assert_eq!(parse_rate("10GB/s"), Ok(1e10));
+        assert!((parse_gamma("20GB/s").unwrap() - 5e-11).abs() < 1e-20);
+        assert!((parse_gamma("0.05ns").unwrap() - 5e-11).abs() < 1e-20);
+    }
+}

@@ -1,0 +1,179 @@
+//! Timing the plans of all ranks under the alpha-beta-gamma model: the
+//! reference the closed forms are held against.
+//!
+//! The walk follows the executor's semantics. A rank runs its rounds in
+//! order; a round starts when the rank has finished the previous one, and its
+//! messages can move only once every partner has reached the round holding the
+//! other end (messages of a pair match in plan order, as in
+//! [`crate::plan::match_messages`]). A round then costs
+//!
+//! * for each link class it uses (intra-node, inter-node): alpha of that class
+//!   plus the larger of the bytes it sends and the bytes it receives on that
+//!   class, over beta (one full-duplex port per class; concurrent messages of
+//!   a round share it), the classes working in parallel (the round waits for
+//!   the slowest);
+//! * plus gamma times the bytes it reduces (receive-reduce and local reduce).
+//!
+//! Local copies are free. The time of a collective is the latest finish over
+//! all ranks, and its latency, bandwidth and compute terms are the ones
+//! accumulated along that critical path.
+
+use std::collections::HashMap;
+
+use super::{Cost, Profile};
+use crate::plan::{Op, Plan};
+use crate::topo::Topology;
+
+/// Time of the plans of all ranks of one collective (`plans[r]` is rank
+/// r's), with elements of `elem_size` bytes, on `profile`. Ranks on the same
+/// node of `topology` (block placement) use the intra-node link parameters.
+/// Fails like [`crate::plan::match_messages`] on plans that do not fit.
+pub fn walk(
+    plans: &[Plan],
+    elem_size: usize,
+    profile: &Profile,
+    topology: &Topology,
+) -> Result<Cost, String> {
+    let n = plans.len();
+    let local = topology.local_size().max(1);
+    let elem = elem_size as f64;
+    // For each rank and round: the partner rounds its messages meet.
+    // (rank, round) -> list of (peer, peer's round).
+    let mut sends: HashMap<(usize, usize, usize), usize> = HashMap::new(); // (src, dst, k) -> src round
+    let mut recvs: HashMap<(usize, usize, usize), usize> = HashMap::new(); // (src, dst, k) -> dst round
+    for (rank, plan) in plans.iter().enumerate() {
+        let mut ns = vec![0usize; n];
+        let mut nr = vec![0usize; n];
+        for (ri, round) in plan.rounds.iter().enumerate() {
+            for op in &round.ops {
+                match *op {
+                    Op::Send { peer, .. } => {
+                        sends.insert((rank, peer, ns[peer]), ri);
+                        ns[peer] += 1;
+                    }
+                    Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
+                        recvs.insert((peer, rank, nr[peer]), ri);
+                        nr[peer] += 1;
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    let mut partners: Vec<Vec<Vec<(usize, usize)>>> = plans
+        .iter()
+        .map(|p| vec![Vec::new(); p.rounds.len()])
+        .collect();
+    for (&(src, dst, k), &sr) in &sends {
+        let dr = *recvs.get(&(src, dst, k)).ok_or_else(|| {
+            format!("rank {src} sends message #{k} to rank {dst} that is never received")
+        })?;
+        partners[src][sr].push((dst, dr));
+        partners[dst][dr].push((src, sr));
+    }
+    if let Some(k) = recvs.keys().find(|k| !sends.contains_key(k)) {
+        return Err(format!(
+            "rank {} waits for message #{} from rank {} that is never sent",
+            k.1, k.2, k.0
+        ));
+    }
+    // start[r][k]: when rank r begins round k (its previous round's finish).
+    let mut start: Vec<Vec<Option<Cost>>> = plans
+        .iter()
+        .map(|p| vec![None; p.rounds.len() + 1])
+        .collect();
+    for s in start.iter_mut() {
+        s[0] = Some(Cost::ZERO);
+    }
+    let mut next = vec![0usize; n];
+    loop {
+        let mut progressed = false;
+        for r in 0..n {
+            while next[r] < plans[r].rounds.len() {
+                let k = next[r];
+                let mut begin = start[r][k].expect("previous round finished");
+                let mut ready = true;
+                for &(p, pr) in &partners[r][k] {
+                    match start[p][pr] {
+                        Some(t) => {
+                            if t.total() > begin.total() {
+                                begin = t;
+                            }
+                        }
+                        None => {
+                            ready = false;
+                            break;
+                        }
+                    }
+                }
+                if !ready {
+                    break;
+                }
+                let round = round_cost(&plans[r].rounds[k].ops, r, local, elem, profile);
+                start[r][k + 1] = Some(begin + round);
+                next[r] += 1;
+                progressed = true;
+            }
+        }
+        if (0..n).all(|r| next[r] == plans[r].rounds.len()) {
+            break;
+        }
+        if !progressed {
+            return Err("deadlock".into());
+        }
+    }
+    Ok(start
+        .iter()
+        .map(|s| s.last().copied().flatten().unwrap_or(Cost::ZERO))
+        .fold(Cost::ZERO, |a, b| if b.total() > a.total() { b } else { a }))
+}
+
+/// Cost of one round of `rank` (see the module docs).
+fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profile) -> Cost {
+    // [intra, inter] x (sent, received, used)
+    let mut sent = [0.0f64; 2];
+    let mut received = [0.0f64; 2];
+    let mut used = [false; 2];
+    let mut reduced = 0.0f64;
+    for op in ops {
+        match *op {
+            Op::Send { peer, src } => {
+                let c = usize::from(peer / local != rank / local);
+                sent[c] += src.len as f64 * elem;
+                used[c] = true;
+            }
+            Op::Recv { peer, dst } => {
+                let c = usize::from(peer / local != rank / local);
+                received[c] += dst.len as f64 * elem;
+                used[c] = true;
+            }
+            Op::RecvReduce { peer, dst, .. } => {
+                let c = usize::from(peer / local != rank / local);
+                received[c] += dst.len as f64 * elem;
+                used[c] = true;
+                reduced += dst.len as f64 * elem;
+            }
+            Op::Reduce { dst, .. } => reduced += dst.len as f64 * elem,
+            Op::Copy { .. } => {}
+        }
+    }
+    let links = [&profile.intra, &profile.inter];
+    let mut comm = Cost::ZERO;
+    for c in 0..2 {
+        if used[c] {
+            let t = Cost {
+                latency: links[c].alpha,
+                bandwidth: sent[c].max(received[c]) / links[c].beta,
+                compute: 0.0,
+            };
+            if t.total() > comm.total() {
+                comm = t;
+            }
+        }
+    }
+    comm + Cost {
+        latency: 0.0,
+        bandwidth: 0.0,
+        compute: reduced * profile.gamma,
+    }
+}
