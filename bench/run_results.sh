@@ -48,3 +48,11 @@ for spec in "4:" "8:2x4"; do
     python3 -c 'import json,sys; print("".join("%12.1f" % json.loads(l)["time_us"] for l in sys.stdin))' <<<"$out"
   done
 done
+
+echo; echo "## 8. cost model: ferrocoll model answers (time for 100,000 ranks) and calibration"
+for c in allreduce allgather reducescatter alltoall bcast reduce gather scatter barrier; do
+  s=$(date +%s%N); $fc model $c -n 100000 -b 1GB --json >/dev/null; e=$(date +%s%N)
+  echo "model $c -n 100000: $(( (e - s) / 1000000 )) ms"
+done
+echo "\$ ferrocoll calibrate -n 4 -e 16M --out /tmp/ferrocoll-thread-profile.json"
+$fc calibrate -n 4 -e 16M --out /tmp/ferrocoll-thread-profile.json 2>/dev/null | tail -2

@@ -240,7 +240,9 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     let ss_res: f64 = logs.iter().map(|(m, q)| (m - q).powi(2)).sum();
     let ss_tot: f64 = logs.iter().map(|(m, _)| (m - mean).powi(2)).sum();
     let r2 = 1.0 - ss_res / ss_tot.max(1e-300);
-    let geomean_error = (ss_res / logs.len() as f64).sqrt().exp() - 1.0;
+    // Geometric mean of the relative errors: exp(mean |ln(predicted/measured)|) - 1.
+    let geomean_error =
+        (logs.iter().map(|(m, q)| (q - m).abs()).sum::<f64>() / logs.len() as f64).exp() - 1.0;
 
     let mut out = io::stdout().lock();
     writeln!(

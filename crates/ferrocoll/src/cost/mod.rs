@@ -96,8 +96,8 @@ pub struct ProfileFile {
     pub profile: Profile,
     /// Coefficient of determination of the fit.
     pub r2: f64,
-    /// Geometric mean of measured/predicted over the fitted points, as a
-    /// relative error (0.1 = 10 %).
+    /// Geometric mean of the relative errors over the fitted points,
+    /// exp(mean |ln(predicted/measured)|) - 1 (0.1 = 10 %).
     pub geomean_error: f64,
     /// Number of measurements fitted.
     pub points: usize,
