@@ -75,6 +75,8 @@ struct Shared {
     topology: Topology,
     /// Scratch memory kept between calls (plans declare what they need).
     scratch: std::sync::Mutex<Vec<u64>>,
+    /// Shapes already explained under `FERROCOLL_DEBUG=tune`.
+    explained: std::sync::Mutex<std::collections::HashSet<(Collective, usize)>>,
 }
 
 /// A group of ranks that call collectives together.
@@ -182,6 +184,7 @@ impl Communicator {
                 splits: AtomicU64::new(0),
                 config: Arc::new(config),
                 scratch: Default::default(),
+                explained: Default::default(),
             }),
             options: CallOptions::default(),
             reserved_seq: None,
@@ -291,6 +294,44 @@ impl Communicator {
         Ok((algo, crate::cost::predict(algo, &shape, &self.profile())))
     }
 
+    /// Prints the cost model's table for a shape the first time it is seen
+    /// (`FERROCOLL_DEBUG=tune`).
+    fn explain(&self, coll: Collective, count: usize, dtype: DType, bytes: usize) {
+        let first = self
+            .shared
+            .explained
+            .lock()
+            .map(|mut seen| seen.insert((coll, bytes)))
+            .unwrap_or(false);
+        if !first || coll == Collective::AllToAllV {
+            return;
+        }
+        let mut shape = crate::cost::Shape::new(coll, self.size(), count, dtype.size());
+        shape.topology = self.shared.topology.clone();
+        let ranked = crate::cost::candidates(&shape, &self.profile());
+        let mut text = format!(
+            "ferrocoll tune: {coll} {bytes} B on {} ranks, predicted (us):",
+            self.size()
+        );
+        for (a, c) in &ranked {
+            text.push_str(&format!(
+                "\n  {:<18} {:>10.2} = latency {:.2} + bandwidth {:.2} + compute {:.2}",
+                a.name(),
+                c.total() * 1e6,
+                c.latency * 1e6,
+                c.bandwidth * 1e6,
+                c.compute * 1e6
+            ));
+        }
+        if let [(w, wc), (r, rc), ..] = ranked.as_slice() {
+            text.push_str(&format!(
+                "\n  model's winner {w}, runner-up {r} ({:.2}x)",
+                rc.total() / wc.total().max(f64::MIN_POSITIVE)
+            ));
+        }
+        eprintln!("{text}");
+    }
+
     /// The size in bytes that algorithm choice looks at (see
     /// [`Communicator::choose`]) for a call of `count` elements of `dtype`
     /// (the per-rank block for the block collectives).
@@ -367,6 +408,9 @@ impl Communicator {
                 spec.coll,
                 self.size()
             );
+            if self.shared.config.debug_tune {
+                self.explain(spec.coll, spec.count, spec.dtype, bytes);
+            }
         }
         let req = PlanRequest {
             collective: spec.coll,
@@ -999,6 +1043,7 @@ impl Communicator {
                 config: Arc::clone(&self.shared.config),
                 topology,
                 scratch: Default::default(),
+                explained: Default::default(),
             }),
             options: self.options.clone(),
             reserved_seq: None,

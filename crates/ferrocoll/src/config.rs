@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `FERROCOLL_ALGO` | force algorithms: `allreduce:ring,bcast:tree`, or one name for every collective that has it | `auto` |
 //! | `FERROCOLL_TIMEOUT` | seconds any wait may take before failing with [`crate::Error::Timeout`] | 300 |
-//! | `FERROCOLL_DEBUG` | `1`: rank 0 prints every algorithm choice and why to stderr | off |
+//! | `FERROCOLL_DEBUG` | `1`: rank 0 prints every algorithm choice and why to stderr; `tune`: also, the first time each shape is seen, every candidate's predicted time split into latency, bandwidth and compute, the winner and the runner-up | off |
 //! | `FERROCOLL_TOPO` | level sizes of the group, outermost first: `2x4` = 2 nodes of 4 ranks (read by `hier`, `torus2d`, `mesh2d`) | flat |
 //! | `FERROCOLL_PROFILE` | JSON profile from `ferrocoll calibrate` for the cost model; default: `$XDG_CONFIG_HOME/ferrocoll/<transport>.json` or `~/.config/ferrocoll/<transport>.json` if present | built-in |
 //! | `FERROCOLL_SLICE_BYTES` | allreduce/broadcast/reduce larger than this run as consecutive slices of this size (cache locality); `0` never slices | 2 MiB |
@@ -43,6 +43,8 @@ pub struct Config {
     pub timeout: Duration,
     /// Print algorithm choices (rank 0, stderr).
     pub debug: bool,
+    /// Also print the cost model's table the first time each shape is seen.
+    pub debug_tune: bool,
     /// Elementwise collectives above this size run as slices of it (0: off).
     pub slice_bytes: usize,
     /// How the world's ranks nest into nodes; `None` is flat.
@@ -59,6 +61,7 @@ impl Default for Config {
             algorithms: AlgoChoice::default(),
             timeout: DEFAULT_TIMEOUT,
             debug: false,
+            debug_tune: false,
             slice_bytes: DEFAULT_SLICE_BYTES,
             topology: None,
             profile: None,
@@ -121,6 +124,7 @@ impl Config {
         }
         if let Ok(v) = var("FERROCOLL_DEBUG") {
             config.debug = !matches!(v.trim(), "" | "0" | "false" | "off");
+            config.debug_tune = v.split(',').any(|w| w.trim().eq_ignore_ascii_case("tune"));
         }
         Ok(config)
     }
