@@ -112,7 +112,8 @@ pub fn parse_seconds(s: &str) -> Result<f64, String> {
     let (v, unit) = number_and_unit(s)?;
     let scale = match unit.as_str() {
         "ns" => 1e-9,
-        "us" | "µs" => 1e-6,
+        // Both the micro sign (U+00B5) and the Greek mu (U+03BC) the seeds use.
+        "us" | "\u{b5}s" | "\u{3bc}s" => 1e-6,
         "ms" => 1e-3,
         "s" => 1.0,
         "" => return Err(format!("`{s}` needs a unit: ns, us, ms or s")),

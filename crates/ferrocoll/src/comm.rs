@@ -77,6 +77,10 @@ struct Shared {
     scratch: std::sync::Mutex<Vec<u64>>,
     /// Shapes already explained under `FERROCOLL_DEBUG=tune`.
     explained: std::sync::Mutex<std::collections::HashSet<(Collective, usize)>>,
+    /// The model's choice per shape (`FERROCOLL_AUTO=model`).
+    chosen: std::sync::Mutex<std::collections::HashMap<(Collective, usize), Algorithm>>,
+    /// The cost-model profile, read once.
+    profile: std::sync::OnceLock<crate::cost::Profile>,
 }
 
 /// A group of ranks that call collectives together.
@@ -185,6 +189,8 @@ impl Communicator {
                 config: Arc::new(config),
                 scratch: Default::default(),
                 explained: Default::default(),
+                chosen: Default::default(),
+                profile: Default::default(),
             }),
             options: CallOptions::default(),
             reserved_seq: None,
@@ -258,8 +264,29 @@ impl Communicator {
         if let Some(a) = self.shared.config.algorithms.get(coll) {
             return Ok((a, "forced by FERROCOLL_ALGO".into()));
         }
+        if self.shared.config.auto_model && coll != Collective::AllToAllV {
+            if let Some(a) = self.model_choice(coll, bytes) {
+                return Ok((a, "auto: least predicted time (cost model)".into()));
+            }
+        }
         let (a, why) = select::auto(coll, bytes, self.size());
         Ok((a, format!("auto: {why}")))
+    }
+
+    /// The cheapest algorithm for `bytes` on this communicator's profile and
+    /// topology, cached per shape.
+    fn model_choice(&self, coll: Collective, bytes: usize) -> Option<Algorithm> {
+        if let Some(&a) = self.shared.chosen.lock().ok()?.get(&(coll, bytes)) {
+            return Some(a);
+        }
+        // The choice depends on bytes, not on the element type: model bytes
+        // as one-byte elements.
+        let blocks = self.call_bytes(coll, 1, DType::U8).max(1);
+        let mut shape = crate::cost::Shape::new(coll, self.size(), bytes / blocks, 1);
+        shape.topology = self.shared.topology.clone();
+        let best = crate::cost::candidates(&shape, &self.profile()).first()?.0;
+        self.shared.chosen.lock().ok()?.insert((coll, bytes), best);
+        Some(best)
     }
 
     /// The cost-model parameters this communicator predicts with: the
@@ -267,12 +294,17 @@ impl Communicator {
     /// [`crate::cost::Profile::default_path`] for this transport, else the
     /// transport's built-in one.
     pub fn profile(&self) -> crate::cost::Profile {
-        if let Some(p) = &self.shared.config.profile {
-            return p.clone();
-        }
-        crate::cost::Profile::default_path(self.transport_name())
-            .and_then(|path| crate::cost::Profile::load(&path).ok())
-            .unwrap_or_else(crate::cost::Profile::thread_default)
+        self.shared
+            .profile
+            .get_or_init(|| {
+                if let Some(p) = &self.shared.config.profile {
+                    return p.clone();
+                }
+                crate::cost::Profile::default_path(self.transport_name())
+                    .and_then(|path| crate::cost::Profile::load(&path).ok())
+                    .unwrap_or_else(crate::cost::Profile::thread_default)
+            })
+            .clone()
     }
 
     /// The algorithm a call of `count` elements of `dtype` would use and its
@@ -1044,6 +1076,8 @@ impl Communicator {
                 topology,
                 scratch: Default::default(),
                 explained: Default::default(),
+                chosen: Default::default(),
+                profile: Default::default(),
             }),
             options: self.options.clone(),
             reserved_seq: None,
