@@ -916,10 +916,9 @@ fn seed002_two_port_ring_is_the_ring_on_one_port() {
 }
 
 /// The seeds write microseconds with U+03BC (GREEK SMALL LETTER MU), e.g.
-/// seed 000 Napkin Math 1.5: "$\alpha =$ 10 μs". `--alpha` accepts `us` and
-/// `µs` with U+00B5 (MICRO SIGN) only, so a value copied from a seed is
-/// rejected: "unknown time unit `μs`; use ns, us, ms or s". A CLI bug,
-/// reported, not fixed here; run with `--ignored` to see it.
+/// seed 000 Napkin Math 1.5: "$\alpha =$ 10 μs". `--alpha` accepts it as well
+/// as `us` and `µs` (U+00B5, MICRO SIGN), so values copy straight from the
+/// seeds.
 #[test]
 fn seed_spelling_of_microseconds_is_accepted() {
     let r = seed_model(&[
