@@ -48,6 +48,10 @@ fn bench_env(args: &[&str], algo_env: Option<&str>, env: &[(&str, &str)]) -> Out
         .args(args)
         .env_remove("FERROCOLL_ALGO")
         .env_remove("FERROCOLL_TOPO")
+        .env_remove("FERROCOLL_PROFILE")
+        // These tests pin `auto` to the size rule so their expectations do
+        // not depend on the cost model's profile (tested separately below).
+        .env("FERROCOLL_AUTO", "rule")
         .envs(env.iter().copied())
         // A hang (a library bug) fails the test in seconds, not minutes.
         .env("FERROCOLL_TIMEOUT", "30");
@@ -326,4 +330,42 @@ fn table_output_has_header_and_one_row_per_size() {
     assert_eq!(cols[8], "0");
     let predicted: f64 = cols[10].parse().expect("a predicted time in us");
     assert!(predicted > 0.0, "{}", rows[0]);
+}
+
+#[test]
+fn auto_model_runs_what_the_model_predicts_cheapest() {
+    // No calibrated profile: point HOME at an empty directory.
+    let home = std::env::temp_dir().join(format!("ferrocoll-test-home-{}", std::process::id()));
+    std::fs::create_dir_all(&home).unwrap();
+    let home = home.to_str().unwrap();
+    for bytes in ["64", "4M"] {
+        let rows = json_rows_env(
+            &["--json", "-n", "3", "-b", bytes, "-e", bytes],
+            None,
+            &[
+                ("FERROCOLL_AUTO", "model"),
+                ("HOME", home),
+                ("XDG_CONFIG_HOME", ""),
+            ],
+        );
+        let ran = rows[0]["algo"].as_str().unwrap().to_string();
+        let b = rows[0]["bytes"].as_u64().unwrap().to_string();
+        // The built-in thread profile, spelled out for `ferrocoll model`.
+        let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+            .args([
+                "model",
+                "allreduce",
+                "-n",
+                "3",
+                "--bytes",
+                &b,
+                "--alpha",
+                "2.5us",
+            ])
+            .args(["--beta", "10GB/s", "--gamma", "0.1ns", "--json"])
+            .output()
+            .unwrap();
+        let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["choice"].as_str().unwrap(), ran, "{bytes}: {report}");
+    }
 }

@@ -7,7 +7,7 @@
 //! | `FERROCOLL_DEBUG` | `1`: rank 0 prints every algorithm choice and why to stderr; `tune`: also, the first time each shape is seen, every candidate's predicted time split into latency, bandwidth and compute, the winner and the runner-up | off |
 //! | `FERROCOLL_TOPO` | level sizes of the group, outermost first: `2x4` = 2 nodes of 4 ranks (read by `hier`, `torus2d`, `mesh2d`) | flat |
 //! | `FERROCOLL_PROFILE` | JSON profile from `ferrocoll calibrate` for the cost model; default: `$XDG_CONFIG_HOME/ferrocoll/<transport>.json` or `~/.config/ferrocoll/<transport>.json` if present | built-in |
-//! | `FERROCOLL_AUTO` | how `auto` chooses: `rule` (size thresholds) or `model` (least predicted time on the profile) | `rule` |
+//! | `FERROCOLL_AUTO` | how `auto` chooses: `model` (least predicted time on the profile, cached per shape) or `rule` (the size thresholds of [`crate::select::auto`]) | `model` |
 //! | `FERROCOLL_SLICE_BYTES` | allreduce/broadcast/reduce larger than this run as consecutive slices of this size (cache locality); `0` never slices | 2 MiB |
 
 use std::time::Duration;
@@ -46,7 +46,8 @@ pub struct Config {
     pub debug: bool,
     /// Also print the cost model's table the first time each shape is seen.
     pub debug_tune: bool,
-    /// `auto` picks the least predicted time instead of the size rule.
+    /// `auto` picks the least predicted time (true, the default) or follows
+    /// the size rule (false).
     pub auto_model: bool,
     /// Elementwise collectives above this size run as slices of it (0: off).
     pub slice_bytes: usize,
@@ -65,7 +66,7 @@ impl Default for Config {
             timeout: DEFAULT_TIMEOUT,
             debug: false,
             debug_tune: false,
-            auto_model: false,
+            auto_model: true,
             slice_bytes: DEFAULT_SLICE_BYTES,
             topology: None,
             profile: None,

@@ -4,10 +4,13 @@
 //! `FERROCOLL_ALGO` for that collective, then a global `FERROCOLL_ALGO` name
 //! (applied to every collective that has it), then `auto`.
 //!
-//! `auto` is, for now, a size rule measured on the thread transport (see
-//! `bench/RESULTS.md`): binomial trees below [`SMALL_BYTES`] where latency
-//! dominates, rings above where bandwidth does. The cost-model issue replaces
-//! it with predictions from calibrated alpha-beta-gamma parameters.
+//! `auto` normally asks the cost model for the algorithm with the least
+//! predicted time ([`crate::cost::candidates`], on the communicator's profile
+//! and topology; `FERROCOLL_AUTO=model`, the default). [`auto`] here is the
+//! size rule it replaced (`FERROCOLL_AUTO=rule`), still used for alltoallv,
+//! whose cost depends on counts no single rank knows: binomial trees below
+//! [`SMALL_BYTES`] where latency dominates, rings above. bench/regret.sh
+//! measures both against the best forced algorithm (bench/RESULTS.md).
 
 use std::collections::HashMap;
 
