@@ -19,9 +19,11 @@
 //! algorithms (a bare name selects it for every collective that has it), for
 //! working on one algorithm at a time.
 
+mod common;
+use common::selected;
+
 use ferrocoll::{
-    bf16, f16, local, Algorithm, CallOptions, Collective, Communicator, Config, Element, ReduceOp,
-    Topology,
+    bf16, f16, local, CallOptions, Collective, Communicator, Config, Element, ReduceOp, Topology,
 };
 
 const BIG: usize = 1_000_003;
@@ -188,19 +190,6 @@ fn roots(n: usize) -> Vec<usize> {
     let mut r = vec![0, n - 1];
     r.dedup();
     r
-}
-
-/// Whether `FERROCOLL_TEST_ALGOS` (if set) selects `algo` for `coll`.
-fn selected(coll: Collective, algo: Algorithm) -> bool {
-    let Ok(spec) = std::env::var("FERROCOLL_TEST_ALGOS") else {
-        return true;
-    };
-    spec.split(',')
-        .map(str::trim)
-        .any(|entry| match entry.split_once(':') {
-            Some((c, a)) => Collective::from_name(c) == Some(coll) && a == algo.name(),
-            None => entry == algo.name(),
-        })
 }
 
 /// Which part of the matrix a run covers.

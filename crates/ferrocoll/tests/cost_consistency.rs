@@ -14,21 +14,12 @@
 //!
 //! `FERROCOLL_TEST_ALGOS=hd,allgather:bruck` restricts the run.
 
+mod common;
+use common::selected;
+
 use ferrocoll::cost::{predict, walk, Cost, LinkParams, Profile, Shape};
 use ferrocoll::plan::{self, Plan};
 use ferrocoll::{Algorithm, Collective, Topology};
-
-fn selected(coll: Collective, algo: Algorithm) -> bool {
-    let Ok(spec) = std::env::var("FERROCOLL_TEST_ALGOS") else {
-        return true;
-    };
-    spec.split(',')
-        .map(str::trim)
-        .any(|entry| match entry.split_once(':') {
-            Some((c, a)) => Collective::from_name(c) == Some(coll) && a == algo.name(),
-            None => entry == algo.name(),
-        })
-}
 
 fn profiles() -> Vec<Profile> {
     vec![

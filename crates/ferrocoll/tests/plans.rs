@@ -4,6 +4,9 @@
 //! its receive with the same length, and nothing deadlocks). Also the
 //! traffic of the ring allreduce against the seeds' volume formula.
 
+mod common;
+use common::selected;
+
 use ferrocoll::plan::{self, match_messages, validate, Layout, Plan, PlanRequest};
 use ferrocoll::{Algorithm, Collective, Topology};
 
@@ -13,19 +16,6 @@ fn counts(n: usize) -> Vec<usize> {
     c.sort_unstable();
     c.dedup();
     c
-}
-
-/// Whether `FERROCOLL_TEST_ALGOS` (if set) selects `algo` for `coll`.
-fn selected(coll: Collective, algo: Algorithm) -> bool {
-    let Ok(spec) = std::env::var("FERROCOLL_TEST_ALGOS") else {
-        return true;
-    };
-    spec.split(',')
-        .map(str::trim)
-        .any(|entry| match entry.split_once(':') {
-            Some((c, a)) => Collective::from_name(c) == Some(coll) && a == algo.name(),
-            None => entry == algo.name(),
-        })
 }
 
 /// Flat, every two-level factorisation (1xN and Nx1 included) and, where

@@ -3,6 +3,9 @@
 //! dissemination), read from their plans and held against the formulas.
 //! The ring allreduce's own test lives in `plans.rs`.
 
+mod common;
+use common::ceil_log2;
+
 use ferrocoll::plan::{self, match_messages, MessageStats, Plan, PlanRequest};
 use ferrocoll::{Algorithm, Collective};
 
@@ -18,10 +21,6 @@ fn plans(algo: Algorithm, coll: Collective, n: usize, count: usize, root: usize)
 
 fn stats_of(plans: &[Plan]) -> MessageStats {
     match_messages(plans).unwrap()
-}
-
-fn ceil_log2(n: usize) -> usize {
-    n.next_power_of_two().trailing_zeros() as usize
 }
 
 #[test]

@@ -1,6 +1,9 @@
 //! Traffic of the composite algorithms and the tree barrier, read from their
 //! plans and held against the formulas.
 
+mod common;
+use common::ceil_log2;
+
 use ferrocoll::plan::{self, match_messages, MessageStats, Plan, PlanRequest};
 use ferrocoll::{Algorithm, Collective};
 
@@ -9,10 +12,6 @@ fn stats(algo: Algorithm, coll: Collective, n: usize, count: usize, root: usize)
         .map(|r| plan::build(algo, &PlanRequest::new(coll, n, r, count).with_root(root)).unwrap())
         .collect();
     match_messages(&plans).unwrap()
-}
-
-fn ceil_log2(n: usize) -> usize {
-    n.next_power_of_two().trailing_zeros() as usize
 }
 
 #[test]

@@ -5,6 +5,9 @@
 //! exactly the exchange between ranks i and i+k, with uneven (and zero)
 //! counts.
 
+mod common;
+use common::ceil_log2;
+
 use ferrocoll::plan::{self, match_messages, MessageStats, Op, Plan, PlanRequest};
 use ferrocoll::{Algorithm, Collective};
 
@@ -20,11 +23,6 @@ fn run(algo: Algorithm, coll: Collective, n: usize, count: usize) -> (Vec<Plan>,
     let p = plans(algo, coll, n, count);
     let stats = match_messages(&p).unwrap_or_else(|e| panic!("{coll}/{algo} n={n}: {e}"));
     (p, stats)
-}
-
-/// ceil(log2 n), 0 for n = 1: the rounds of a Bruck exchange.
-fn ceil_log2(n: usize) -> usize {
-    n.next_power_of_two().trailing_zeros() as usize
 }
 
 /// Block counts to try: one every block divides, and uneven ones.

@@ -16,6 +16,9 @@
 //!   once in at least one of the two trees, so none sends more than
 //!   M + 2·ceil(M/2).
 
+mod common;
+use common::ceil_log2;
+
 use ferrocoll::plan::{self, match_messages, validate, Layout, Op, Plan, PlanRequest};
 use ferrocoll::{Algorithm, Collective};
 
@@ -72,15 +75,6 @@ fn sent_within(plan: &Plan, lo: usize, hi: usize) -> (usize, usize) {
 }
 
 /// ceil(log2 n) for n >= 1, by counting doublings.
-fn ceil_log2(n: usize) -> usize {
-    let mut levels = 0;
-    let mut reach = 1;
-    while reach < n {
-        reach *= 2;
-        levels += 1;
-    }
-    levels
-}
 
 #[test]
 fn ring2_takes_two_n_minus_one_steps_and_splits_the_volume_over_both_directions() {
