@@ -21,6 +21,9 @@ use crate::topo::Topology;
 use crate::transport::{CallKind, Header, Signature, Transport};
 use crate::types::{DType, Element, ReduceOp};
 
+/// Most shapes remembered for `auto`'s choices and `FERROCOLL_DEBUG=tune`.
+const SHAPE_CACHE_LIMIT: usize = 4096;
+
 /// Options for the calls made through one communicator handle; see
 /// [`Communicator::with_options`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -285,7 +288,12 @@ impl Communicator {
         let mut shape = crate::cost::Shape::new(coll, self.size(), bytes / blocks, 1);
         shape.topology = self.shared.topology.clone();
         let best = crate::cost::candidates(&shape, &self.profile()).first()?.0;
-        self.shared.chosen.lock().ok()?.insert((coll, bytes), best);
+        let mut chosen = self.shared.chosen.lock().ok()?;
+        // Bounded: a program with ever-new sizes must not grow it forever.
+        if chosen.len() >= SHAPE_CACHE_LIMIT {
+            chosen.clear();
+        }
+        chosen.insert((coll, bytes), best);
         Some(best)
     }
 
@@ -333,7 +341,7 @@ impl Communicator {
             .shared
             .explained
             .lock()
-            .map(|mut seen| seen.insert((coll, bytes)))
+            .map(|mut seen| seen.len() < SHAPE_CACHE_LIMIT && seen.insert((coll, bytes)))
             .unwrap_or(false);
         if !first || coll == Collective::AllToAllV {
             return;
