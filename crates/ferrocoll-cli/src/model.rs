@@ -209,10 +209,12 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
         intra: LinkParams {
             alpha: args.alpha,
             beta: args.beta,
+            overhead: 0.0,
         },
         inter: LinkParams {
             alpha: args.alpha_inter.unwrap_or(args.alpha),
             beta: args.beta_inter.unwrap_or(args.beta),
+            overhead: 0.0,
         },
         gamma: args.gamma,
     };

@@ -22,6 +22,30 @@ use ferrocoll::plan::{self, Plan};
 use ferrocoll::{Algorithm, Collective, Topology};
 
 fn profiles() -> Vec<Profile> {
+    let mut p = base_profiles();
+    if std::env::var("FERROCOLL_TEST_O").is_ok() {
+        // A per-message overhead o (LogGP) on both link classes.
+        let mut with_o = Profile {
+            intra: LinkParams {
+                alpha: 2e-6,
+                beta: 5e10,
+                overhead: 7e-7,
+            },
+            inter: LinkParams {
+                alpha: 9e-6,
+                beta: 4e9,
+                overhead: 3e-6,
+            },
+            gamma: 1e-10,
+        };
+        p.push(with_o.clone());
+        with_o.inter = with_o.intra;
+        p.push(with_o);
+    }
+    p
+}
+
+fn base_profiles() -> Vec<Profile> {
     vec![
         // Latency-heavy, bandwidth-heavy and two-tier machines.
         Profile::uniform(5e-6, 2e9, 1e-10),
@@ -30,10 +54,12 @@ fn profiles() -> Vec<Profile> {
             intra: LinkParams {
                 alpha: 1e-6,
                 beta: 1e11,
+                overhead: 0.0,
             },
             inter: LinkParams {
                 alpha: 1e-5,
                 beta: 1e9,
+                overhead: 0.0,
             },
             gamma: 2e-11,
         },

@@ -344,10 +344,12 @@ mod tests {
             intra: LinkParams {
                 alpha: 1e-6,
                 beta: 1e11,
+                overhead: 0.0,
             },
             inter: LinkParams {
                 alpha: 1e-5,
                 beta: 1e9,
+                overhead: 0.0,
             },
             gamma: 2e-11,
         }

@@ -30,6 +30,11 @@ pub struct LinkParams {
     pub alpha: f64,
     /// Bytes per second through one port (beta; time per byte is 1/beta).
     pub beta: f64,
+    /// Seconds each further message of a round costs on this link class
+    /// (LogGP's overhead o): a round with k messages through a port pays
+    /// alpha + (k-1)·o of latency. 0 in the plain alpha-beta model.
+    #[serde(default)]
+    pub overhead: f64,
 }
 
 /// Parameters of the machine a collective runs on.
@@ -78,7 +83,11 @@ impl Profile {
 
     /// One link class everywhere.
     pub fn uniform(alpha: f64, beta: f64, gamma: f64) -> Profile {
-        let link = LinkParams { alpha, beta };
+        let link = LinkParams {
+            alpha,
+            beta,
+            overhead: 0.0,
+        };
         Profile {
             intra: link,
             inter: link,

@@ -7,9 +7,10 @@
 //! other end (messages of a pair match in plan order, as in
 //! [`crate::plan::match_messages`]). A round then costs
 //!
-//! * for each link class it uses (intra-node, inter-node): alpha of that class
-//!   plus the larger of the bytes it sends and the bytes it receives on that
-//!   class, over beta (one full-duplex port per class; concurrent messages of
+//! * for each link class it uses (intra-node, inter-node): alpha of that class,
+//!   plus the overhead o for each message beyond the first on the busier
+//!   direction (k messages: alpha + (k-1)·o), plus the larger of the bytes it
+//!   sends and the bytes it receives on that class, over beta (one full-duplex port per class; concurrent messages of
 //!   a round share it), the classes working in parallel (the round waits for
 //!   the slowest);
 //! * plus gamma times the bytes it reduces (receive-reduce and local reduce).
@@ -130,10 +131,12 @@ pub fn walk(
 
 /// Cost of one round of `rank` (see the module docs).
 fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profile) -> Cost {
-    // [intra, inter] x (sent, received, used)
+    // [intra, inter] x (sent, received, used, messages out, messages in)
     let mut sent = [0.0f64; 2];
     let mut received = [0.0f64; 2];
     let mut used = [false; 2];
+    let mut sends = [0usize; 2];
+    let mut recvs = [0usize; 2];
     let mut reduced = 0.0f64;
     for op in ops {
         match *op {
@@ -141,16 +144,19 @@ fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profil
                 let c = usize::from(peer / local != rank / local);
                 sent[c] += src.len as f64 * elem;
                 used[c] = true;
+                sends[c] += 1;
             }
             Op::Recv { peer, dst } => {
                 let c = usize::from(peer / local != rank / local);
                 received[c] += dst.len as f64 * elem;
                 used[c] = true;
+                recvs[c] += 1;
             }
             Op::RecvReduce { peer, dst, .. } => {
                 let c = usize::from(peer / local != rank / local);
                 received[c] += dst.len as f64 * elem;
                 used[c] = true;
+                recvs[c] += 1;
                 reduced += dst.len as f64 * elem;
             }
             Op::Reduce { dst, .. } => reduced += dst.len as f64 * elem,
@@ -161,8 +167,9 @@ fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profil
     let mut comm = Cost::ZERO;
     for c in 0..2 {
         if used[c] {
+            let extra = (sends[c].max(recvs[c]) - 1) as f64;
             let t = Cost {
-                latency: links[c].alpha,
+                latency: links[c].alpha + extra * links[c].overhead,
                 bandwidth: sent[c].max(received[c]) / links[c].beta,
                 compute: 0.0,
             };
