@@ -37,6 +37,9 @@ pub struct CalibrateArgs {
     json: bool,
 }
 
+/// Fitted parameters: alpha, 1/beta, gamma, per-message overhead o.
+const PARAMS: usize = 4;
+
 /// The collectives calibration measures.
 const CALIBRATED: [Collective; 3] = [
     Collective::AllReduce,
@@ -50,9 +53,9 @@ struct Point {
     algo: &'static str,
     bytes: usize,
     seconds: f64,
-    /// Rounds, bytes/beta coefficient, reduced bytes: the closed form with
-    /// unit parameters.
-    coef: [f64; 3],
+    /// Rounds, bytes/beta coefficient, reduced bytes, extra concurrent
+    /// messages: the closed form with unit parameters.
+    coef: [f64; PARAMS],
 }
 
 fn blocks(coll: Collective, n: usize) -> usize {
@@ -99,20 +102,24 @@ fn time_calls(
 }
 
 /// Unit-parameter coefficients of the closed form.
-fn coefficients(algo: ferrocoll::Algorithm, shape: &Shape) -> Option<[f64; 3]> {
+fn coefficients(algo: ferrocoll::Algorithm, shape: &Shape) -> Option<[f64; PARAMS]> {
     let huge = 1e300;
     let rounds = cost::predict(algo, shape, &Profile::uniform(1.0, huge, 0.0))?.latency;
     let bytes = cost::predict(algo, shape, &Profile::uniform(0.0, 1.0, 0.0))?.bandwidth;
     let reduced = cost::predict(algo, shape, &Profile::uniform(0.0, huge, 1.0))?.compute;
-    Some([rounds, bytes, reduced])
+    let mut unit_o = Profile::uniform(0.0, huge, 0.0);
+    unit_o.intra.overhead = 1.0;
+    unit_o.inter.overhead = 1.0;
+    let messages = cost::predict(algo, shape, &unit_o)?.latency;
+    Some([rounds, bytes, reduced, messages])
 }
 
 /// Weighted least squares for t ≈ x·coef with weights 1/t², x >= 0
 /// (parameters that come out negative are dropped and the rest refitted).
-fn fit(points: &[Point]) -> [f64; 3] {
-    let mut active = [true; 3];
+fn fit(points: &[Point]) -> [f64; PARAMS] {
+    let mut active = [true; PARAMS];
     loop {
-        let idx: Vec<usize> = (0..3).filter(|&i| active[i]).collect();
+        let idx: Vec<usize> = (0..PARAMS).filter(|&i| active[i]).collect();
         let k = idx.len();
         let mut ata = vec![vec![0.0f64; k]; k];
         let mut atb = vec![0.0f64; k];
@@ -126,18 +133,18 @@ fn fit(points: &[Point]) -> [f64; 3] {
             }
         }
         let sol = solve(ata, atb);
-        let mut x = [0.0f64; 3];
+        let mut x = [0.0f64; PARAMS];
         for (a, &i) in idx.iter().enumerate() {
             x[i] = sol[a];
         }
-        match (0..3).find(|&i| active[i] && x[i] < 0.0) {
+        match (0..PARAMS).find(|&i| active[i] && x[i] < 0.0) {
             Some(i) => active[i] = false,
             None => return x,
         }
     }
 }
 
-/// Gaussian elimination with partial pivoting (k <= 3).
+/// Gaussian elimination with partial pivoting (k <= PARAMS).
 fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Vec<f64> {
     let k = b.len();
     for col in 0..k {
@@ -228,9 +235,13 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     if points.is_empty() {
         return Err(CliError::Run("no point could be measured".into()));
     }
-    let [alpha, inv_beta, gamma] = fit(&points);
-    let profile = Profile::uniform(alpha, 1.0 / inv_beta.max(1e-18), gamma);
-    let predict = |p: &Point| alpha * p.coef[0] + inv_beta * p.coef[1] + gamma * p.coef[2];
+    let [alpha, inv_beta, gamma, overhead] = fit(&points);
+    let mut profile = Profile::uniform(alpha, 1.0 / inv_beta.max(1e-18), gamma);
+    profile.intra.overhead = overhead;
+    profile.inter.overhead = overhead;
+    let predict = |p: &Point| {
+        alpha * p.coef[0] + inv_beta * p.coef[1] + gamma * p.coef[2] + overhead * p.coef[3]
+    };
     // Fit quality on log time (sizes span many decades).
     let logs: Vec<(f64, f64)> = points
         .iter()
@@ -273,11 +284,12 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     }
     writeln!(
         out,
-        "# fit over {} points: alpha {:.3} us, beta {:.3} GB/s, gamma {:.4} ns/B; R^2 (log time) {:.4}; geometric-mean error {:.1}%",
+        "# fit over {} points: alpha {:.3} us, beta {:.3} GB/s, gamma {:.4} ns/B, overhead {:.3} us/message; R^2 (log time) {:.4}; geometric-mean error {:.1}%",
         points.len(),
         alpha * 1e6,
         1.0 / inv_beta.max(1e-18) / 1e9,
         gamma * 1e9,
+        overhead * 1e6,
         r2,
         geomean_error * 100.0
     )?;
@@ -318,14 +330,16 @@ mod tests {
 
     #[test]
     fn fit_recovers_known_parameters() {
-        // Points generated from alpha = 2 us, 1/beta = 1e-10 s/B, gamma = 5e-11.
-        let truth = [2e-6, 1e-10, 5e-11];
+        // Points generated from alpha = 2 us, 1/beta = 1e-10 s/B,
+        // gamma = 5e-11 s/B and o = 0.7 us per extra message.
+        let truth = [2e-6, 1e-10, 5e-11, 7e-7];
         let coefs = [
-            [2.0, 8.0, 0.0],
-            [6.0, 1e6, 5e5],
-            [4.0, 1e7, 0.0],
-            [10.0, 3e4, 1e4],
-            [2.0, 1e8, 5e7],
+            [2.0, 8.0, 0.0, 0.0],
+            [6.0, 1e6, 5e5, 1.0],
+            [4.0, 1e7, 0.0, 6.0],
+            [10.0, 3e4, 1e4, 0.0],
+            [2.0, 1e8, 5e7, 2.0],
+            [1.0, 64.0, 0.0, 30.0],
         ];
         let points: Vec<Point> = coefs
             .iter()
@@ -333,13 +347,13 @@ mod tests {
                 coll: Collective::AllReduce,
                 algo: "ring",
                 bytes: 0,
-                seconds: c[0] * truth[0] + c[1] * truth[1] + c[2] * truth[2],
+                seconds: c.iter().zip(&truth).map(|(c, t)| c * t).sum(),
                 coef: *c,
             })
             .collect();
         let x = fit(&points);
-        for i in 0..3 {
-            assert!((x[i] - truth[i]).abs() <= 1e-6 * truth[i], "{x:?}");
+        for (got, want) in x.iter().zip(&truth) {
+            assert!((got - want).abs() <= 1e-6 * want, "{x:?}");
         }
     }
 }

@@ -38,6 +38,13 @@ pub struct ModelArgs {
     /// Bandwidth of one port within a node: e.g. 10GB/s, 800MB/s.
     #[arg(long, default_value = "10GB/s", value_parser = parse_rate)]
     beta: f64,
+    /// Per-message overhead o within a node (LogGP): each further message a
+    /// rank has in flight in one step costs this much more, e.g. 1us.
+    #[arg(long, default_value = "0ns", value_parser = parse_seconds)]
+    overhead: f64,
+    /// Per-message overhead between nodes (defaults to --overhead).
+    #[arg(long, value_parser = parse_seconds)]
+    overhead_inter: Option<f64>,
     /// Reduction cost: a rate (e.g. 20GB/s) or a time per byte (e.g. 0.05ns).
     #[arg(long, default_value = "20GB/s", value_parser = parse_gamma)]
     gamma: f64,
@@ -209,12 +216,12 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
         intra: LinkParams {
             alpha: args.alpha,
             beta: args.beta,
-            overhead: 0.0,
+            overhead: args.overhead,
         },
         inter: LinkParams {
             alpha: args.alpha_inter.unwrap_or(args.alpha),
             beta: args.beta_inter.unwrap_or(args.beta),
-            overhead: 0.0,
+            overhead: args.overhead_inter.unwrap_or(args.overhead),
         },
         gamma: args.gamma,
     };

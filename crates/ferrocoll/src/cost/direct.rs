@@ -4,25 +4,32 @@
 //! Notation: N ranks; M the buffer in bytes (allreduce, broadcast); C the
 //! per-rank block in bytes (allgather, reduce-scatter, alltoall, gather,
 //! scatter); n_ij the alltoallv bytes from rank i to rank j; α, β the link's
-//! latency and bandwidth, γ the reduction time per byte. A round in which a
-//! rank has several messages in flight costs α + max(bytes sent, bytes
-//! received)/β: its messages share one port.
+//! latency and bandwidth, o its per-message overhead, γ the reduction time
+//! per byte. A round in which a rank has k messages in flight on a link
+//! (k = max(#sends, #receives)) costs α + (k-1)·o + max(bytes sent, bytes
+//! received)/β: its messages share one port, each one beyond the first
+//! adds o.
 //!
-//! * direct alltoall, direct allgather: α + (N-1)·C/β (one round).
-//! * direct alltoallv: α + max_i max(Σ_{j≠i} n_ij, Σ_{j≠i} n_ji)/β: one
-//!   round, the busiest port; zero-length messages are sent too, so even an
-//!   all-zero exchange costs α.
-//! * direct reduce-scatter: α + (N-1)·C/β + (N-1)·C·γ (one arrival folded on
-//!   the fly, the other N-2 in a local round).
-//! * direct allreduce (mesh): 2·α + 2(N-1)/N·M/β + (N-1)/N·M·γ; with uneven
-//!   blocks b_i (the N blocks of the buffer) rank i's rounds move
+//! * direct alltoall, direct allgather: α + (N-2)·o + (N-1)·C/β (one round,
+//!   N-1 messages each way).
+//! * direct alltoallv: α + (N-2)·o + max_i max(Σ_{j≠i} n_ij, Σ_{j≠i} n_ji)/β:
+//!   one round, the busiest port; zero-length messages are sent too, so even
+//!   an all-zero exchange costs α + (N-2)·o.
+//! * direct reduce-scatter: α + (N-2)·o + (N-1)·C/β + (N-1)·C·γ (one arrival
+//!   folded on the fly, the other N-2 in a local round).
+//! * direct allreduce (mesh): 2·α + 2(N-2)·o + 2(N-1)/N·M/β + (N-1)/N·M·γ;
+//!   with uneven blocks b_i (the N blocks of the buffer) rank i's rounds move
 //!   max(M - b_i, (N-1)·b_i) and reduce b_i then (N-2)·b_i, and each round
-//!   waits for the slowest rank (everyone exchanges with everyone).
-//! * direct broadcast: α + (N-1)·M/β (the root sends N-1 copies at once).
-//! * star allreduce: 2·α + 2(N-1)·M/β + (N-1)·M·γ (rank 0 receives and
-//!   sends N-1 whole buffers, reduces N-1 of them).
-//! * linear gather / scatter: α + (N-1)·C/β (the root's port).
-//! * pairwise reduce-scatter: (N-1)·(α + C/β + C·γ).
+//!   waits for the slowest rank (everyone exchanges with everyone; messages
+//!   of empty blocks are skipped, so they add no o).
+//! * direct broadcast: α + (N-2)·o + (N-1)·M/β (the root sends N-1 copies at
+//!   once).
+//! * star allreduce: 2·α + 2(N-2)·o + 2(N-1)·M/β + (N-1)·M·γ (rank 0
+//!   receives and sends N-1 whole buffers, reduces N-1 of them).
+//! * linear gather / scatter: α + (N-2)·o + (N-1)·C/β (the root's port, N-1
+//!   messages).
+//! * pairwise reduce-scatter: (N-1)·(α + C/β + C·γ) (one message each way
+//!   per step: no o).
 //! * pairwise alltoall: (N-1)·(α + C/β).
 //! * pairwise alltoallv: the longest chain of steps, F_i(k) =
 //!   max(F_i(k-1), F_{i+k}(k-1), F_{i-k}(k-1)) + α + max(n_{i,i+k}, n_{i-k,i})/β,
@@ -33,13 +40,14 @@
 //!
 //! Topology: with block placement (rank i on node ⌊i/L⌋, L ranks a node) the
 //! one-round algorithms split each rank's messages by link class, and the
-//! classes run in parallel: α_intra + intra bytes/β_intra against
-//! α_inter + inter bytes/β_inter, the slower wins (a class with no message
-//! costs nothing). The uniform pairwise steps are charged on the classes
-//! their pairs use, the slower when both ([`super::recursive::step`]);
-//! pairwise alltoallv times each rank's send and receive on their own
-//! classes. A flat topology is one node: only the intra-node link
-//! applies.
+//! classes run in parallel: α_intra + (k_intra-1)·o_intra + intra
+//! bytes/β_intra against α_inter + (k_inter-1)·o_inter + inter
+//! bytes/β_inter (k_intra = L-1, k_inter = N-L peers for the mesh), the
+//! slower wins (a class with no message costs nothing). The uniform pairwise
+//! steps are charged on the classes their pairs use, the slower when both
+//! ([`super::recursive::step`]); pairwise alltoallv times each rank's send
+//! and receive on their own classes. A flat topology is one node: only the
+//! intra-node link applies.
 
 use super::recursive::{shifted, step};
 use super::{Cost, Profile, Shape};
@@ -67,17 +75,18 @@ pub(super) fn predict(algo: Algorithm, shape: &Shape, profile: &Profile) -> Opti
     Some(cost)
 }
 
-/// Bytes one rank moves in one round on one link class: (sent, received),
-/// or `None` when it has no message on that class.
-type Traffic = Option<(f64, f64)>;
+/// What one rank moves in one round on one link class: (bytes sent, bytes
+/// received, messages k = max(#sends, #receives)), or `None` when it has no
+/// message on that class.
+type Traffic = Option<(f64, f64, usize)>;
 
-/// One round of one rank: each link class it uses costs α + max(sent,
-/// received)/β, the classes in parallel (the slower counts), plus
+/// One round of one rank: each link class it uses costs α + (k-1)·o +
+/// max(sent, received)/β, the classes in parallel (the slower counts), plus
 /// `reduced`·γ.
 fn round(profile: &Profile, intra: Traffic, inter: Traffic, reduced: f64) -> Cost {
     let class = |traffic: Traffic, link: &super::LinkParams| {
-        traffic.map_or(Cost::ZERO, |(sent, received)| Cost {
-            latency: link.alpha,
+        traffic.map_or(Cost::ZERO, |(sent, received, messages)| Cost {
+            latency: link.alpha + messages.saturating_sub(1) as f64 * link.overhead,
             bandwidth: sent.max(received) / link.beta,
             compute: 0.0,
         })
@@ -96,9 +105,10 @@ fn local(shape: &Shape) -> usize {
     shape.topology.local_size().max(1)
 }
 
-/// `Some(traffic)` when a rank has `peers > 0` peers on that class.
-fn on(peers: usize, sent: f64, received: f64) -> Traffic {
-    (peers > 0).then_some((sent, received))
+/// `Some(traffic)` when a rank has `messages > 0` messages on that class
+/// (one per peer in the one-round algorithms).
+fn on(messages: usize, sent: f64, received: f64) -> Traffic {
+    (messages > 0).then_some((sent, received, messages))
 }
 
 /// The slower of two costs.
@@ -111,8 +121,8 @@ fn slower(a: Cost, b: Cost) -> Cost {
 }
 
 /// Direct alltoall and allgather: one round in which every rank sends C to
-/// and receives C from each of its N-1 peers: α + (N-1)·C/β
-/// (on several nodes: (L-1)·C intra-node against (N-L)·C inter-node).
+/// and receives C from each of its N-1 peers: α + (N-2)·o + (N-1)·C/β
+/// (on several nodes: L-1 messages of C intra-node against N-L inter-node).
 fn direct_uniform(shape: &Shape, profile: &Profile) -> Cost {
     let (n, l, c) = (shape.n, local(shape), shape.bytes());
     let intra = (l - 1) as f64 * c;
@@ -126,8 +136,9 @@ fn direct_uniform(shape: &Shape, profile: &Profile) -> Cost {
 }
 
 /// Direct alltoallv: one round; rank i sends Σ_{j≠i} n_ij and receives
-/// Σ_{j≠i} n_ji (zero-length messages included, so every peer costs its
-/// class's α): α + max_i max(Σ_{j≠i} n_ij, Σ_{j≠i} n_ji)/β, the busiest port.
+/// Σ_{j≠i} n_ji (zero-length messages included, so every peer is a message
+/// of its class): α + (N-2)·o + max_i max(Σ_{j≠i} n_ij, Σ_{j≠i} n_ji)/β, the
+/// busiest port.
 fn direct_all_to_all_v(shape: &Shape, profile: &Profile) -> Cost {
     let (n, l, e) = (shape.n, local(shape), shape.elem_size as f64);
     let v = &shape.v_counts;
@@ -155,7 +166,7 @@ fn direct_all_to_all_v(shape: &Shape, profile: &Profile) -> Cost {
 
 /// Direct reduce-scatter: one round exchanging C with every peer and folding
 /// one arrival, then a local round folding the other N-2:
-/// α + (N-1)·C/β + (N-1)·C·γ.
+/// α + (N-2)·o + (N-1)·C/β + (N-1)·C·γ.
 fn direct_reduce_scatter(shape: &Shape, profile: &Profile) -> Cost {
     let (n, l, c) = (shape.n, local(shape), shape.bytes());
     let intra = (l - 1) as f64 * c;
@@ -167,11 +178,13 @@ fn direct_reduce_scatter(shape: &Shape, profile: &Profile) -> Cost {
 /// Direct (mesh) allreduce: direct reduce-scatter of the N blocks b_i of the
 /// buffer, then direct allgather of the reduced blocks.
 ///
-/// Round 1, rank i: sends M - b_i (every other block to its owner), receives
-/// (N-1)·b_i and folds b_i; round 2: folds (N-2)·b_i, sends (N-1)·b_i,
-/// receives M - b_i. Every rank exchanges with every other, so each round
-/// ends with its slowest rank: max_i round1(i) + max_i round2(i) =
-/// 2·α + 2(N-1)/N·M/β + (N-1)/N·M·γ for even blocks.
+/// Round 1, rank i: sends M - b_i (every other nonempty block to its owner),
+/// receives (N-1)·b_i and folds b_i; round 2: folds (N-2)·b_i, sends
+/// (N-1)·b_i, receives M - b_i. A rank has N-1 messages each way when all
+/// blocks are nonempty (messages of empty blocks are skipped by the plan).
+/// Every rank exchanges with every other, so each round ends with its
+/// slowest rank: max_i round1(i) + max_i round2(i) =
+/// 2·α + 2(N-2)·o + 2(N-1)/N·M/β + (N-1)/N·M·γ for even blocks.
 fn direct_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
     let (n, l, count) = (shape.n, local(shape), shape.count);
     let e = shape.elem_size as f64;
@@ -179,23 +192,40 @@ fn direct_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
     let span =
         |first: usize, end: usize| (block(count, n, end).0 - block(count, n, first).0) as f64 * e;
     let m = shape.bytes();
+    let nonempty = |i: usize| block(count, n, i).1 > 0;
     let (mut first, mut second) = (Cost::ZERO, Cost::ZERO);
     for i in 0..n {
         let b = block(count, n, i).1 as f64 * e;
-        let node = span(i / l * l, i / l * l + l);
-        // Other ranks' blocks on i's node and off it.
+        let nodes = i / l * l..i / l * l + l;
+        let node = span(nodes.start, nodes.end);
+        // Other ranks' blocks on i's node and off it, and how many of them
+        // are nonempty (messages to / from those ranks).
         let (near, far) = (node - b, m - node);
         let (to_near, to_far) = ((l - 1) as f64 * b, (n - l) as f64 * b);
+        // Blocks are nonempty exactly for indices below min(count, n), so
+        // the nonempty peers on and off i's node are counted in O(1).
+        let filled = count.min(n);
+        let in_range = |a: usize, b: usize| b.min(filled).saturating_sub(a.min(filled));
+        let on_node = in_range(nodes.start, nodes.end);
+        let own = usize::from(nonempty(i));
+        let (near_peers, far_peers) = (on_node - own, in_range(0, n) - on_node);
+        // Messages of i's own block: one per peer, none when it is empty.
+        let (own_near, own_far) = if nonempty(i) { (l - 1, n - l) } else { (0, 0) };
         first = slower(
             first,
-            round(profile, on(l - 1, near, to_near), on(n - l, far, to_far), b),
+            round(
+                profile,
+                on(near_peers.max(own_near), near, to_near),
+                on(far_peers.max(own_far), far, to_far),
+                b,
+            ),
         );
         second = slower(
             second,
             round(
                 profile,
-                on(l - 1, to_near, near),
-                on(n - l, to_far, far),
+                on(own_near.max(near_peers), to_near, near),
+                on(own_far.max(far_peers), to_far, far),
                 (n - 2) as f64 * b,
             ),
         );
@@ -204,8 +234,8 @@ fn direct_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
 }
 
 /// Direct broadcast: the root sends M to each of the N-1 others at once:
-/// α + (N-1)·M/β (on several nodes: (L-1)·M intra against (N-L)·M inter;
-/// a receiver's own α + M/β never exceeds that).
+/// α + (N-2)·o + (N-1)·M/β (on several nodes: L-1 messages of M intra
+/// against N-L inter; a receiver's own α + M/β never exceeds that).
 fn direct_broadcast(shape: &Shape, profile: &Profile) -> Cost {
     let (n, l, m) = (shape.n, local(shape), shape.bytes());
     let root = round(
@@ -214,12 +244,12 @@ fn direct_broadcast(shape: &Shape, profile: &Profile) -> Cost {
         on(n - l, (n - l) as f64 * m, 0.0),
         0.0,
     );
-    let receiver = round(profile, None, on(n - l, 0.0, m), 0.0);
+    let receiver = round(profile, None, (n > l).then_some((0.0, m, 1)), 0.0);
     slower(root, receiver)
 }
 
 /// Linear gather (scatter): the root receives (sends) C from (to) each of
-/// the N-1 others in one round: α + (N-1)·C/β.
+/// the N-1 others in one round: α + (N-2)·o + (N-1)·C/β.
 fn linear(shape: &Shape, profile: &Profile) -> Cost {
     let (n, l, c) = (shape.n, local(shape), shape.bytes());
     let root = round(
@@ -228,13 +258,14 @@ fn linear(shape: &Shape, profile: &Profile) -> Cost {
         on(n - l, (n - l) as f64 * c, 0.0),
         0.0,
     );
-    let leaf = round(profile, None, on(n - l, c, 0.0), 0.0);
+    let leaf = round(profile, None, (n > l).then_some((c, 0.0, 1)), 0.0);
     slower(root, leaf)
 }
 
 /// Star allreduce: everyone sends M to rank 0, which folds the N-1 buffers
 /// (one on arrival, N-2 at the start of round 2) and sends the result to
-/// each: 2·α + 2(N-1)·M/β + (N-1)·M·γ (rank 0's port, both rounds).
+/// each: 2·α + 2(N-2)·o + 2(N-1)·M/β + (N-1)·M·γ (rank 0's port, both
+/// rounds, N-1 messages in each).
 ///
 /// A leaf's second round waits for rank 0 to start its own; it ends before
 /// rank 0's unless a leaf's link is slower than all of rank 0's traffic, which
@@ -254,13 +285,13 @@ fn star_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
     let leaves = [
         (
             l > 1,
-            round(profile, Some((m, 0.0)), None, 0.0),
-            round(profile, Some((0.0, m)), None, 0.0),
+            round(profile, Some((m, 0.0, 1)), None, 0.0),
+            round(profile, Some((0.0, m, 1)), None, 0.0),
         ),
         (
             n > l,
-            round(profile, None, Some((m, 0.0)), 0.0),
-            round(profile, None, Some((0.0, m)), 0.0),
+            round(profile, None, Some((m, 0.0, 1)), 0.0),
+            round(profile, None, Some((0.0, m, 1)), 0.0),
         ),
     ];
     leaves
@@ -281,7 +312,8 @@ fn pairwise(shape: &Shape, profile: &Profile, reduced: f64) -> Cost {
 
 /// Pairwise alltoallv: in step k rank i sends n_{i,(i+k) mod N} to
 /// (i+k) mod N while receiving n_{(i-k) mod N,i} from (i-k) mod N, which
-/// costs it c_i(k) = α + max(n_{i,i+k}, n_{i-k,i})/β.
+/// costs it c_i(k) = α + max(n_{i,i+k}, n_{i-k,i})/β (one message each way:
+/// no o term).
 ///
 /// Seed 004 charges each step its largest block,
 /// Σ_{k=1}^{N-1} (α + max_i n_{i,(i+k) mod N}/β), which assumes that every
@@ -305,14 +337,15 @@ fn pairwise_all_to_all_v(shape: &Shape, profile: &Profile) -> Cost {
         let (to, from) = ((i + k) % n, (i + n - k) % n);
         let (sent, received) = (v[i][to] as f64 * e, v[from][i] as f64 * e);
         let (mut intra, mut inter): (Traffic, Traffic) = (None, None);
+        // One send and one receive: a class carrying both has k = 1 too.
         for (peer, s, r) in [(to, sent, 0.0), (from, 0.0, received)] {
             let class = if peer / l == i / l {
                 &mut intra
             } else {
                 &mut inter
             };
-            let (s0, r0) = class.unwrap_or((0.0, 0.0));
-            *class = Some((s0 + s, r0 + r));
+            let (s0, r0, _) = class.unwrap_or((0.0, 0.0, 1));
+            *class = Some((s0 + s, r0 + r, 1));
         }
         round(profile, intra, inter, 0.0)
     };

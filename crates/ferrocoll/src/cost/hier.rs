@@ -7,43 +7,53 @@
 //! ranks of one node, `p_1` the nodes of a rack, ..., `N = p_0 ⋯ p_{d-1}`;
 //! `P_k = p_0 ⋯ p_{k-1}` (`P_0 = 1`) and `Q_k = p_{k+1} ⋯ p_{d-1}`. Level 0
 //! runs on the intra-node links, every level above on the inter-node links
-//! (`α_k, β_k`); a flat topology is one node, all intra. `M` is the buffer in
+//! (`α_k, β_k, o_k`, `o` the overhead of each message of a round beyond the
+//! first through a port); a flat topology is one node, all intra. `M` is the buffer in
 //! bytes (allreduce), `c` the per-rank block in bytes (allgather,
 //! reduce-scatter, alltoall), `n_ij` the alltoallv bytes from rank `i` to
 //! rank `j`, `γ` the time to reduce one byte. `G` nodes of `L` ranks for the
 //! alltoalls; `R × C` the grid (`topology.grid()`: nodes × ranks per node,
 //! or near-square when flat) for the 2-D algorithms, rows on intra-node
 //! links, columns on inter-node links (intra when flat). A level of size 1
-//! costs nothing. A round that uses both link classes costs the slower of
-//! `α_intra + bytes_intra/β_intra` and `α_inter + bytes_inter/β_inter`.
+//! costs nothing. A round of `k` messages on one class costs
+//! `α + (k-1)·o + bytes/β`; a round that uses both link classes costs the
+//! slower of the two classes' costs.
 //!
 //! ```text
 //! hier allreduce (BlueConnect, seed 002):
 //!   Σ_k [ 2(p_k-1)·α_k + 2(p_k-1)/p_k · M/(P_k·β_k) + (p_k-1)/p_k · M/P_k · γ ]
-//! hier allgather (outermost level first):
-//!   Σ_k (p_k-1)·(α_k + Q_k·c/β_k)
-//! hier reduce-scatter (innermost level first):
-//!   Σ_k (p_k-1)·(α_k + Q_k·c/β_k + Q_k·c·γ)
+//! hier allgather (outermost level first; K_k = Q_k messages a step, the
+//! level-k chunk's blocks, strided):
+//!   Σ_k (p_k-1)·(α_k + (K_k-1)·o_k + Q_k·c/β_k)
+//! hier reduce-scatter (innermost level first; one message per block at the
+//! first level, one per chunk above):
+//!   (p_0-1)·(α_0 + (Q_0-1)·o_0 + Q_0·c/β_0 + Q_0·c·γ)
+//!   + Σ_{k≥1} (p_k-1)·(α_k + Q_k·c/β_k + Q_k·c·γ)
 //! hier alltoall (two rounds):
-//!   [L>1]·(α_intra + (L-1)·G·c/β_intra) + [G>1]·(α_inter + (G-1)·L·c/β_inter)
+//!   [L>1]·(α_intra + ((L-1)·G-1)·o_intra + (L-1)·G·c/β_intra)
+//!   + [G>1]·(α_inter + (G-2)·o_inter + (G-1)·L·c/β_inter)
 //! hier alltoallv (G node-pair rounds, each at its busiest rank; j~i: the
 //! other ranks of i's node, a_i: i's node):
-//!   [L>1]·(α_intra + max_i max(Σ_{j~i} n_ij, Σ_{j~i} n_ji)/β_intra)
-//!   + Σ_{δ=1}^{G-1} (α_inter + max_i max(Σ_{j on a_i+δ} n_ij, Σ_{j on a_i-δ} n_ji)/β_inter)
+//!   [L>1]·(α_intra + (L-2)·o_intra + max_i max(Σ_{j~i} n_ij, Σ_{j~i} n_ji)/β_intra)
+//!   + Σ_{δ=1}^{G-1} (α_inter + (L-1)·o_inter
+//!                    + max_i max(Σ_{j on a_i+δ} n_ij, Σ_{j on a_i-δ} n_ji)/β_inter)
 //! torus2d (the two-level BlueConnect with p_0 = C on rows, p_1 = R on columns):
 //!   2(C-1)·(α_row + M/(C·β_row)) + 2(R-1)·(α_col + M/(R·C·β_col))
 //!   + [(C-1)/C + (R-1)/(R·C)]·M·γ
 //! mesh2d (half A = M/2 row first, half B = M/2 column first, merged round
 //! by round; written for C ≥ R, C < R swaps the roles):
 //!   2·[ (R-1)·max(α_row + (A/C)/β_row, α_col + (B/R)/β_col)
-//!     + (C-R)·(α_row + (A/C + B/(R·C))/β_row)
+//!     + (C-R)·(α_row + o_row + (A/C + B/(R·C))/β_row)
 //!     + (R-1)·max(α_row + (B/(R·C))/β_row, α_col + (A/(R·C))/β_col) ]
 //!   + [(C-1)/C + (R-1)/(R·C)]·M·γ
 //! ```
 //!
-//! In mesh2d on a flat topology (one link class) each
-//! `max(α + x/β, α + y/β)` is `α + (x+y)/β`: the two halves' messages of a
-//! round share the port.
+//! The ring steps of the allreduces (hier, torus2d) move one message each
+//! way, so o does not appear in them. In mesh2d on a flat topology (one
+//! link class) each `max(α + x/β, α + y/β)` is `α + o + (x+y)/β`: the two
+//! halves' messages of a round share the port, two messages each way; the
+//! middle rounds carry both halves on one ring, two messages, on any
+//! topology.
 //!
 //! Uneven buffers: where a formula divides a buffer into blocks, the code
 //! uses the largest block ([`block`]`(len, p, 0)`), level after level, which
@@ -87,6 +97,25 @@ pub(super) fn predict(algo: Algorithm, shape: &Shape, profile: &Profile) -> Opti
 fn steps(k: usize, bytes: f64, link: &LinkParams, reduced: f64, gamma: f64) -> Cost {
     let k = k as f64;
     Cost::rounds(k, bytes, link, k * reduced, gamma)
+}
+
+/// `k` rounds of `msgs` messages (on the busier direction) moving `bytes` in
+/// all each on `link`, reducing `reduced` bytes per round:
+/// `k·(α + (msgs-1)·o + bytes/β + reduced·γ)`.
+fn steps_of(
+    k: usize,
+    msgs: usize,
+    bytes: f64,
+    link: &LinkParams,
+    reduced: f64,
+    gamma: f64,
+) -> Cost {
+    let extra = Cost {
+        latency: k as f64 * msgs.saturating_sub(1) as f64 * link.overhead,
+        bandwidth: 0.0,
+        compute: 0.0,
+    };
+    steps(k, bytes, link, reduced, gamma) + extra
 }
 
 /// The topology's levels innermost first, each with its link class: level 0
@@ -136,35 +165,71 @@ fn all_reduce(
 }
 
 /// Hierarchical allgather (`reduce = false`) or reduce-scatter (`true`):
-/// at level `k` a ring of `p_k` moves chunks of `Q_k` blocks,
-/// `Σ_k (p_k-1)·(α_k + Q_k·c/β_k [+ Q_k·c·γ])`. The order of the levels
+/// at level `k` a ring of `p_k` moves chunks of `Q_k` blocks in `K_k`
+/// messages a step, `Σ_k (p_k-1)·(α_k + (K_k-1)·o_k + Q_k·c/β_k [+ Q_k·c·γ])`
+/// (allgather: [`runs`], `Q_k`; reduce-scatter: `Q_k` at the first level,
+/// 1 above). The order of the levels
 /// (outermost first for allgather, innermost first for reduce-scatter) does
 /// not change the sum.
 fn blocks_by_level(shape: &Shape, profile: &Profile, reduce: bool) -> Cost {
     let c = shape.bytes();
     let dims = levels(shape, profile);
+    let first = dims.iter().position(|d| d.0 > 1);
     let mut cost = Cost::ZERO;
     for (k, &(p, link)) in dims.iter().enumerate().filter(|(_, d)| d.0 > 1) {
         let q: usize = dims[k + 1..].iter().map(|d| d.0).product();
         let bytes = q as f64 * c;
-        let reduced = if reduce { bytes } else { 0.0 };
-        cost = cost + steps(p - 1, bytes, link, reduced, profile.gamma);
+        let (reduced, msgs) = if reduce {
+            // One message per block at the first level (its chunks are
+            // strided in the input), one per chunk above (scratch).
+            (bytes, if Some(k) == first { q } else { 1 })
+        } else {
+            (0.0, runs(&dims, k))
+        };
+        cost = cost + steps_of(p - 1, msgs, bytes, link, reduced, profile.gamma);
     }
     cost
 }
 
-/// Two-level alltoall: one intra-node round, `(L-1)·G` blocks each way,
-/// then one rail round, `G-1` runs of `L` blocks each way:
-/// `[L>1]·(α_intra + (L-1)·G·c/β_intra) + [G>1]·(α_inter + (G-1)·L·c/β_inter)`.
+/// Messages per step of the allgather ring at level `k` (`dims` innermost
+/// first): a level-`k` chunk is the blocks of the ranks that share the
+/// coordinates below `k` and at `k`, outer coordinates in digit-reversed
+/// order (level `k+1` most significant), and blocks of consecutive ranks
+/// travel as one message. `Q_k` unless the strides of the outer levels are
+/// 1 (every level below them of size 1).
+fn runs(dims: &[(usize, &LinkParams)], k: usize) -> usize {
+    let sizes: Vec<usize> = dims.iter().map(|d| d.0).collect();
+    let strides: Vec<usize> = (0..sizes.len())
+        .map(|j| sizes[..j].iter().product())
+        .collect();
+    let tail = |j: usize| -> usize { sizes[j + 1..].iter().product() };
+    let rank = |t: usize| -> usize {
+        (k + 1..sizes.len())
+            .map(|j| (t / tail(j)) % sizes[j] * strides[j])
+            .sum()
+    };
+    1 + (1..tail(k)).filter(|&t| rank(t) != rank(t - 1) + 1).count()
+}
+
+/// Two-level alltoall: one intra-node round, `(L-1)·G` blocks each way, one
+/// message each, then one rail round, `G-1` runs of `L` blocks each way, one
+/// message each:
+///
+/// ```text
+/// [L>1]·(α_intra + ((L-1)·G-1)·o_intra + (L-1)·G·c/β_intra)
+///   + [G>1]·(α_inter + (G-2)·o_inter + (G-1)·L·c/β_inter)
+/// ```
 fn all_to_all(shape: &Shape, profile: &Profile) -> Cost {
     let (l, g) = (shape.topology.local_size(), shape.topology.nodes());
     let c = shape.bytes();
     let mut cost = Cost::ZERO;
     if l > 1 {
-        cost = cost + steps(1, ((l - 1) * g) as f64 * c, &profile.intra, 0.0, 0.0);
+        let msgs = (l - 1) * g;
+        cost = cost + steps_of(1, msgs, msgs as f64 * c, &profile.intra, 0.0, 0.0);
     }
     if g > 1 {
-        cost = cost + steps(1, ((g - 1) * l) as f64 * c, &profile.inter, 0.0, 0.0);
+        let msgs = g - 1;
+        cost = cost + steps_of(1, msgs, (msgs * l) as f64 * c, &profile.inter, 0.0, 0.0);
     }
     cost
 }
@@ -172,8 +237,9 @@ fn all_to_all(shape: &Shape, profile: &Profile) -> Cost {
 /// Node-paired alltoallv: round 0 exchanges inside each node, round `δ`
 /// sends to every rank of node `a+δ` and receives from node `a-δ`; each
 /// round is charged at its busiest port,
-/// `α_δ + max_i max(sent_i(δ), received_i(δ))/β_δ`, summed over the `G`
-/// rounds (round 0 only when `L > 1`). Zero-length messages are sent too,
+/// `α_δ + (k_δ-1)·o_δ + max_i max(sent_i(δ), received_i(δ))/β_δ` (`k_0 =
+/// L-1` messages each way, `k_δ = L` above), summed over the `G` rounds
+/// (round 0 only when `L > 1`). Zero-length messages are sent too,
 /// so an all-zero exchange still costs α per round. An upper bound of the
 /// plans' critical path; see the module docs.
 fn all_to_all_v(shape: &Shape, profile: &Profile) -> Cost {
@@ -194,13 +260,13 @@ fn all_to_all_v(shape: &Shape, profile: &Profile) -> Cost {
     };
     let first = usize::from(l == 1);
     (first..g).fold(Cost::ZERO, |cost, delta| {
-        let link = if delta == 0 {
-            &profile.intra
+        let (link, msgs) = if delta == 0 {
+            (&profile.intra, l - 1)
         } else {
-            &profile.inter
+            (&profile.inter, l)
         };
         let busiest = (0..shape.n).map(|r| port(r, delta)).max().unwrap_or(0);
-        cost + steps(1, busiest as f64 * e, link, 0.0, 0.0)
+        cost + steps_of(1, msgs, busiest as f64 * e, link, 0.0, 0.0)
     })
 }
 
@@ -214,17 +280,26 @@ fn grid_links<'p>(shape: &Shape, profile: &'p Profile) -> (&'p LinkParams, &'p L
     }
 }
 
-/// One round in which a rank moves `row` bytes on its row ring and `col`
-/// bytes on its column ring (both directions alike; `None`: that ring is
-/// idle): on one shared class `α + (row+col)/β`, on two classes the slower
-/// of `α_row + row/β_row` and `α_col + col/β_col`.
-fn row_and_column(shape: &Shape, profile: &Profile, row: Option<f64>, col: Option<f64>) -> Cost {
+/// One round in which a rank moves `row` = (bytes, messages) on its row
+/// ring and `col` on its column ring (both directions alike; `None`: that
+/// ring is idle): on one shared class `α + (k-1)·o + (row+col)/β`, `k` the
+/// messages of both, on two classes the slower of
+/// `α_row + (k_row-1)·o_row + row/β_row` and its column counterpart.
+fn row_and_column(
+    shape: &Shape,
+    profile: &Profile,
+    row: Option<(f64, usize)>,
+    col: Option<(f64, usize)>,
+) -> Cost {
     let (row_link, col_link) = grid_links(shape, profile);
     if shape.topology.levels().len() == 1 {
-        let bytes = row.unwrap_or(0.0) + col.unwrap_or(0.0);
-        return steps(1, bytes, row_link, 0.0, 0.0);
+        let (rb, rk) = row.unwrap_or((0.0, 0));
+        let (cb, ck) = col.unwrap_or((0.0, 0));
+        return steps_of(1, rk + ck, rb + cb, row_link, 0.0, 0.0);
     }
-    let on = |bytes: Option<f64>, link| bytes.map_or(Cost::ZERO, |b| steps(1, b, link, 0.0, 0.0));
+    let on = |x: Option<(f64, usize)>, link| {
+        x.map_or(Cost::ZERO, |(b, k)| steps_of(1, k, b, link, 0.0, 0.0))
+    };
     let (r, c) = (on(row, row_link), on(col, col_link));
     if c.total() > r.total() {
         c
@@ -263,14 +338,15 @@ fn mesh2d(shape: &Shape, profile: &Profile) -> Cost {
     let [a1, a2, b1, b2] = [a1, a2, b1, b2].map(|x| x as f64 * e);
     let round = |row, col| row_and_column(shape, profile, row, col);
     let (short, long) = (rows.min(cols) - 1, rows.max(cols) - 1);
+    // The middle rounds carry a message of each half on the same ring.
     let middle = if cols >= rows {
-        round(Some(a1 + b2), None)
+        round(Some((a1 + b2, 2)), None)
     } else {
-        round(None, Some(a2 + b1))
+        round(None, Some((a2 + b1, 2)))
     };
-    let half = times(round(Some(a1), Some(b1)), short)
+    let half = times(round(Some((a1, 1)), Some((b1, 1))), short)
         + times(middle, long - short)
-        + times(round(Some(b2), Some(a2)), short);
+        + times(round(Some((b2, 1)), Some((a2, 1))), short);
     let reduced = (cols - 1) as f64 * (a1 + b2) + (rows - 1) as f64 * (a2 + b1);
     times(half, 2)
         + Cost {

@@ -6,8 +6,10 @@
 //! Notation: N ranks; N' = 2^⌊log2 N⌋ ranks in the power-of-two core and
 //! r = N - N' extra ranks; L = log2 N'; K = ⌈log2 N⌉; M the buffer in bytes
 //! (allreduce); C the per-rank block in bytes (allgather, reduce-scatter,
-//! alltoall); α, β the link's latency and bandwidth, γ the reduction time per
-//! byte. With r > 0 the extra ranks fold into a core partner first and get
+//! alltoall); α, β the link's latency and bandwidth, o its per-message
+//! overhead (each message of a round beyond the first on a port), γ the
+//! reduction time per byte. Every round below has one message each way,
+//! except where an o term says otherwise. With r > 0 the extra ranks fold into a core partner first and get
 //! the result back last (plan/butterfly.rs, `PowerOfTwoCore`): two rounds
 //! more on the critical path. S_r = Σ_{k<L} min(2^k, r) counts the extra
 //! ranks' blocks that the most loaded core rank (virtual rank 0, which keeps
@@ -18,10 +20,13 @@
 //!   r > 0: (L+2)·α + (L+2)·M/β + (L+1)·M·γ (fold, L exchanges, result back).
 //! * butterfly allgather:
 //!   r = 0: L·α + (N-1)·C/β;
-//!   r > 0: (L+2)·α + (1 + Σ_{k<L} (2^k + min(2^k, r)) + (N-1))·C/β
-//!   = (L+2)·α + (N + N' - 1 + S_r)·C/β: core rank 0 speaks for its extra
-//!   partner's block too, so its groups are min(2^k, r) blocks larger, and the
-//!   post step returns all N-1 blocks.
+//!   r > 0: (L+2)·α + [r ≥ 2]·o + (1 + Σ_{k<L} (2^k + min(2^k, r)) + (N-1))·C/β
+//!   = (L+2)·α + [r ≥ 2]·o + (N + N' - 1 + S_r)·C/β: core rank 0 speaks for
+//!   its extra partner's block too, so its groups are min(2^k, r) blocks
+//!   larger, and the post step returns all N-1 blocks, as two messages (the
+//!   blocks before and after the extra rank's own) to every extra rank but
+//!   rank 0; core virtual rank 1, which serves extra rank 2 when r ≥ 2, ends
+//!   the core with rank 0, so its return pays the o.
 //! * hd allreduce (Rabenseifner):
 //!   r = 0: 2L·α + 2(N'-1)/N'·M/β + (N'-1)/N'·M·γ;
 //!   r > 0: add 2·α + 2·M/β + M·γ (fold and return).
@@ -31,9 +36,10 @@
 //!   moves and reduces S(N'/2^(k+1)), doubling round k moves S(2^k).
 //! * halving reduce-scatter:
 //!   r = 0: L·α + (N-1)·C/β + (N-1)·C·γ;
-//!   r > 0: (L+2)·α + (N + N' + S_r)·C/β + (N + N' - 1 + S_r)·C·γ (fold
+//!   r > 0: (L+2)·α + o + (N + N' + S_r)·C/β + (N + N' - 1 + S_r)·C·γ (fold
 //!   the N·C input, halve ranges that carry min(d, r) extra blocks, send C
-//!   back).
+//!   back); the last core round sends one message per final block, and core
+//!   rank 0 receives two (its own and its extra partner's): the o.
 //! * bruck allgather: K·α + (N-1)·C/β (round k moves min(2^k, N-2^k) blocks).
 //! * bruck alltoall: K·α + Σ_{k<K} m_k·C/β, where
 //!   m_k = ⌊N/2^(k+1)⌋·2^k + max(0, N mod 2^(k+1) - 2^k) is the number of
@@ -82,7 +88,7 @@ pub(super) fn classes(shape: &Shape, pairs: impl IntoIterator<Item = (usize, usi
 }
 
 /// One step that moves `bytes` through a rank's port and reduces `reduced`
-/// bytes, its messages exchanged between `pairs` of ranks:
+/// bytes, one message each way exchanged between `pairs` of ranks:
 /// α + bytes/β + reduced·γ on the link class the pairs use; the intra-node
 /// link when the whole group is on one node, the slower class when the pairs
 /// use both (see the module docs).
@@ -93,8 +99,22 @@ pub(super) fn step(
     reduced: f64,
     pairs: impl IntoIterator<Item = (usize, usize)>,
 ) -> Cost {
+    step_of(shape, profile, 1, bytes, reduced, pairs)
+}
+
+/// [`step`] with `messages` (k) messages on the busier direction of a
+/// rank's port: α + (k-1)·o + bytes/β + reduced·γ.
+fn step_of(
+    shape: &Shape,
+    profile: &Profile,
+    messages: usize,
+    bytes: f64,
+    reduced: f64,
+    pairs: impl IntoIterator<Item = (usize, usize)>,
+) -> Cost {
+    let extra = messages.saturating_sub(1) as f64;
     let on = |link: &LinkParams| Cost {
-        latency: link.alpha,
+        latency: link.alpha + extra * link.overhead,
         bandwidth: bytes / link.beta,
         compute: reduced * profile.gamma,
     };
@@ -170,7 +190,13 @@ fn butterfly_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
 /// r = 0: L·α + (N-1)·C/β (Σ_{k<L} 2^k = N-1 blocks). r > 0: the fold moves
 /// C, core round k on virtual rank 0 moves 2^k + min(2^k, r) blocks (its
 /// group's first r virtual ranks speak for two blocks each), the return moves
-/// N-1 blocks: (L+2)·α + (N + N' - 1 + S_r)·C/β.
+/// N-1 blocks: (L+2)·α + [r ≥ 2]·o + (N + N' - 1 + S_r)·C/β.
+///
+/// The return is two messages (blocks before and after the extra rank's
+/// own) for every extra rank but rank 0, which has no blocks before it. The
+/// core ranks that serve extra ranks, virtual ranks 0..r, all end the core
+/// together in a flat group (virtual ranks below 2^(k+1) are in the largest
+/// exchange of round k), so with r ≥ 2 the return pays one o.
 fn butterfly_all_gather(shape: &Shape, profile: &Profile) -> Cost {
     let (size, r, levels) = core(shape.n);
     let c = shape.bytes();
@@ -188,9 +214,19 @@ fn butterfly_all_gather(shape: &Shape, profile: &Profile) -> Cost {
         return exchanges;
     }
     let all = (shape.n - 1) as f64 * c;
-    step(shape, profile, c, 0.0, fold_pairs(r))
-        + exchanges
-        + step(shape, profile, all, 0.0, fold_pairs(r))
+    // Extra rank 0 gets one message back, the others two.
+    let first = step(shape, profile, all, 0.0, fold_pairs(1));
+    let back = if r >= 2 {
+        let others = step_of(shape, profile, 2, all, 0.0, fold_pairs(r).skip(1));
+        if others.total() > first.total() {
+            others
+        } else {
+            first
+        }
+    } else {
+        first
+    };
+    step(shape, profile, c, 0.0, fold_pairs(r)) + exchanges + back
 }
 
 /// Rabenseifner's allreduce: recursive-halving reduce-scatter then
@@ -242,14 +278,19 @@ fn hd_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
 /// blocks). r > 0: the fold moves and reduces N·C, core round k on virtual
 /// rank 0 moves and reduces its kept range of d + min(d, r) blocks
 /// (d = N'/2^(k+1)), the return moves C:
-/// (L+2)·α + (N + N' + S_r)·C/β + (N + N' - 1 + S_r)·C·γ.
+/// (L+2)·α + o + (N + N' + S_r)·C/β + (N + N' - 1 + S_r)·C·γ.
+///
+/// The last core round sends one message per final block: core rank 0,
+/// which with r > 0 speaks for two blocks, receives two (an o more).
 fn halving_reduce_scatter(shape: &Shape, profile: &Profile) -> Cost {
     let (size, r, levels) = core(shape.n);
     let c = shape.bytes();
     let halving = (0..levels).fold(Cost::ZERO, |t, k| {
         let d = size >> (k + 1);
         let b = (d + d.min(r)) as f64 * c;
-        t + step(shape, profile, b, b, core_pairs(size, r, d))
+        // The last round (d = 1): one message per block, 1 + min(1, r).
+        let messages = if d == 1 { 1 + r.min(1) } else { 1 };
+        t + step_of(shape, profile, messages, b, b, core_pairs(size, r, d))
     });
     if r == 0 {
         return halving;

@@ -2,15 +2,16 @@
 //! to its two ring neighbours.
 //!
 //! Notation: N ranks, M the buffer in bytes (for allgather and
-//! reduce-scatter, M is one rank's block), alpha/beta the link of the group,
-//! gamma the reduction time per byte. B = ceil(count/N) elements, in bytes, is
+//! reduce-scatter, M is one rank's block), alpha/beta/o the link of the
+//! group (o: the overhead of each message of a round beyond the first
+//! through a port), gamma the reduction time per byte. B = ceil(count/N) elements, in bytes, is
 //! the largest of the N ring blocks (`block(count, N, 0)`); it is exactly M/N
 //! when N divides the count.
 //!
 //! ```text
 //! ring allreduce       T = 2(N-1)·alpha + 2(N-1)·B/beta + (N-1)·B·gamma
 //!                        = 2(N-1)·alpha + 2(N-1)/N·M/beta + (N-1)/N·M·gamma   (N | count)
-//! ring2 allreduce      T = 2(N-1)·alpha + 2(N-1)·B2/beta + (N-1)·B2·gamma,
+//! ring2 allreduce      T = 2(N-1)·(alpha + o) + 2(N-1)·B2/beta + (N-1)·B2·gamma,
 //!                      B2 = ceil(ceil(count/2)/N) + ceil(floor(count/2)/N) elements
 //! ring allgather       T = (N-1)·(alpha + M/beta)
 //! ring reduce-scatter  T = (N-1)·(alpha + M/beta + M·gamma)
@@ -19,6 +20,10 @@
 //!                        = (N+S-2)·(alpha + M/S/beta [+ M/S·gamma])             (S | count)
 //! ```
 //!
+//! Every round of `ring` and `pipeline` sends one message and receives one,
+//! so o never appears; a `ring2` round sends two (one to each neighbour)
+//! and receives two.
+//!
 //! * `ring` allreduce: N-1 reduce-scatter steps then N-1 allgather steps, each
 //!   sending one block and receiving one; the first N-1 fold what they
 //!   receive.
@@ -26,7 +31,7 @@
 //!   sends a block of each half, one to each neighbour. On one link class
 //!   both messages go through the rank's one port (the model's full-duplex
 //!   port per class), so a round moves a block of each half, B2 (M/N when
-//!   2N | count), each way: the ring's cost. The plan's doc expects half the
+//!   2N | count), each way in two messages: the ring's cost plus o a round. The plan's doc expects half the
 //!   bandwidth term from the two directions; in this model that happens only
 //!   where the two neighbours are on different link classes (see below).
 //! * `ring` allgather and reduce-scatter: N-1 steps of one block.
@@ -47,8 +52,9 @@
 //! whose neighbour is on another node uses both link classes in a round and
 //! pays the slower ([`link`]); the ring keeps every rank in step with its
 //! neighbours, so the whole ring runs at that pace (exact for `ring`). For
-//! `ring2` a boundary rank sends one half's block on each class, while a rank
-//! inside a node (L >= 3) sends both halves intra-node ([`ring2_round`]). The
+//! `ring2` a boundary rank sends one half's block on each class (one message
+//! each, no o), while a rank inside a node (L >= 3) sends both halves
+//! intra-node (alpha + o) ([`ring2_round`]). The
 //! chain pays the inter-node link on each of its X node crossings and, for
 //! each further segment, at one of them ([`pipeline`]; an estimate).
 
@@ -112,6 +118,16 @@ pub(super) fn round(link: &LinkParams, bytes: f64) -> Cost {
     Cost::rounds(1.0, bytes, link, 0.0, 0.0)
 }
 
+/// One round of `msgs` messages (on the busier direction) moving `bytes` in
+/// all through a port of `link`: alpha + (msgs-1)·o + bytes/beta.
+pub(super) fn round_of(link: &LinkParams, msgs: usize, bytes: f64) -> Cost {
+    Cost {
+        latency: link.alpha + msgs.saturating_sub(1) as f64 * link.overhead,
+        bandwidth: bytes / link.beta,
+        compute: 0.0,
+    }
+}
+
 /// The slower of two round costs (by total), as a rank that uses both link
 /// classes in one round waits for the slower.
 pub(super) fn slower(a: Cost, b: Cost) -> Cost {
@@ -144,21 +160,21 @@ pub(super) fn link<'a>(shape: &Shape, profile: &'a Profile, bytes: f64) -> &'a L
 }
 
 /// One round of the two-port ring, the slowest rank's: `both` bytes (a
-/// block of each half) through one port where both neighbours share a link
-/// class, `half` bytes per class at a node boundary, where one neighbour is
-/// on each.
+/// block of each half) in two messages through one port where both
+/// neighbours share a link class (alpha + o + both/beta), `half` bytes in
+/// one message per class at a node boundary, where one neighbour is on each.
 fn ring2_round(shape: &Shape, profile: &Profile, half: f64, both: f64) -> Cost {
     let topo = &shape.topology;
     let (nodes, local) = (topo.nodes(), topo.local_size());
     if nodes == 1 {
-        return round(&profile.intra, both);
+        return round_of(&profile.intra, 2, both);
     }
     if local == 1 {
-        return round(&profile.inter, both);
+        return round_of(&profile.inter, 2, both);
     }
     let boundary = slower(round(&profile.intra, half), round(&profile.inter, half));
     if local >= 3 {
-        slower(boundary, round(&profile.intra, both))
+        slower(boundary, round_of(&profile.intra, 2, both))
     } else {
         boundary
     }
