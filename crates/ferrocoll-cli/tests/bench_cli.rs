@@ -360,9 +360,17 @@ fn auto_model_runs_what_the_model_predicts_cheapest() {
                 "--bytes",
                 &b,
                 "--alpha",
-                "2.5us",
+                "3.7us",
             ])
-            .args(["--beta", "10GB/s", "--gamma", "0.1ns", "--json"])
+            .args([
+                "--beta",
+                "17GB/s",
+                "--gamma",
+                "0.1ns",
+                "--overhead",
+                "0.6us",
+                "--json",
+            ])
             .output()
             .unwrap();
         let report: Value = serde_json::from_slice(&out.stdout).unwrap();
