@@ -32,19 +32,7 @@
 //!   2 rounds, rank 0 receives (N-1)·M and sends (N-1)·M, (N-2)·M of scratch;
 //!   rank 0's port is the bottleneck, which is what the baseline shows.
 
-use super::{block, Collective, Plan, PlanBuilder, PlanRequest, RoundBuilder, Span};
-
-/// Exclusive prefix sums: where each peer's block starts.
-fn offsets(counts: &[usize]) -> Vec<usize> {
-    counts
-        .iter()
-        .scan(0, |acc, &c| {
-            let start = *acc;
-            *acc += c;
-            Some(start)
-        })
-        .collect()
-}
+use super::{block, offsets, Collective, Plan, PlanBuilder, PlanRequest, RoundBuilder, Span};
 
 /// Direct alltoall and alltoallv.
 ///

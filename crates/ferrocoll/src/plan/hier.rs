@@ -62,7 +62,9 @@
 //! intended one and rail peers share NICs, the seeds' rail-alignment pitfall
 //! (nccl-tests at full speed, training at half). Check placement first.
 
-use super::{block, Collective, Plan, PlanBuilder, PlanRequest, RoundBuilder, Span, Topology};
+use super::{
+    block, offsets, Collective, Plan, PlanBuilder, PlanRequest, RoundBuilder, Span, Topology,
+};
 
 /// One dimension of the group: the ranks that differ from a given rank only
 /// in one mixed-radix digit (`size` ranks, `stride` apart).
@@ -485,18 +487,6 @@ pub(super) fn reduce_scatter(req: &PlanRequest) -> Plan {
         .collect();
     emit_phases(&mut p, &phases);
     p.finish()
-}
-
-/// Exclusive prefix sums: where each peer's block starts.
-fn offsets(counts: &[usize]) -> Vec<usize> {
-    counts
-        .iter()
-        .scan(0, |acc, &c| {
-            let start = *acc;
-            *acc += c;
-            Some(start)
-        })
-        .collect()
 }
 
 /// Hierarchical alltoall (two-level, Tutel/DeepSpeed-MoE) or, for

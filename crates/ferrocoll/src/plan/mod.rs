@@ -587,6 +587,19 @@ impl PlanRequest {
     }
 }
 
+/// Exclusive prefix sums of per-peer counts: where each peer's block starts
+/// in a packed buffer.
+pub(crate) fn offsets(counts: &[usize]) -> Vec<usize> {
+    counts
+        .iter()
+        .scan(0, |acc, &c| {
+            let start = *acc;
+            *acc += c;
+            Some(start)
+        })
+        .collect()
+}
+
 /// Builds the plan of `algorithm` for `req`.
 ///
 /// Fails with [`Error::UnknownAlgorithm`] when the collective does not have

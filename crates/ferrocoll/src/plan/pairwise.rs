@@ -21,7 +21,7 @@
 //!   too, so ranks whose counts disagree get a length mismatch instead of a
 //!   hang.
 
-use super::{Collective, Plan, PlanBuilder, PlanRequest, Span};
+use super::{offsets, Collective, Plan, PlanBuilder, PlanRequest, Span};
 
 /// Pairwise reduce-scatter, accumulating into the output one step at a time.
 pub(super) fn reduce_scatter(req: &PlanRequest) -> Plan {
@@ -48,18 +48,6 @@ pub(super) fn reduce_scatter(req: &PlanRequest) -> Plan {
             .recv_reduce(from, out, local);
     }
     p.finish()
-}
-
-/// Exclusive prefix sums: where each peer's block starts.
-fn offsets(counts: &[usize]) -> Vec<usize> {
-    counts
-        .iter()
-        .scan(0, |acc, &c| {
-            let start = *acc;
-            *acc += c;
-            Some(start)
-        })
-        .collect()
 }
 
 /// Pairwise alltoall and alltoallv.
