@@ -20,14 +20,7 @@
 //!   small blocks and large N, where N-1 message start-ups cost more than the
 //!   extra volume. Scratch: two packed buffers of the largest round.
 
-use super::{Plan, PlanBuilder, PlanRequest, Span};
-
-/// Copies the input to the output: the whole collective for one rank.
-fn single_rank(len: usize) -> Plan {
-    let mut p = PlanBuilder::default();
-    p.round().copy(Span::output(0, len), Span::input(0, len));
-    p.finish()
-}
+use super::{single_rank, Plan, PlanBuilder, PlanRequest, Span};
 
 /// Bruck allgather.
 ///

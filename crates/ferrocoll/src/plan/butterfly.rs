@@ -28,7 +28,7 @@
 //! Counts need no special care here: allreduce moves the whole vector and
 //! allgather whole blocks. A zero count gives an empty plan on every rank.
 
-use super::{Plan, PlanBuilder, PlanRequest, Span};
+use super::{single_rank, Plan, PlanBuilder, PlanRequest, Span};
 
 /// The seeds' pre/post step for power-of-two algorithms, with MPICH's
 /// pairing.
@@ -114,13 +114,6 @@ impl PowerOfTwoCore {
     pub(super) fn first_block(&self, v: usize) -> usize {
         v + v.min(self.extra)
     }
-}
-
-/// Copies the input to the output: the whole collective for one rank.
-fn single_rank(len: usize) -> Plan {
-    let mut p = PlanBuilder::default();
-    p.round().copy(Span::output(0, len), Span::input(0, len));
-    p.finish()
 }
 
 /// Recursive-doubling allreduce.

@@ -15,14 +15,7 @@
 //! Blocks are `block(count, N, i)`, so counts need not divide N; empty
 //! blocks are skipped by sender and receiver alike.
 
-use super::{block, Plan, PlanBuilder, PlanRequest, Span};
-
-/// Copies the input to the output: the whole collective for N = 1.
-fn single_rank(len: usize) -> Plan {
-    let mut p = PlanBuilder::default();
-    p.round().copy(Span::output(0, len), Span::input(0, len));
-    p.finish()
-}
+use super::{block, single_rank, Plan, PlanBuilder, PlanRequest, Span};
 
 /// Van de Geijn broadcast: binomial scatter, then ring allgather.
 ///

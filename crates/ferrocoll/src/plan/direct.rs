@@ -32,7 +32,9 @@
 //!   2 rounds, rank 0 receives (N-1)·M and sends (N-1)·M, (N-2)·M of scratch;
 //!   rank 0's port is the bottleneck, which is what the baseline shows.
 
-use super::{block, offsets, Collective, Plan, PlanBuilder, PlanRequest, RoundBuilder, Span};
+use super::{
+    block, offsets, single_rank, Collective, Plan, PlanBuilder, PlanRequest, RoundBuilder, Span,
+};
 
 /// Direct alltoall and alltoallv.
 ///
@@ -105,13 +107,6 @@ pub(super) fn scatter(req: &PlanRequest) -> Plan {
     } else {
         round.recv(root, Span::output(0, c));
     }
-    p.finish()
-}
-
-/// Copies the input to the output: the whole collective for one rank.
-fn single_rank(len: usize) -> Plan {
-    let mut p = PlanBuilder::default();
-    p.round().copy(Span::output(0, len), Span::input(0, len));
     p.finish()
 }
 

@@ -33,14 +33,7 @@
 //! [`PowerOfTwoCore::first_block`]).
 
 use super::butterfly::{PowerOfTwoCore, Role};
-use super::{block, Plan, PlanBuilder, PlanRequest, Span};
-
-/// Copies the input to the output: the whole collective for one rank.
-fn single_rank(len: usize) -> Plan {
-    let mut p = PlanBuilder::default();
-    p.round().copy(Span::output(0, len), Span::input(0, len));
-    p.finish()
-}
+use super::{block, single_rank, Plan, PlanBuilder, PlanRequest, Span};
 
 /// The half of the aligned range `[lo, lo + 2d)` of virtual ranks that
 /// contains `v`, and the other half, each as `(first, end)`.

@@ -63,7 +63,8 @@
 //! (nccl-tests at full speed, training at half). Check placement first.
 
 use super::{
-    block, offsets, Collective, Plan, PlanBuilder, PlanRequest, RoundBuilder, Span, Topology,
+    block, offsets, single_rank, Collective, Plan, PlanBuilder, PlanRequest, RoundBuilder, Span,
+    Topology,
 };
 
 /// One dimension of the group: the ranks that differ from a given rank only
@@ -375,13 +376,6 @@ fn coalesce(spans: impl Iterator<Item = Span>) -> Vec<Span> {
         }
     }
     out
-}
-
-/// Copies the input to the output: the collective for a group of one rank.
-fn single_rank(len: usize) -> Plan {
-    let mut p = PlanBuilder::default();
-    p.round().copy(Span::output(0, len), Span::input(0, len));
-    p.finish()
 }
 
 /// Hierarchical allgather: rings from the outermost level in.

@@ -587,6 +587,15 @@ impl PlanRequest {
     }
 }
 
+/// The whole collective for a group of one (or a count every rank agrees
+/// makes it local): copy `len` input elements to the output. In place the
+/// copy is a no-op, which the executor skips.
+pub(crate) fn single_rank(len: usize) -> Plan {
+    let mut p = PlanBuilder::default();
+    p.round().copy(Span::output(0, len), Span::input(0, len));
+    p.finish()
+}
+
 /// Exclusive prefix sums of per-peer counts: where each peer's block starts
 /// in a packed buffer.
 pub(crate) fn offsets(counts: &[usize]) -> Vec<usize> {

@@ -26,7 +26,7 @@
 //!   broadcast/reduce): the buffer is cut into segments that flow
 //!   root -> root+1 -> ... one hop per round, so N-2+S rounds move S segments.
 
-use super::{block, Plan, PlanBuilder, PlanRequest, RoundBuilder, Span};
+use super::{block, single_rank, Plan, PlanBuilder, PlanRequest, RoundBuilder, Span};
 
 /// Target segment size for the pipelined chain. Small enough that the chain
 /// fills quickly, large enough that a round's fixed cost stays small.
@@ -38,13 +38,6 @@ const MAX_SEGMENTS: usize = 64;
 fn neighbours(req: &PlanRequest) -> (usize, usize) {
     let n = req.n;
     ((req.rank + 1) % n, (req.rank + n - 1) % n)
-}
-
-/// Copies the input to the output: the whole collective for N = 1.
-fn single_rank(len: usize) -> Plan {
-    let mut p = PlanBuilder::default();
-    p.round().copy(Span::output(0, len), Span::input(0, len));
-    p.finish()
 }
 
 /// One direction of the ring allreduce over one sub-range of the buffer:
