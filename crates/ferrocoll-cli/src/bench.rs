@@ -118,8 +118,11 @@ pub struct BenchArgs {
     #[arg(long, default_value = "0")]
     pub root: usize,
 
-    /// How ranks communicate. Only `thread` (ranks are threads of this
-    /// process) exists so far.
+    /// How ranks communicate: `thread` (ranks are threads of this process),
+    /// `shm` (processes on this host, shared memory) or `tcp` (processes,
+    /// TCP over loopback). For shm and tcp, bench starts its ranks itself
+    /// through `ferrocoll run`; under a launcher (FERROCOLL_RANK, torchrun,
+    /// mpirun, srun set) it joins that job instead.
     #[arg(long, default_value = "thread", value_parser = parse_transport)]
     pub transport: Transport,
 }
@@ -129,12 +132,18 @@ pub struct BenchArgs {
 pub enum Transport {
     /// Ranks are threads of this process (`ferrocoll::local`).
     Thread,
+    /// Ranks are processes of this host over shared memory.
+    Shm,
+    /// Ranks are processes over TCP.
+    Tcp,
 }
 
 impl Transport {
     fn name(self) -> &'static str {
         match self {
             Transport::Thread => "thread",
+            Transport::Shm => "shm",
+            Transport::Tcp => "tcp",
         }
     }
 }
@@ -163,11 +172,9 @@ fn parse_op(s: &str) -> Result<ReduceOp, String> {
 fn parse_transport(s: &str) -> Result<Transport, String> {
     match s.to_ascii_lowercase().as_str() {
         "thread" => Ok(Transport::Thread),
-        "shm" | "tcp" => Err(format!(
-            "the {s} transport is not implemented yet (shm and tcp are planned); \
-             use thread: ranks as threads of this process"
-        )),
-        _ => Err("unknown transport; use thread (shm and tcp are not implemented yet)".into()),
+        "shm" => Ok(Transport::Shm),
+        "tcp" => Ok(Transport::Tcp),
+        _ => Err("unknown transport; use thread, shm or tcp".into()),
     }
 }
 
@@ -407,6 +414,9 @@ struct Row {
     transport: &'static str,
     algo: &'static str,
     time_us: f64,
+    /// Median time of one call (per rank, then the slowest rank's), in us:
+    /// robust to the scheduler's hiccups on oversubscribed machines.
+    median_us: f64,
     algbw: f64,
     busbw: f64,
     /// Wrong elements over all ranks; `None` (null) without `--check`.
@@ -522,13 +532,19 @@ fn run_rank<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>, C
             call(&tuned, coll, send, recv, op, root, &counts)?;
         }
         comm.barrier()?;
+        let mut each = Vec::with_capacity(setup.iters);
         let start = Instant::now();
         for _ in 0..setup.iters {
+            let t = Instant::now();
             call(&tuned, coll, send, recv, op, root, &counts)?;
+            each.push(t.elapsed().as_secs_f64());
         }
         let mine = start.elapsed().as_secs_f64() / setup.iters as f64;
-        let mut slowest = [0.0f64];
-        comm.all_reduce(&[mine], &mut slowest, ReduceOp::Max)?;
+        each.sort_by(f64::total_cmp);
+        let median = each[each.len() / 2];
+        // The slowest rank's mean and median.
+        let mut slowest = [0.0f64; 2];
+        comm.all_reduce(&[mine, median], &mut slowest, ReduceOp::Max)?;
 
         let wrong = if setup.check {
             let expected = verify::expected::<T>(
@@ -568,6 +584,7 @@ fn run_rank<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>, C
                 transport: comm.transport_name(),
                 algo: algo.name(),
                 time_us: time * 1e6,
+                median_us: slowest[1] * 1e6,
                 algbw,
                 busbw: algbw * bus_factor(coll, n),
                 wrong,
@@ -652,7 +669,15 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
         transport: args.transport,
     };
 
-    if !setup.json {
+    // shm and tcp: this process starts the ranks (this same command, under
+    // the launcher) unless it already is one of them.
+    let in_job =
+        std::env::var_os(CHILD_VAR).is_some() || ferrocoll::world::WorldSpec::from_env().is_ok();
+    if setup.transport != Transport::Thread && !in_job {
+        return launch_ranks(&setup);
+    }
+
+    if !setup.json && (setup.transport == Transport::Thread || rank_from_env() == 0) {
         let mut out = io::stdout().lock();
         writeln!(out, "{}", describe(&setup, &args.algo))?;
         writeln!(out, "#")?;
@@ -662,6 +687,25 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
     }
 
     let outcomes = match setup.transport {
+        Transport::Shm | Transport::Tcp => {
+            let comm = ferrocoll::init()?;
+            if comm.size() != n {
+                return Err(CliError::Usage(format!(
+                    "bench -n {n} but the job has {} ranks; pass -n {}",
+                    comm.size(),
+                    comm.size()
+                )));
+            }
+            let result = with_dtype!(setup.dtype, run_rank(&comm, &setup));
+            if result.is_err() {
+                comm.abort();
+            }
+            if comm.rank() != 0 {
+                // Only rank 0 reports.
+                return result.map(|_| ());
+            }
+            vec![result]
+        }
         Transport::Thread => ferrocoll::local::run(n, |comm| {
             let result = with_dtype!(setup.dtype, run_rank(&comm, &setup));
             if result.is_err() {
@@ -719,6 +763,42 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
         )));
     }
     Ok(())
+}
+
+/// Set in the environment of the ranks `bench --transport shm|tcp` starts.
+const CHILD_VAR: &str = "FERROCOLL_BENCH_CHILD";
+
+/// This process's rank in a launched job (0 when not in one).
+fn rank_from_env() -> usize {
+    ferrocoll::world::WorldSpec::from_env().map_or(0, |w| w.rank)
+}
+
+/// Runs this same `bench` command as `n` processes under the launcher, with
+/// the transport forced, and passes on their exit status.
+fn launch_ranks(setup: &Setup) -> Result<(), CliError> {
+    let program = std::env::current_exe()
+        .map_err(|e| CliError::Run(format!("cannot find the ferrocoll executable: {e}")))?;
+    let options = crate::run::LaunchOptions {
+        ranks: setup.n,
+        program,
+        args: std::env::args_os().skip(1).collect(),
+        extra_env: vec![
+            (CHILD_VAR.into(), "1".into()),
+            ("FERROCOLL_TRANSPORT".into(), setup.transport.name().into()),
+        ],
+        prefix: false,
+        only_rank0_stdout: true,
+        grace: std::time::Duration::from_secs(3),
+        timeout: None,
+        addr: None,
+    };
+    match crate::run::launch(&options)? {
+        0 => Ok(()),
+        code => Err(CliError::Run(format!(
+            "a rank of the {} benchmark failed (exit status {code}); its message is above",
+            setup.transport.name()
+        ))),
+    }
 }
 
 /// Bandwidth of a single-threaded copy of `bytes` (best of several runs),

@@ -11,13 +11,22 @@
 //!
 //! * `calibrate`: measures the machine and fits the cost model's profile.
 //!
-//! `run`, `sim` and `topo` are planned; each gets a variant of
-//! [`Command`] and a module of its own.
+//! * `run`: starts N local processes of a program, one per rank (as
+//!   torchrun / mpirun on one host), with the `FERROCOLL_*` rendezvous
+//!   environment, rank-prefixed output and stop-all-on-first-failure.
+//!
+//! * `topo`: under a launcher, what the run sees: hosts, nodes, topology
+//!   and the link (shm or tcp) between every pair of ranks.
+//!
+//! `sim` is planned; it gets a variant of [`Command`] and a module of its
+//! own.
 
 mod bench;
 mod calibrate;
 mod error;
 mod model;
+mod run;
+mod topo;
 mod verify;
 
 use std::process::ExitCode;
@@ -38,7 +47,8 @@ struct Cli {
 enum Command {
     /// Measure one collective over a sweep of sizes (as nccl-tests does).
     ///
-    /// Ranks are threads of this process (transport `thread`). Sizes count
+    /// Ranks are threads of this process (transport `thread`), or processes
+    /// started through `ferrocoll run` (`--transport shm|tcp`). Sizes count
     /// the whole buffer as nccl-tests does: for allgather, reducescatter,
     /// alltoall, gather and scatter the size is all n blocks, so each rank's
     /// block is size/n; `count` is size / element size, as nccl-tests prints
@@ -53,6 +63,19 @@ enum Command {
     /// Measure this machine and fit the cost model's alpha, beta and gamma;
     /// writes the profile the library then predicts with.
     Calibrate(calibrate::CalibrateArgs),
+    /// Start N local processes of a program, one per rank (as torchrun or
+    /// mpirun on one host), and stop them all when one fails.
+    ///
+    /// Each rank gets FERROCOLL_RANK, FERROCOLL_WORLD_SIZE,
+    /// FERROCOLL_LOCAL_RANK, FERROCOLL_LOCAL_WORLD_SIZE, FERROCOLL_ADDR,
+    /// FERROCOLL_SECRET and FERROCOLL_JOB_ID. The exit status is the first
+    /// failing rank's (128 + N for signal N), 124 on --timeout, 0 when all
+    /// ranks exit 0.
+    Run(run::RunArgs),
+    /// Show what a multi-process run sees: hosts, nodes, the topology and
+    /// the link between every pair of ranks. Run it under a launcher:
+    /// `ferrocoll run -n 4 ferrocoll topo`.
+    Topo(topo::TopoArgs),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +84,11 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::main(&args),
         Command::Model(args) => model::main(&args),
         Command::Calibrate(args) => calibrate::main(&args),
+        Command::Topo(args) => topo::main(&args),
+        Command::Run(args) => match run::run(args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -18,7 +18,7 @@ const COLLECTIVES: [&str; 9] = [
     "scatter",
 ];
 
-const FIELDS: [&str; 13] = [
+const FIELDS: [&str; 14] = [
     "coll",
     "bytes",
     "count",
@@ -32,6 +32,7 @@ const FIELDS: [&str; 13] = [
     "busbw",
     "wrong",
     "predicted_us",
+    "median_us",
 ];
 
 /// Runs `ferrocoll bench ARGS` (few iterations) with `FERROCOLL_ALGO` set to
@@ -290,7 +291,7 @@ fn user_mistakes_are_errors_not_panics() {
         &["-b", "12Q"],
         &["-b", "1M", "-e", "1K"],
         &["gather", "-n", "3", "--root", "3"],
-        &["--transport", "shm"],
+        &["--transport", "infiniband"],
         &["--dtype", "f128"],
         &["barrier"],
     ];
@@ -304,9 +305,9 @@ fn user_mistakes_are_errors_not_panics() {
             "{args:?}: {stderr}"
         );
     }
-    let out = bench(&["--transport", "tcp"], None);
+    let out = bench(&["--transport", "infiniband"], None);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("not implemented"), "{stderr}");
+    assert!(stderr.contains("use thread, shm or tcp"), "{stderr}");
 }
 
 #[test]

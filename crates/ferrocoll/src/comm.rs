@@ -84,6 +84,8 @@ struct Shared {
     chosen: std::sync::Mutex<std::collections::HashMap<(Collective, usize), Algorithm>>,
     /// The cost-model profile, read once.
     profile: std::sync::OnceLock<crate::cost::Profile>,
+    /// Where the ranks are (communicators made by [`crate::init`]).
+    placement: Option<Arc<crate::init::Placement>>,
 }
 
 /// A group of ranks that call collectives together.
@@ -194,10 +196,30 @@ impl Communicator {
                 explained: Default::default(),
                 chosen: Default::default(),
                 profile: Default::default(),
+                placement: None,
             }),
             options: CallOptions::default(),
             reserved_seq: None,
         })
+    }
+
+    /// [`Communicator::new`] for a job [`crate::init`] has placed.
+    pub(crate) fn with_placement(
+        transport: Arc<dyn Transport>,
+        config: Config,
+        placement: crate::init::Placement,
+    ) -> Result<Communicator> {
+        let mut comm = Communicator::new(transport, config)?;
+        Arc::get_mut(&mut comm.shared)
+            .expect("a new communicator has one handle")
+            .placement = Some(Arc::new(placement));
+        Ok(comm)
+    }
+
+    /// Where the world's ranks run and how this rank reaches each (set by
+    /// [`crate::init`]; `None` for in-process ranks and split groups).
+    pub fn placement(&self) -> Option<&crate::init::Placement> {
+        self.shared.placement.as_deref()
     }
 
     /// How this group's ranks nest into nodes.
@@ -1086,6 +1108,7 @@ impl Communicator {
                 explained: Default::default(),
                 chosen: Default::default(),
                 profile: Default::default(),
+                placement: None,
             }),
             options: self.options.clone(),
             reserved_seq: None,

@@ -12,7 +12,12 @@
 //! Implementations: [`thread::ThreadTransport`] (ranks as threads of one
 //! process). Shared-memory and TCP transports implement the same trait.
 
+pub(crate) mod channel;
+pub(crate) mod engine;
+pub mod shm;
+pub mod tcp;
 pub mod thread;
+pub(crate) mod wire;
 
 use std::fmt;
 use std::time::Instant;

@@ -1,0 +1,479 @@
+//! Ranks as processes: every collective over shared memory and TCP with 2, 3
+//! and 4 ranks through `ferrocoll run`, the API (in place, non-blocking,
+//! point-to-point, split) across processes, a 256 MiB message, the
+//! environments of torchrun, Open MPI, Slurm and PMI, and a killed run that
+//! leaves nothing in /dev/shm.
+//!
+//! This file is its own rank program: with `FERROCOLL_TEST_ROLE` set it plays
+//! one rank of a job instead of driving the tests (harness = false, so the
+//! binary's `main` is ours).
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ferrocoll::{Communicator, ReduceOp};
+
+const ROLE: &str = "FERROCOLL_TEST_ROLE";
+const FERROCOLL: &str = env!("CARGO_BIN_EXE_ferrocoll");
+
+const COLLECTIVES: [&str; 9] = [
+    "allreduce",
+    "bcast",
+    "reduce",
+    "allgather",
+    "reducescatter",
+    "alltoall",
+    "alltoallv",
+    "gather",
+    "scatter",
+];
+
+fn main() {
+    if let Ok(role) = std::env::var(ROLE) {
+        let comm = ferrocoll::init().unwrap_or_else(|e| {
+            eprintln!("init failed: {e}");
+            std::process::exit(3)
+        });
+        match role.as_str() {
+            "api" => api(&comm),
+            "big" => big(&comm),
+            "hang" => hang(&comm),
+            "sum" => sum(&comm),
+            other => panic!("unknown role {other}"),
+        }
+        return;
+    }
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let tests: [(&str, fn()); 6] = [
+        (
+            "every_collective_on_shm_and_tcp",
+            every_collective_on_shm_and_tcp,
+        ),
+        ("api_across_processes", api_across_processes),
+        ("message_of_256_mib", message_of_256_mib),
+        ("launcher_environments", launcher_environments),
+        (
+            "killed_run_leaves_nothing_in_dev_shm",
+            killed_run_leaves_nothing_in_dev_shm,
+        ),
+        ("two_hosts_mix_shm_and_tcp", two_hosts_mix_shm_and_tcp),
+    ];
+    let mut failed = 0;
+    for (name, test) in tests {
+        if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
+            continue;
+        }
+        let start = Instant::now();
+        let outcome = std::panic::catch_unwind(test);
+        let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
+        println!(
+            "test {name} ... {verdict} ({:.1} s)",
+            start.elapsed().as_secs_f64()
+        );
+        failed += usize::from(outcome.is_err());
+    }
+    if failed > 0 {
+        eprintln!("{failed} multi-process test(s) failed");
+        std::process::exit(1);
+    }
+}
+
+// ---- drivers ---------------------------------------------------------------
+
+fn show(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `ferrocoll run -n N` of this binary in `role`, with `env` added.
+fn launch(n: usize, role: &str, env: &[(&str, &str)]) -> Output {
+    let me = std::env::current_exe().unwrap();
+    let mut cmd = Command::new(FERROCOLL);
+    cmd.args(["run", "-n", &n.to_string(), "--timeout", "120", "--"])
+        .arg(&me)
+        .env(ROLE, role)
+        .env("FERROCOLL_TIMEOUT", "60");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn every_collective_on_shm_and_tcp() {
+    for transport in ["shm", "tcp"] {
+        for n in [2, 3, 4] {
+            for coll in COLLECTIVES {
+                // Up to 1 MiB: large enough for the ring and pipeline paths
+                // and for messages bigger than a TCP socket buffer.
+                let out = Command::new(FERROCOLL)
+                    .args([
+                        "bench",
+                        coll,
+                        "--transport",
+                        transport,
+                        "-n",
+                        &n.to_string(),
+                    ])
+                    .args([
+                        "-b", "8", "-e", "1M", "-f", "32", "--iters", "1", "--warmup", "1",
+                    ])
+                    .args(["--check", "--json"])
+                    .env("FERROCOLL_TIMEOUT", "60")
+                    .output()
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "{coll} {transport} n={n}: {}",
+                    show(&out)
+                );
+                let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .map(|l| serde_json::from_str(l).expect("a JSON row"))
+                    .collect();
+                assert!(rows.len() >= 3, "{coll} {transport} n={n}: {}", show(&out));
+                for row in &rows {
+                    assert_eq!(row["wrong"], 0, "{coll} {transport} n={n}: {row}");
+                    assert_eq!(row["transport"], transport, "{row}");
+                    assert_eq!(row["ranks"], n, "{row}");
+                }
+            }
+        }
+    }
+}
+
+fn api_across_processes() {
+    for transport in ["shm", "tcp"] {
+        for n in [1, 3, 4] {
+            let out = launch(n, "api", &[("FERROCOLL_TRANSPORT", transport)]);
+            assert!(
+                out.status.success(),
+                "api {transport} n={n}: {}",
+                show(&out)
+            );
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(text.matches("api ok").count(), n, "{}", show(&out));
+        }
+    }
+}
+
+fn message_of_256_mib() {
+    for transport in ["shm", "tcp"] {
+        let out = launch(2, "big", &[("FERROCOLL_TRANSPORT", transport)]);
+        assert!(out.status.success(), "big {transport}: {}", show(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout)
+                .matches("big ok")
+                .count(),
+            2,
+            "{}",
+            show(&out)
+        );
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `n` processes of this binary directly (no launcher), rank `r`
+/// with the variables `vars(r)`, and checks every one sums correctly.
+fn direct(n: usize, family: &str, vars: impl Fn(usize) -> Vec<(String, String)>) {
+    let me = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..n)
+        .map(|r| {
+            let mut cmd = Command::new(&me);
+            // Only the family under test: no variable of another launcher.
+            for (k, _) in std::env::vars() {
+                let launcherish = ["FERROCOLL_", "OMPI_", "PMI_", "SLURM_", "MASTER_"]
+                    .iter()
+                    .any(|p| k.starts_with(p))
+                    || ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"]
+                        .contains(&k.as_str());
+                if launcherish {
+                    cmd.env_remove(&k);
+                }
+            }
+            cmd.env(ROLE, "sum").env("FERROCOLL_TIMEOUT", "30");
+            for (k, v) in vars(r) {
+                cmd.env(k, v);
+            }
+            cmd.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (r, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{family} rank {r}: {}", show(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&format!("sum ok {r}/{n}")),
+            "{family} rank {r}: {}",
+            show(&out)
+        );
+    }
+}
+
+fn launcher_environments() {
+    let n = 3;
+    let s = |x: &str| x.to_string();
+    let port = free_port();
+    direct(n, "torchrun", |r| {
+        vec![
+            (s("RANK"), r.to_string()),
+            (s("WORLD_SIZE"), n.to_string()),
+            (s("LOCAL_RANK"), r.to_string()),
+            (s("MASTER_ADDR"), s("127.0.0.1")),
+            (s("MASTER_PORT"), port.to_string()),
+        ]
+    });
+    let port = free_port();
+    direct(n, "Open MPI", |r| {
+        vec![
+            (s("OMPI_COMM_WORLD_RANK"), r.to_string()),
+            (s("OMPI_COMM_WORLD_SIZE"), n.to_string()),
+            (s("OMPI_COMM_WORLD_LOCAL_RANK"), r.to_string()),
+            (s("OMPI_COMM_WORLD_LOCAL_SIZE"), n.to_string()),
+            (s("FERROCOLL_ADDR"), format!("127.0.0.1:{port}")),
+        ]
+    });
+    let port = free_port();
+    direct(n, "Slurm", |r| {
+        vec![
+            (s("SLURM_PROCID"), r.to_string()),
+            (s("SLURM_NTASKS"), n.to_string()),
+            (s("SLURM_LOCALID"), r.to_string()),
+            (s("SLURM_JOB_ID"), s("4242")),
+            (s("SLURM_JOB_NODELIST"), s("localhost")),
+            (s("FERROCOLL_PORT"), port.to_string()),
+        ]
+    });
+    let port = free_port();
+    direct(n, "PMI", |r| {
+        vec![
+            (s("PMI_RANK"), r.to_string()),
+            (s("PMI_SIZE"), n.to_string()),
+            (s("MASTER_ADDR"), s("127.0.0.1")),
+            (s("MASTER_PORT"), port.to_string()),
+        ]
+    });
+}
+
+fn job_files() -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("ferrocoll-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn killed_run_leaves_nothing_in_dev_shm() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    let me = std::env::current_exe().unwrap();
+    // The launcher and its ranks in a process group of their own, so the
+    // whole run can be killed at once, as a scheduler would.
+    let mut run = Command::new(FERROCOLL)
+        .args(["run", "-n", "4", "--"])
+        .arg(&me)
+        .env(ROLE, "hang")
+        .env("FERROCOLL_TRANSPORT", "shm")
+        .process_group(0)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(run.stdout.take().unwrap());
+    let mut ready = 0;
+    let mut job = String::new();
+    for line in stdout.lines() {
+        let line = line.unwrap();
+        if let Some(at) = line.find("job=") {
+            job = line[at + 4..].trim().to_string();
+            ready += 1;
+            if ready == 4 {
+                break;
+            }
+        }
+    }
+    assert_eq!(ready, 4, "every rank reached the collective");
+    // SAFETY: sending a signal to the process group we created.
+    unsafe { libc::kill(-(run.id() as i32), libc::SIGKILL) };
+    let _ = run.wait();
+    // Let the killed processes be reaped.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(!job.is_empty());
+    let ours = format!("ferrocoll-{job}");
+    let left: Vec<String> = job_files()
+        .into_iter()
+        .filter(|f| f.starts_with(&ours))
+        .collect();
+    assert!(left.is_empty(), "a killed run left {left:?} in /dev/shm");
+}
+
+fn two_hosts_mix_shm_and_tcp() {
+    // Two "hosts" of two ranks on this machine (FERROCOLL_HOST_ID): shared
+    // memory within each, TCP between them, topology 2x2 (hier algorithms).
+    let me = std::env::current_exe().unwrap();
+    let out = Command::new(FERROCOLL)
+        .args(["run", "-n", "4", "--timeout", "120", "--", "sh", "-c"])
+        .arg("FERROCOLL_HOST_ID=host$((FERROCOLL_RANK / 2)) exec \"$0\"")
+        .arg(&me)
+        .env(ROLE, "api")
+        .env("FERROCOLL_TIMEOUT", "60")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", show(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.matches("api ok").count(), 4, "{}", show(&out));
+    assert!(
+        text.contains("nodes=2 links=self,shm,tcp,tcp"),
+        "{}",
+        show(&out)
+    );
+}
+
+// ---- rank programs -----------------------------------------------------------
+
+fn sum(comm: &Communicator) {
+    let mut v = vec![comm.rank() as u64 + 1; 1000];
+    comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    let n = comm.size() as u64;
+    assert!(v.iter().all(|x| *x == n * (n + 1) / 2));
+    println!("sum ok {}/{}", comm.rank(), comm.size());
+}
+
+fn big(comm: &Communicator) {
+    // 64 Mi f32 = 256 MiB in one call.
+    let count = 64 << 20;
+    let mut v = vec![comm.rank() as f32 + 1.0; count];
+    comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    let n = comm.size() as f32;
+    assert!(
+        v.iter().all(|x| *x == n * (n + 1.0) / 2.0),
+        "allreduce of 256 MiB"
+    );
+    let mut b = if comm.rank() == 0 {
+        (0..count as u32).collect()
+    } else {
+        vec![0u32; count]
+    };
+    comm.broadcast_in_place(&mut b, 0).unwrap();
+    assert!(
+        b.iter().enumerate().all(|(i, x)| *x == i as u32),
+        "broadcast of 256 MiB"
+    );
+    println!("big ok {}", comm.rank());
+}
+
+fn hang(comm: &Communicator) {
+    comm.barrier().unwrap();
+    let job = std::env::var("FERROCOLL_JOB_ID").unwrap();
+    println!("hang ready {} job={job}", comm.rank());
+    // Rank 0 never joins: the others wait until the run is killed.
+    if comm.rank() != 0 {
+        let _ = comm.barrier();
+    }
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+fn api(comm: &Communicator) {
+    let (rank, n) = (comm.rank(), comm.size());
+    if rank == 0 {
+        let p = comm.placement().unwrap();
+        println!("nodes={} links={}", p.nodes(), p.links.join(","));
+    }
+    // In place, every reducing collective with a non-power-of-two count.
+    let mut v: Vec<i64> = (0..1001).map(|i| i * (rank as i64 + 1)).collect();
+    comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    let tri = (n * (n + 1) / 2) as i64;
+    assert!(
+        v.iter().enumerate().all(|(i, x)| *x == i as i64 * tri),
+        "allreduce in place"
+    );
+
+    let mut m = vec![rank as f64; 77];
+    comm.reduce_in_place(&mut m, ReduceOp::Max, n - 1).unwrap();
+    if rank == n - 1 {
+        assert!(m.iter().all(|x| *x == (n - 1) as f64), "reduce max");
+    }
+
+    let mut g = vec![0u32; 5 * n];
+    g[5 * rank..5 * rank + 5].fill(rank as u32 + 7);
+    comm.all_gather_in_place(&mut g).unwrap();
+    assert!(
+        g.chunks(5)
+            .enumerate()
+            .all(|(r, c)| c.iter().all(|x| *x == r as u32 + 7)),
+        "allgather"
+    );
+
+    // Zero-length buffers.
+    let mut empty: Vec<f32> = Vec::new();
+    comm.all_reduce_in_place(&mut empty, ReduceOp::Sum).unwrap();
+    comm.broadcast_in_place(&mut empty, 0).unwrap();
+
+    // Uneven alltoallv, with zero counts.
+    let sc: Vec<usize> = (0..n).map(|d| (rank + 2 * d) % 3).collect();
+    let rc: Vec<usize> = (0..n).map(|s| (s + 2 * rank) % 3).collect();
+    let send: Vec<u32> = (0..n)
+        .flat_map(|d| vec![(rank * 100 + d) as u32; sc[d]])
+        .collect();
+    let mut recv = vec![0u32; rc.iter().sum()];
+    comm.all_to_all_v(&send, &sc, &mut recv, &rc).unwrap();
+    let want: Vec<u32> = (0..n)
+        .flat_map(|s| vec![(s * 100 + rank) as u32; rc[s]])
+        .collect();
+    assert_eq!(recv, want, "alltoallv");
+
+    // Two non-blocking calls in flight at once, waited in reverse order.
+    let a = comm.iall_reduce(vec![1.0f32; 100_000], ReduceOp::Sum);
+    let b = comm.iall_reduce(vec![2i32; 3], ReduceOp::Prod);
+    let b = b.wait().unwrap();
+    let a = a.wait().unwrap();
+    assert!(a.iter().all(|x| *x == n as f32) && b.iter().all(|x| *x == 2i32.pow(n as u32)));
+
+    // Point-to-point around the ring, tags received out of order.
+    if n > 1 {
+        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+        let big: Vec<u8> = (0..300_000).map(|i| (i % 251) as u8 ^ rank as u8).collect();
+        let sender = {
+            let comm = comm.clone();
+            std::thread::spawn(move || {
+                comm.send(&[rank as u32; 4], next, 1).unwrap();
+                comm.send(&big, next, 2).unwrap();
+            })
+        };
+        let mut second = vec![0u8; 300_000];
+        comm.recv(&mut second, prev, 2).unwrap();
+        let mut first = [0u32; 4];
+        comm.recv(&mut first, prev, 1).unwrap();
+        sender.join().unwrap();
+        assert_eq!(first, [prev as u32; 4]);
+        assert!(second
+            .iter()
+            .enumerate()
+            .all(|(i, x)| *x == (i % 251) as u8 ^ prev as u8));
+    }
+
+    // Split into even and odd ranks and reduce within each.
+    let half = comm.split(Some((rank % 2) as u32), 0).unwrap().unwrap();
+    let mut h = [rank as u64];
+    half.all_reduce_in_place(&mut h, ReduceOp::Sum).unwrap();
+    let want: u64 = (0..n).filter(|r| r % 2 == rank % 2).map(|r| r as u64).sum();
+    assert_eq!(h[0], want, "split");
+
+    comm.barrier().unwrap();
+    println!("api ok {rank}");
+}

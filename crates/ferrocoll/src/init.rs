@@ -1,0 +1,506 @@
+//! Multi-process start-up: [`init`] builds the world communicator of a job
+//! whose ranks are processes, on one host or many.
+//!
+//! 1. [`WorldSpec::from_env`] reads which rank this is and where the
+//!    rendezvous store is, from the variables of `ferrocoll run`, torchrun,
+//!    Open MPI, Slurm or PMI.
+//! 2. Rank 0 serves the store ([`crate::store`]); every rank connects with
+//!    the job secret.
+//! 3. Ranks publish their host identity (host name plus boot id, or
+//!    `FERROCOLL_HOST_ID`); ranks with the same identity form a node, and
+//!    the nodes give the communicator's [`Topology`] (`FERROCOLL_TOPO` or
+//!    `FERROCOLL_TOPO_FILE` override it).
+//! 4. `FERROCOLL_TRANSPORT` picks the links: `auto` (default) uses shared
+//!    memory between ranks of a node and TCP between nodes; `shm` insists on
+//!    shared memory (every rank on one host); `tcp` uses TCP everywhere.
+//! 5. Rank 0's cost-model profile is handed to every rank, so every rank's
+//!    `auto` choice agrees even when hosts hold different calibration files.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::comm::Communicator;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::store::{StoreClient, StoreServer};
+use crate::topo::Topology;
+use crate::transport::channel::{Channel, Doorbell};
+use crate::transport::engine::{Engine, LocalBell};
+use crate::transport::shm::ShmNode;
+use crate::transport::tcp::connect_mesh;
+use crate::world::{Launcher, WorldSpec};
+
+/// Which links a multi-process job uses (`FERROCOLL_TRANSPORT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransportKind {
+    /// Shared memory within a node, TCP between nodes.
+    Auto,
+    /// Shared memory only: every rank must be on one host.
+    Shm,
+    /// TCP between every pair of ranks, even on one host.
+    Tcp,
+}
+
+impl TransportKind {
+    /// Reads `FERROCOLL_TRANSPORT` (unset or empty: `auto`).
+    pub fn from_env() -> Result<TransportKind> {
+        match std::env::var("FERROCOLL_TRANSPORT")
+            .unwrap_or_default()
+            .trim()
+        {
+            "" | "auto" => Ok(TransportKind::Auto),
+            "shm" => Ok(TransportKind::Shm),
+            "tcp" => Ok(TransportKind::Tcp),
+            other => Err(Error::Config {
+                var: "FERROCOLL_TRANSPORT".into(),
+                value: other.into(),
+                reason: "use auto, shm or tcp (`thread` is for in-process ranks: ferrocoll::local)"
+                    .into(),
+            }),
+        }
+    }
+}
+
+/// Where the ranks of a job are, as [`init`] found them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Which launcher's variables were read.
+    pub launcher: Launcher,
+    /// Host identity of every rank (host name, plus `#` and the first
+    /// characters of the boot id).
+    pub hosts: Vec<String>,
+    /// Node index of every rank (nodes numbered by their lowest rank).
+    pub node_of: Vec<usize>,
+    /// How this rank reaches every rank: `self`, `shm` or `tcp`.
+    pub links: Vec<&'static str>,
+    /// The rendezvous store's address.
+    pub store_addr: String,
+}
+
+impl Placement {
+    /// Number of nodes.
+    pub fn nodes(&self) -> usize {
+        self.node_of.iter().max().map_or(0, |m| m + 1)
+    }
+}
+
+/// Builds the world communicator from the environment (see the module
+/// documentation), with the configuration of [`Config::from_env`].
+///
+/// ```no_run
+/// // Run with `ferrocoll run -n 4 ./my_program`, torchrun, mpirun or srun.
+/// let comm = ferrocoll::init().unwrap();
+/// let mut v = vec![comm.rank() as f32; 4];
+/// comm.all_reduce_in_place(&mut v, ferrocoll::ReduceOp::Sum).unwrap();
+/// ```
+pub fn init() -> Result<Communicator> {
+    init_with(&WorldSpec::from_env()?, Config::from_env()?)
+}
+
+/// This host's identity: `FERROCOLL_HOST_ID` if set, else host name and boot
+/// id (two containers with the same host name but different kernels differ).
+pub fn host_identity() -> String {
+    if let Ok(id) = std::env::var("FERROCOLL_HOST_ID") {
+        if !id.trim().is_empty() {
+            return id.trim().to_string();
+        }
+    }
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    let host = read("/proc/sys/kernel/hostname");
+    let boot = read("/proc/sys/kernel/random/boot_id");
+    format!("{host}#{}", &boot[..boot.len().min(8)])
+}
+
+/// Ring size for `local` ranks on a node: about 32 MiB of shared memory per
+/// node in all (local² rings), each ring 64 KiB to 4 MiB.
+fn ring_bytes(local: usize) -> Result<usize> {
+    if let Ok(v) = std::env::var("FERROCOLL_SHM_RING_BYTES") {
+        if !v.trim().is_empty() {
+            return v
+                .trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|b| b.is_power_of_two() && *b >= 64 << 10)
+                .ok_or_else(|| Error::Config {
+                    var: "FERROCOLL_SHM_RING_BYTES".into(),
+                    value: v.clone(),
+                    reason: "give a power of two of at least 65536".into(),
+                });
+        }
+    }
+    let budget = (32usize << 20) / (local * local).max(1);
+    let pow = if budget.is_power_of_two() {
+        budget
+    } else {
+        budget.next_power_of_two() / 2
+    };
+    Ok(pow.clamp(64 << 10, 4 << 20))
+}
+
+/// The topology the nodes imply: `nodes x per_node` when nodes are equal
+/// blocks of consecutive ranks, else flat.
+fn topology_of(node_of: &[usize]) -> Topology {
+    let n = node_of.len();
+    let nodes = node_of.iter().max().map_or(1, |m| m + 1);
+    if nodes > 1 && n % nodes == 0 {
+        let per = n / nodes;
+        if node_of.iter().enumerate().all(|(r, &node)| node == r / per) {
+            return Topology::new(vec![nodes, per]).expect("sizes are positive");
+        }
+    }
+    Topology::flat(n)
+}
+
+fn store_error(e: Error, what: &str) -> Error {
+    match e {
+        Error::Config { var, value, reason } => Error::Config {
+            var,
+            value,
+            reason: format!("{reason} (during {what})"),
+        },
+        other => other,
+    }
+}
+
+/// [`init`] for a given world and configuration.
+pub fn init_with(spec: &WorldSpec, config: Config) -> Result<Communicator> {
+    init_as(spec, config, TransportKind::from_env()?)
+}
+
+/// [`init_with`] with the links chosen by the caller instead of
+/// `FERROCOLL_TRANSPORT`.
+pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Result<Communicator> {
+    let (rank, size) = (spec.rank, spec.size);
+    let connect_timeout = config
+        .timeout
+        .min(Duration::from_secs(120))
+        .max(Duration::from_secs(1));
+
+    // Rank 0 serves the store on the address every rank was given.
+    let server = if rank == 0 {
+        let server = match StoreServer::start(&spec.store_addr, &spec.secret) {
+            Ok(s) => s,
+            Err(_) => {
+                // The name may not be a local address (a DNS alias): listen on
+                // every interface at its port.
+                let port = spec.store_addr.rsplit(':').next().unwrap_or("0");
+                StoreServer::start(&format!("0.0.0.0:{port}"), &spec.secret)
+                    .map_err(|e| store_error(e, "starting the rendezvous store on rank 0"))?
+            }
+        };
+        Some(server)
+    } else {
+        None
+    };
+    let mut store = StoreClient::connect(&spec.store_addr, &spec.secret, connect_timeout)?;
+    store.set_timeout(connect_timeout);
+
+    // Who is where.
+    let me = host_identity();
+    store.set(&format!("host/{rank}"), me.as_bytes())?;
+    let keys: Vec<String> = (0..size).map(|r| format!("host/{r}")).collect();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let hosts: Vec<String> = store
+        .wait(&key_refs)
+        .map_err(|e| store_error(e, "exchanging host identities"))?
+        .into_iter()
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .collect();
+    let mut node_names: Vec<&str> = Vec::new();
+    let node_of: Vec<usize> = hosts
+        .iter()
+        .map(|h| {
+            node_names.iter().position(|n| n == h).unwrap_or_else(|| {
+                node_names.push(h);
+                node_names.len() - 1
+            })
+        })
+        .collect();
+    let my_node = node_of[rank];
+    let locals: Vec<usize> = (0..size).filter(|&r| node_of[r] == my_node).collect();
+    let local_rank = locals
+        .iter()
+        .position(|&r| r == rank)
+        .expect("this rank is on its node");
+
+    let use_shm = |peer: usize| match kind {
+        TransportKind::Tcp => false,
+        TransportKind::Auto | TransportKind::Shm => node_of[peer] == my_node,
+    };
+    if kind == TransportKind::Shm && node_names.len() > 1 {
+        let elsewhere: Vec<usize> = (0..size).filter(|&r| node_of[r] != node_of[0]).collect();
+        return Err(Error::Config {
+            var: "FERROCOLL_TRANSPORT".into(),
+            value: "shm".into(),
+            reason: format!(
+                "shared memory needs every rank on one host, but ranks {elsewhere:?} are on other \
+                 hosts than rank 0; use auto (shm within a host, tcp between) or tcp"
+            ),
+        });
+    }
+    let links: Vec<&'static str> = (0..size)
+        .map(|p| {
+            if p == rank {
+                "self"
+            } else if use_shm(p) {
+                "shm"
+            } else {
+                "tcp"
+            }
+        })
+        .collect();
+
+    // TCP between the pairs that need it.
+    let wanted: Vec<bool> = (0..size).map(|p| p != rank && !use_shm(p)).collect();
+    // The relation must be symmetric: it is, as it depends on nodes only.
+    let mut channels = connect_mesh(
+        rank,
+        &wanted,
+        &mut store,
+        &spec.store_addr,
+        &spec.secret,
+        connect_timeout,
+    )?;
+
+    // Shared memory among the ranks of this node.
+    let shm_locals: Vec<usize> = locals
+        .iter()
+        .copied()
+        .filter(|&p| p == rank || use_shm(p))
+        .collect();
+    let mut bell: Arc<dyn Doorbell> = Arc::new(LocalBell::new());
+    if shm_locals.len() > 1 {
+        let node = setup_shm(spec, &mut store, &shm_locals, local_rank, my_node)?;
+        for (lp, &peer) in shm_locals.iter().enumerate() {
+            if peer != rank {
+                channels[peer] = Some(node.channel(lp));
+            }
+        }
+        bell = node.doorbell();
+    }
+
+    // Every rank predicts with rank 0's profile, so auto choices agree.
+    let transport_name = match kind {
+        TransportKind::Tcp => "tcp",
+        _ if node_names.len() == 1 => "shm",
+        _ => "tcp",
+    };
+    if rank == 0 {
+        let profile = config.profile.clone().unwrap_or_else(|| {
+            crate::cost::Profile::default_path(transport_name)
+                .and_then(|p| crate::cost::Profile::load(&p).ok())
+                .unwrap_or_else(crate::cost::Profile::thread_default)
+        });
+        let json = serde_json::to_vec(&profile).map_err(|e| Error::Internal(e.to_string()))?;
+        store.set("profile", &json)?;
+    }
+    let json = store
+        .wait(&["profile"])
+        .map_err(|e| store_error(e, "sharing the profile"))?
+        .remove(0);
+    config.profile = Some(
+        serde_json::from_slice(&json)
+            .map_err(|e| Error::Internal(format!("profile from rank 0: {e}")))?,
+    );
+
+    if config.topology.is_none() {
+        if let Ok(path) = std::env::var("FERROCOLL_TOPO_FILE") {
+            if !path.trim().is_empty() {
+                let text = std::fs::read_to_string(path.trim()).map_err(|e| Error::Config {
+                    var: "FERROCOLL_TOPO_FILE".into(),
+                    value: path.clone(),
+                    reason: format!("cannot read it: {e}"),
+                })?;
+                let topo = text.trim().parse::<Topology>().map_err(|e| Error::Config {
+                    var: "FERROCOLL_TOPO_FILE".into(),
+                    value: path.clone(),
+                    reason: e.to_string(),
+                })?;
+                config.topology = Some(topo);
+            }
+        }
+    }
+    if config.topology.is_none() {
+        config.topology = Some(topology_of(&node_of));
+    }
+
+    // Everyone is connected before anyone sends.
+    store
+        .barrier("init/connected", size)
+        .map_err(|e| store_error(e, "the start-up barrier"))?;
+
+    let placement = Placement {
+        launcher: spec.launcher,
+        hosts,
+        node_of,
+        links,
+        store_addr: spec.store_addr.clone(),
+    };
+    let name = match (
+        links_have(&placement.links, "shm"),
+        links_have(&placement.links, "tcp"),
+    ) {
+        (true, true) => "shm+tcp",
+        (false, true) => "tcp",
+        _ => "shm",
+    };
+    let channels: Vec<Option<Box<dyn Channel>>> = channels;
+    let engine = Engine::new(rank, channels, bell, name).keep_alive(Box::new((server, store)));
+    Communicator::with_placement(Arc::new(engine), config, placement)
+}
+
+fn links_have(links: &[&str], kind: &str) -> bool {
+    links.contains(&kind)
+}
+
+/// Creates this rank's segment, attaches every local peer's, and removes
+/// the files once all are mapped.
+fn setup_shm(
+    spec: &WorldSpec,
+    store: &mut StoreClient,
+    locals: &[usize],
+    _local_rank_on_host: usize,
+    node: usize,
+) -> Result<ShmNode> {
+    let rank = spec.rank;
+    let me = locals
+        .iter()
+        .position(|&r| r == rank)
+        .expect("rank is local");
+    let job = format!("{}-n{node}", spec.job_id);
+    let shm_err = |what: String, e: std::io::Error| {
+        Error::Config {
+        var: "FERROCOLL_TRANSPORT".into(),
+        value: "shm".into(),
+        reason: format!("{what}: {e}; is /dev/shm mounted and large enough? (FERROCOLL_TRANSPORT=tcp avoids it)"),
+    }
+    };
+    let mut node_seg =
+        ShmNode::create(&job, me, locals.len(), ring_bytes(locals.len())?).map_err(|e| {
+            shm_err(
+                format!("rank {rank} cannot create its shared-memory segment"),
+                e,
+            )
+        })?;
+    store.set(&format!("shm/{node}/{me}"), node_seg.name().as_bytes())?;
+    for (lp, &peer) in locals.iter().enumerate() {
+        if peer == rank {
+            continue;
+        }
+        let name = store
+            .wait(&[&format!("shm/{node}/{lp}")])
+            .map_err(|e| store_error(e, "exchanging shared-memory segment names"))?
+            .remove(0);
+        let name = String::from_utf8_lossy(&name).into_owned();
+        node_seg.attach(lp, &name).map_err(|e| {
+            shm_err(
+                format!("rank {rank} cannot map rank {peer}'s segment {name}"),
+                e,
+            )
+        })?;
+    }
+    // Once every local rank has mapped every segment, the files can go: a
+    // killed job then leaves nothing behind in /dev/shm.
+    store
+        .barrier(&format!("shm/{node}/mapped"), locals.len())
+        .map_err(|e| store_error(e, "the shared-memory barrier"))?;
+    node_seg.unlink();
+    Ok(node_seg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ReduceOp;
+
+    /// `n` ranks as threads, each with its own engine (TCP or shared memory)
+    /// as if they were processes.
+    fn world<R: Send>(
+        n: usize,
+        kind: TransportKind,
+        f: impl Fn(Communicator) -> R + Sync,
+    ) -> Vec<R> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let job = format!("t{}x{port}", std::process::id());
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .map(|rank| {
+                    let spec = WorldSpec {
+                        rank,
+                        size: n,
+                        local_rank: None,
+                        local_size: None,
+                        store_addr: format!("127.0.0.1:{port}"),
+                        secret: "s3cret".into(),
+                        job_id: job.clone(),
+                        launcher: Launcher::Ferrocoll,
+                    };
+                    let f = &f;
+                    s.spawn(move || {
+                        let config = Config::default().with_timeout(Duration::from_secs(20));
+                        f(init_as(&spec, config, kind).unwrap())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    fn allreduce_sizes(kind: TransportKind) {
+        for n in [1, 2, 3, 4] {
+            let out = world(n, kind, |comm| {
+                let mut sums = Vec::new();
+                for count in [0usize, 1, 7, 1000, 300_000, 1 << 21] {
+                    let mine: Vec<f64> =
+                        (0..count).map(|i| (i % 97 + comm.rank()) as f64).collect();
+                    let mut out = vec![0.0; count];
+                    comm.all_reduce(&mine, &mut out, ReduceOp::Sum).unwrap();
+                    let nn = comm.size();
+                    let ok = out
+                        .iter()
+                        .enumerate()
+                        .all(|(i, v)| *v == (nn * (i % 97) + nn * (nn - 1) / 2) as f64);
+                    sums.push(ok);
+                }
+                sums
+            });
+            for (rank, oks) in out.iter().enumerate() {
+                assert!(oks.iter().all(|o| *o), "n={n} rank {rank}: {oks:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn allreduce_over_tcp_between_threads() {
+        allreduce_sizes(TransportKind::Tcp);
+    }
+
+    #[test]
+    fn allreduce_over_shm_between_threads() {
+        allreduce_sizes(TransportKind::Shm);
+    }
+
+    #[test]
+    fn ring_sizes_fit_the_budget() {
+        assert_eq!(ring_bytes(2).unwrap(), 4 << 20);
+        assert_eq!(ring_bytes(4).unwrap(), 2 << 20);
+        assert_eq!(ring_bytes(8).unwrap(), 512 << 10);
+        assert_eq!(ring_bytes(64).unwrap(), 64 << 10);
+    }
+
+    #[test]
+    fn nodes_of_equal_blocks_give_a_two_level_topology() {
+        assert_eq!(topology_of(&[0, 0, 1, 1]).levels(), &[2, 2]);
+        assert_eq!(topology_of(&[0, 1, 0, 1]).levels(), &[4]);
+        assert_eq!(topology_of(&[0, 0, 0]).levels(), &[3]);
+        assert_eq!(topology_of(&[0, 0, 0, 1]).levels(), &[4]);
+    }
+}

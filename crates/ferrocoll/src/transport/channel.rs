@@ -1,0 +1,61 @@
+//! What the multi-process transports are made of: byte channels to peers and
+//! a way to sleep until one of them moves.
+//!
+//! The shared-memory and TCP transports differ only in how bytes cross
+//! between two processes. Everything above that (framing, matching messages
+//! to receives, unexpected messages, deadlines, lost peers, abort) lives once,
+//! in [`super::engine`], which drives a [`Channel`] per peer and sleeps on a
+//! [`Doorbell`] when none of them can move.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+/// A reliable, ordered byte stream to one peer, used without blocking.
+///
+/// The engine writes whole frames as consecutive bytes (a frame may be split
+/// across many `send_some` calls) and reads them back in order on the other
+/// side. Both methods return at once: 0 means "nothing can move now".
+pub(crate) trait Channel: Send {
+    /// Appends a prefix of `data` to the stream and returns its length
+    /// (0 when the stream is full for now).
+    fn send_some(&mut self, data: &[u8]) -> io::Result<usize>;
+
+    /// Offers bytes that have arrived, in stream order, to `take`, which
+    /// returns how many of them it consumed (a prefix; possibly 0). Returns
+    /// the number consumed. The offered slice may be shorter than what has
+    /// arrived (a ring offers up to its wrap point), and is 8-byte aligned
+    /// whenever the stream position is a multiple of 8. An error means the
+    /// peer is gone (closed stream, dead process).
+    fn recv_some(&mut self, take: &mut dyn FnMut(&[u8]) -> usize) -> io::Result<usize>;
+
+    /// A file descriptor that polls readable when data arrives and writable
+    /// when space frees up (sockets); `None` when the channel signals through
+    /// a [`Doorbell`] instead (shared memory).
+    fn poll_fd(&self) -> Option<RawFd> {
+        None
+    }
+
+    /// Checks that the peer still exists, for channels that cannot see a
+    /// closed stream (a shared-memory peer killed by a signal). Called while
+    /// waiting, a few times per second.
+    fn check_alive(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// How a rank sleeps until something may have changed on its channels.
+///
+/// Usage is an event count: read [`Doorbell::token`], look at every channel,
+/// and if nothing could move call [`Doorbell::wait`] with the token; the wait
+/// returns at once if anything rang since the token was read, so a wake-up
+/// between looking and sleeping is never lost.
+pub(crate) trait Doorbell: Send + Sync {
+    /// The current count of rings.
+    fn token(&self) -> u64;
+    /// Sleeps until the count differs from `token`, or `timeout` passes.
+    fn wait(&self, token: u64, timeout: Duration);
+    /// Rings this rank's own bell: wakes this rank's other threads (another
+    /// call's data arrived, an abort).
+    fn ring_local(&self);
+}

@@ -1,0 +1,928 @@
+//! The progress engine shared by the shared-memory and TCP transports.
+//!
+//! It turns [`Transport::exchange`] calls into frames ([`super::wire`]) on one
+//! [`Channel`] per peer and back. All state sits behind one mutex; whichever
+//! thread of the rank holds it moves every channel forward: it writes queued
+//! frames of any call, and hands arriving payload straight to the [`Sink`] of
+//! the call that posted the matching receive, or keeps it as an *unexpected*
+//! message when no call has posted one yet (a peer that is a round ahead, a
+//! `send` before its `recv`). So calls running on several threads at once
+//! (non-blocking collectives, point-to-point) progress each other, as in an
+//! MPI progress engine, and nothing is copied twice on the common path.
+//!
+//! Waiting: a rank that cannot move first polls for a few microseconds (the
+//! peer is usually that close), then sleeps on its [`Doorbell`] (shared
+//! memory) or in `poll(2)` on its sockets, waking at least every 50 ms to
+//! notice aborts, deadlines and dead peers. Never an endless spin.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::channel::{Channel, Doorbell};
+use super::wire::{padded, Frame, FrameKind, HEADER_BYTES};
+use super::{Header, Incoming, Outgoing, Sink, Transport};
+use crate::error::{Error, Result};
+
+/// Payloads up to this size are copied next to their header so a small
+/// message leaves in one write (one system call on TCP).
+const INLINE_BYTES: usize = 16 * 1024;
+
+/// How long a waiting call keeps polling before it sleeps.
+const SPIN: Duration = Duration::from_micros(30);
+
+/// Longest sleep between checks for abort, deadline and dead peers.
+const SLEEP_SLICE: Duration = Duration::from_millis(50);
+
+/// How often a sleeping rank asks channels whether their peer still lives.
+const LIVENESS_EVERY: Duration = Duration::from_millis(200);
+
+const ZEROS: [u8; 8] = [0; 8];
+
+/// A raw pointer to a caller's sink, valid while its call is registered.
+#[derive(Clone, Copy)]
+struct SinkPtr(*mut (dyn Sink + 'static));
+
+// SAFETY: the sink belongs to a thread blocked inside `exchange` for as long
+// as the pointer is registered (it is removed before `exchange` returns), and
+// it is only used while holding the engine's mutex, so exactly one thread uses
+// it at a time. The executor's sink holds raw pointers into buffers that the
+// blocked caller keeps borrowed for the duration of the call.
+unsafe impl Send for SinkPtr {}
+
+/// A frame queued for one peer.
+struct Outbound {
+    /// The call that sent it (`None` for control frames and for data whose
+    /// call has already returned with an error, see `detach`).
+    call: Option<usize>,
+    /// Header, followed by the whole payload and padding when it is small.
+    prefix: Vec<u8>,
+    /// Payload not in `prefix`: caller memory, or `owned` after a detach.
+    data: *const u8,
+    len: usize,
+    /// Keeps a detached payload alive.
+    owned: Vec<u8>,
+    /// Bytes written so far out of `prefix.len() + len + pad`.
+    done: usize,
+    pad: usize,
+}
+
+// SAFETY: `data` points into the sending caller's buffer, which that caller
+// keeps borrowed while `call` is registered (it is blocked in `exchange`), or
+// into `owned`. Only the thread holding the engine mutex reads through it.
+unsafe impl Send for Outbound {}
+
+impl Outbound {
+    fn total(&self) -> usize {
+        self.prefix.len() + self.len + self.pad
+    }
+
+    /// The next bytes to write (a prefix of what is left).
+    fn remaining(&self) -> &[u8] {
+        let p = self.prefix.len();
+        if self.done < p {
+            &self.prefix[self.done..]
+        } else if self.done < p + self.len {
+            // SAFETY: `data..data+len` is valid for reads (see `unsafe impl
+            // Send for Outbound`), and `done - p < len`.
+            unsafe {
+                std::slice::from_raw_parts(self.data.add(self.done - p), p + self.len - self.done)
+            }
+        } else {
+            &ZEROS[..self.total() - self.done]
+        }
+    }
+
+    /// Copies the unwritten payload into `owned`, so the frame can finish
+    /// after its caller has returned (a half-written frame cannot be taken
+    /// back from a stream).
+    fn detach(&mut self) {
+        let p = self.prefix.len();
+        if self.len > 0 {
+            let from = self.done.saturating_sub(p).min(self.len);
+            // SAFETY: as in `remaining`; the caller is still inside exchange.
+            let rest = unsafe { std::slice::from_raw_parts(self.data.add(from), self.len - from) };
+            let mut owned = vec![0u8; self.len];
+            owned[from..].copy_from_slice(rest);
+            self.owned = owned;
+            self.data = self.owned.as_ptr();
+        }
+        self.call = None;
+    }
+}
+
+/// Where the payload of the frame being received goes.
+enum Target {
+    /// Receive `idx` of call `call`.
+    Posted { call: usize, idx: usize },
+    /// Nobody has asked for it yet.
+    Unexpected(Vec<u64>),
+    /// Its call failed or left: drop the bytes.
+    Discard,
+}
+
+/// Receive side of one peer's stream.
+enum Rx {
+    Header {
+        buf: [u8; HEADER_BYTES],
+        have: usize,
+    },
+    Body {
+        frame: Frame,
+        target: Target,
+        got: usize,
+    },
+}
+
+/// A complete message nobody had asked for when it arrived.
+struct Unexpected {
+    header: Header,
+    len: usize,
+    data: Vec<u64>,
+}
+
+struct Peer {
+    chan: Option<Box<dyn Channel>>,
+    fd: Option<RawFd>,
+    sendq: VecDeque<Outbound>,
+    rx: Rx,
+    unexpected: VecDeque<Unexpected>,
+    /// Why the peer is gone, once it is.
+    lost: Option<String>,
+}
+
+struct PostedRecv {
+    peer: usize,
+    len: usize,
+    matched: bool,
+    done: bool,
+}
+
+struct CallState {
+    header: Header,
+    recvs: Vec<PostedRecv>,
+    sink: SinkPtr,
+    pending_sends: usize,
+    pending_recvs: usize,
+    error: Option<Error>,
+}
+
+struct State {
+    peers: Vec<Peer>,
+    calls: Vec<Option<CallState>>,
+    last_liveness: Instant,
+}
+
+/// A transport made of one [`Channel`] per peer.
+pub(crate) struct Engine {
+    rank: usize,
+    size: usize,
+    name: &'static str,
+    state: Mutex<State>,
+    bell: Arc<dyn Doorbell>,
+    aborted: AtomicBool,
+    /// Threads inside `exchange`: with more than one, a sleeper in `poll`
+    /// wakes often, since another thread may do its work.
+    active: AtomicUsize,
+    /// Things that must live as long as the transport (the rendezvous store
+    /// rank 0 serves).
+    kept: Vec<Box<dyn std::any::Any + Send + Sync>>,
+}
+
+impl Engine {
+    /// An engine for rank `rank` with `channels[p]` leading to peer `p`
+    /// (`None` for this rank itself), sleeping on `bell`.
+    pub fn new(
+        rank: usize,
+        channels: Vec<Option<Box<dyn Channel>>>,
+        bell: Arc<dyn Doorbell>,
+        name: &'static str,
+    ) -> Engine {
+        let peers: Vec<Peer> = channels
+            .into_iter()
+            .map(|chan| Peer {
+                fd: chan.as_ref().and_then(|c| c.poll_fd()),
+                chan,
+                sendq: VecDeque::new(),
+                rx: Rx::Header {
+                    buf: [0; HEADER_BYTES],
+                    have: 0,
+                },
+                unexpected: VecDeque::new(),
+                lost: None,
+            })
+            .collect();
+        Engine {
+            rank,
+            size: peers.len(),
+            name,
+            state: Mutex::new(State {
+                peers,
+                calls: Vec::new(),
+                last_liveness: Instant::now(),
+            }),
+            bell,
+            aborted: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            kept: Vec::new(),
+        }
+    }
+
+    /// Keeps `thing` alive as long as the engine.
+    pub fn keep_alive(mut self, thing: Box<dyn std::any::Any + Send + Sync>) -> Engine {
+        self.kept.push(thing);
+        self
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn timeout_error(&self, header: &Header, peer: usize, start: Instant) -> Error {
+        Error::Timeout {
+            collective: header.sig.to_string(),
+            seq: header.seq & !Header::P2P_BIT,
+            rank: self.rank,
+            peer,
+            waited: start.elapsed(),
+        }
+    }
+}
+
+impl State {
+    /// Marks `peer` gone and fails every call that waits on it.
+    fn lose(&mut self, peer: usize, why: String) {
+        if self.peers[peer].lost.is_some() {
+            return;
+        }
+        self.peers[peer].lost = Some(why);
+        let sending: Vec<usize> = self.peers[peer]
+            .sendq
+            .iter()
+            .filter_map(|o| o.call)
+            .collect();
+        self.peers[peer].sendq.clear();
+        for (id, call) in self.calls.iter_mut().enumerate() {
+            let Some(call) = call else { continue };
+            let waits = call.recvs.iter().any(|r| r.peer == peer && !r.done);
+            if waits || sending.contains(&id) {
+                call.error.get_or_insert(Error::PeerLost { rank: peer });
+            }
+        }
+    }
+
+    /// Fails every call (an abort, here or at a peer).
+    fn fail_all(&mut self, err: &Error) {
+        for call in self.calls.iter_mut().flatten() {
+            call.error.get_or_insert_with(|| err.clone());
+        }
+    }
+
+    /// The first unmatched receive from `peer` of the call with `header`'s key.
+    fn find_posted(&self, peer: usize, header: &Header) -> Option<(usize, usize)> {
+        self.calls.iter().enumerate().find_map(|(id, c)| {
+            let c = c.as_ref()?;
+            if c.header.key() != header.key() {
+                return None;
+            }
+            let idx = c.recvs.iter().position(|r| r.peer == peer && !r.matched)?;
+            Some((id, idx))
+        })
+    }
+
+    /// Checks a message against the receive it matched; on a mismatch the
+    /// call fails and the message is dropped.
+    fn accept(
+        &mut self,
+        me: usize,
+        peer: usize,
+        call: usize,
+        idx: usize,
+        header: &Header,
+        len: usize,
+    ) -> bool {
+        let c = self.calls[call].as_mut().expect("live call");
+        c.recvs[idx].matched = true;
+        let want = c.recvs[idx].len;
+        if header.sig != c.header.sig || len != want {
+            let remote = if header.sig != c.header.sig {
+                header.sig.to_string()
+            } else {
+                format!(
+                    "{} with a message of {len} bytes where {want} were expected",
+                    header.sig
+                )
+            };
+            c.error.get_or_insert(Error::Mismatch {
+                rank: me,
+                local: c.header.sig.to_string(),
+                peer,
+                remote,
+            });
+            return false;
+        }
+        true
+    }
+
+    fn finish_recv(&mut self, call: usize, idx: usize) {
+        let c = self.calls[call].as_mut().expect("live call");
+        c.recvs[idx].done = true;
+        c.pending_recvs -= 1;
+    }
+
+    /// Consumes a prefix of `bytes` arriving from `peer`; returns how many.
+    fn consume(&mut self, me: usize, peer: usize, bytes: &[u8], aborted: &AtomicBool) -> usize {
+        let mut used = 0;
+        loop {
+            let rest = &bytes[used..];
+            match &mut self.peers[peer].rx {
+                Rx::Header { buf, have } => {
+                    let take = (HEADER_BYTES - *have).min(rest.len()) & !7;
+                    if take == 0 {
+                        return used;
+                    }
+                    buf[*have..*have + take].copy_from_slice(&rest[..take]);
+                    *have += take;
+                    used += take;
+                    if *have < HEADER_BYTES {
+                        return used;
+                    }
+                    let frame = match Frame::decode(buf) {
+                        Ok(f) => f,
+                        Err(why) => {
+                            self.lose(peer, format!("corrupt stream from rank {peer}: {why}"));
+                            return bytes.len();
+                        }
+                    };
+                    if frame.kind == FrameKind::Abort {
+                        aborted.store(true, Ordering::SeqCst);
+                        self.fail_all(&Error::Aborted);
+                        self.peers[peer].rx = Rx::Header {
+                            buf: [0; HEADER_BYTES],
+                            have: 0,
+                        };
+                        continue;
+                    }
+                    let target = match self.find_posted(peer, &frame.header) {
+                        Some((call, idx)) => {
+                            if self.accept(me, peer, call, idx, &frame.header, frame.len) {
+                                Target::Posted { call, idx }
+                            } else {
+                                Target::Discard
+                            }
+                        }
+                        None => Target::Unexpected(vec![0u64; frame.len.div_ceil(8)]),
+                    };
+                    self.peers[peer].rx = Rx::Body {
+                        frame,
+                        target,
+                        got: 0,
+                    };
+                    self.maybe_finish_body(me, peer);
+                }
+                Rx::Body { frame, target, got } => {
+                    let total = padded(frame.len);
+                    let left = total - *got;
+                    let mut take = left.min(rest.len());
+                    if take < left {
+                        take &= !7;
+                    }
+                    if take == 0 {
+                        return used;
+                    }
+                    let payload_end = frame.len.min(*got + take);
+                    if payload_end > *got {
+                        let chunk = &rest[..payload_end - *got];
+                        match target {
+                            Target::Posted { call, idx } => {
+                                let c = self.calls[*call].as_mut().expect("live call");
+                                // SAFETY: the call is registered, so its sink
+                                // is alive and its thread is blocked in
+                                // exchange; we hold the mutex (see SinkPtr).
+                                unsafe { (*c.sink.0).deliver(*idx, *got, chunk) };
+                            }
+                            Target::Unexpected(buf) => {
+                                let dst: &mut [u8] = bytemuck::cast_slice_mut(buf);
+                                dst[*got..payload_end].copy_from_slice(chunk);
+                            }
+                            Target::Discard => {}
+                        }
+                    }
+                    *got += take;
+                    used += take;
+                    self.maybe_finish_body(me, peer);
+                }
+            }
+        }
+    }
+
+    /// Completes the frame being received from `peer` if all of it is in.
+    fn maybe_finish_body(&mut self, me: usize, peer: usize) {
+        let Rx::Body { frame, got, .. } = &self.peers[peer].rx else {
+            return;
+        };
+        if *got < padded(frame.len) {
+            return;
+        }
+        let rx = std::mem::replace(
+            &mut self.peers[peer].rx,
+            Rx::Header {
+                buf: [0; HEADER_BYTES],
+                have: 0,
+            },
+        );
+        let Rx::Body { frame, target, .. } = rx else {
+            unreachable!("matched above")
+        };
+        match target {
+            Target::Posted { call, idx } => self.finish_recv(call, idx),
+            Target::Unexpected(data) => {
+                // A call may have posted the receive while the message was
+                // arriving; older messages of the same key go first.
+                let older = self.peers[peer]
+                    .unexpected
+                    .iter()
+                    .any(|u| u.header.key() == frame.header.key());
+                let posted = if older {
+                    None
+                } else {
+                    self.find_posted(peer, &frame.header)
+                };
+                match posted {
+                    Some((call, idx)) => {
+                        if self.accept(me, peer, call, idx, &frame.header, frame.len) {
+                            let c = self.calls[call].as_mut().expect("live call");
+                            let bytes: &[u8] = bytemuck::cast_slice(&data);
+                            // SAFETY: the call is registered (see SinkPtr).
+                            unsafe { (*c.sink.0).deliver(idx, 0, &bytes[..frame.len]) };
+                            self.finish_recv(call, idx);
+                        }
+                    }
+                    None => self.peers[peer].unexpected.push_back(Unexpected {
+                        header: frame.header,
+                        len: frame.len,
+                        data,
+                    }),
+                }
+            }
+            Target::Discard => {}
+        }
+    }
+
+    /// Writes and reads every channel as far as it goes without blocking.
+    /// Returns whether any byte moved.
+    fn progress(&mut self, me: usize, aborted: &AtomicBool) -> bool {
+        let mut moved = false;
+        for p in 0..self.peers.len() {
+            if self.peers[p].lost.is_some() {
+                continue;
+            }
+            let Some(mut chan) = self.peers[p].chan.take() else {
+                continue;
+            };
+            let result = self.pump(me, p, chan.as_mut(), aborted, &mut moved);
+            self.peers[p].chan = Some(chan);
+            if let Err(e) = result {
+                self.lose(p, format!("rank {p}: {e}"));
+            }
+        }
+        moved
+    }
+
+    fn pump(
+        &mut self,
+        me: usize,
+        p: usize,
+        chan: &mut dyn Channel,
+        aborted: &AtomicBool,
+        moved: &mut bool,
+    ) -> io::Result<()> {
+        while let Some(out) = self.peers[p].sendq.front_mut() {
+            let n = chan.send_some(out.remaining())?;
+            if n == 0 {
+                break;
+            }
+            *moved = true;
+            out.done += n;
+            if out.done == out.total() {
+                let out = self.peers[p].sendq.pop_front().expect("front exists");
+                if let Some(call) = out.call {
+                    if let Some(c) = self.calls[call].as_mut() {
+                        c.pending_sends -= 1;
+                    }
+                }
+            }
+        }
+        loop {
+            let n = chan.recv_some(&mut |bytes| self.consume(me, p, bytes, aborted))?;
+            if n == 0 {
+                break;
+            }
+            *moved = true;
+        }
+        Ok(())
+    }
+
+    /// Delivers already-arrived messages to the new call `id`'s receives.
+    fn match_unexpected(&mut self, me: usize, id: usize) {
+        let c = self.calls[id].as_ref().expect("live call");
+        let key = c.header.key();
+        let wanted: Vec<(usize, usize)> = c
+            .recvs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, r.peer))
+            .collect();
+        for (idx, peer) in wanted {
+            let q = &mut self.peers[peer].unexpected;
+            let Some(pos) = q.iter().position(|u| u.header.key() == key) else {
+                continue;
+            };
+            // FIFO per peer and key: only the first receive from this peer
+            // that is still unmatched may take the oldest message.
+            let c = self.calls[id].as_ref().expect("live call");
+            if c.recvs
+                .iter()
+                .take(idx)
+                .any(|r| r.peer == peer && !r.matched)
+            {
+                continue;
+            }
+            let msg = q.remove(pos).expect("position is valid");
+            if self.accept(me, peer, id, idx, &msg.header, msg.len) {
+                let c = self.calls[id].as_mut().expect("live call");
+                let bytes: &[u8] = bytemuck::cast_slice(&msg.data);
+                // SAFETY: `id` is the calling thread's own registered call.
+                unsafe { (*c.sink.0).deliver(idx, 0, &bytes[..msg.len]) };
+                self.finish_recv(id, idx);
+            }
+        }
+    }
+
+    /// Removes call `id`: its unsent frames go, a half-sent one is finished
+    /// from a copy, and bytes still arriving for it are dropped.
+    fn retire(&mut self, id: usize) {
+        for peer in &mut self.peers {
+            peer.sendq.retain_mut(|out| {
+                if out.call != Some(id) {
+                    return true;
+                }
+                if out.done == 0 {
+                    return false;
+                }
+                out.detach();
+                true
+            });
+            if let Rx::Body { target, .. } = &mut peer.rx {
+                if matches!(target, Target::Posted { call, .. } if *call == id) {
+                    *target = Target::Discard;
+                }
+            }
+        }
+        self.calls[id] = None;
+    }
+}
+
+impl Transport for Engine {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn exchange(
+        &self,
+        header: &Header,
+        sends: &[Outgoing<'_>],
+        recvs: &[Incoming],
+        sink: &mut dyn Sink,
+        deadline: Instant,
+    ) -> Result<()> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(Error::Aborted);
+        }
+        let start = Instant::now();
+        let mut st = self.lock();
+        let size = self.size;
+        for peer in sends
+            .iter()
+            .map(|s| s.peer)
+            .chain(recvs.iter().map(|r| r.peer))
+        {
+            if peer >= size || peer == self.rank {
+                return Err(Error::Internal(format!(
+                    "rank {} asked its transport to talk to rank {peer} (of {size})",
+                    self.rank
+                )));
+            }
+        }
+        // Sending to a gone peer fails at once; receiving from one fails only
+        // if what it sent before leaving does not hold the message.
+        if let Some(s) = sends.iter().find(|s| st.peers[s.peer].lost.is_some()) {
+            return Err(Error::PeerLost { rank: s.peer });
+        }
+        // SAFETY: only the lifetime is erased; the pointer is removed from the
+        // table (`retire`) before this function returns, while `sink` is
+        // still borrowed.
+        let sink_ptr = SinkPtr(unsafe {
+            std::mem::transmute::<*mut (dyn Sink + '_), *mut (dyn Sink + 'static)>(
+                sink as *mut dyn Sink,
+            )
+        });
+        let call = CallState {
+            header: *header,
+            recvs: recvs
+                .iter()
+                .map(|r| PostedRecv {
+                    peer: r.peer,
+                    len: r.len,
+                    matched: false,
+                    done: false,
+                })
+                .collect(),
+            sink: sink_ptr,
+            pending_sends: sends.len(),
+            pending_recvs: recvs.len(),
+            error: None,
+        };
+        let id = match st.calls.iter().position(Option::is_none) {
+            Some(free) => {
+                st.calls[free] = Some(call);
+                free
+            }
+            None => {
+                st.calls.push(Some(call));
+                st.calls.len() - 1
+            }
+        };
+        for s in sends {
+            let frame = Frame::data(*header, s.data.len()).encode();
+            let inline = s.data.len() <= INLINE_BYTES;
+            let mut prefix =
+                Vec::with_capacity(HEADER_BYTES + if inline { padded(s.data.len()) } else { 0 });
+            prefix.extend_from_slice(&frame);
+            if inline {
+                prefix.extend_from_slice(s.data);
+                prefix.resize(HEADER_BYTES + padded(s.data.len()), 0);
+            }
+            st.peers[s.peer].sendq.push_back(Outbound {
+                call: Some(id),
+                prefix,
+                data: if inline {
+                    std::ptr::null()
+                } else {
+                    s.data.as_ptr()
+                },
+                len: if inline { 0 } else { s.data.len() },
+                owned: Vec::new(),
+                done: 0,
+                pad: if inline {
+                    0
+                } else {
+                    padded(s.data.len()) - s.data.len()
+                },
+            });
+        }
+        st.match_unexpected(self.rank, id);
+        let state = &*st;
+        let c = state.calls[id].as_ref().expect("live call");
+        let gone = c
+            .recvs
+            .iter()
+            .find(|r| !r.done && state.peers[r.peer].lost.is_some());
+        if let Some(peer) = gone.map(|r| r.peer) {
+            let err = Error::PeerLost { rank: peer };
+            st.retire(id);
+            return Err(err);
+        }
+        self.active.fetch_add(1, Ordering::SeqCst);
+        let (mut st, result) = self.drive(st, id, start, deadline);
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        st.retire(id);
+        drop(st);
+        // Another thread may have been waiting for bytes this call's progress
+        // delivered to it.
+        if self.active.load(Ordering::SeqCst) > 0 {
+            self.bell.ring_local();
+        }
+        result
+    }
+
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::SeqCst);
+        let mut st = self.lock();
+        st.fail_all(&Error::Aborted);
+        // Tell every peer, so their waits end too (best effort: a full
+        // channel drops the notice, and the peer's deadline still holds).
+        let notice = Frame {
+            kind: FrameKind::Abort,
+            header: Header {
+                comm: 0,
+                seq: 0,
+                sig: super::Signature {
+                    kind: super::CallKind::PointToPoint,
+                    dtype: crate::types::DType::U8,
+                    op: None,
+                    count: 0,
+                    root: None,
+                },
+            },
+            len: 0,
+        }
+        .encode();
+        for p in 0..st.peers.len() {
+            let peer = &mut st.peers[p];
+            if peer.lost.is_some() {
+                continue;
+            }
+            // Only between frames: a half-written frame must finish first.
+            if peer.sendq.front().is_some_and(|o| o.done > 0) {
+                let mut first = peer.sendq.pop_front().expect("front exists");
+                first.detach();
+                peer.sendq.clear();
+                peer.sendq.push_back(first);
+            } else {
+                peer.sendq.clear();
+            }
+            peer.sendq.push_back(Outbound {
+                call: None,
+                prefix: notice.to_vec(),
+                data: std::ptr::null(),
+                len: 0,
+                owned: Vec::new(),
+                done: 0,
+                pad: 0,
+            });
+        }
+        let flush_until = Instant::now() + Duration::from_millis(100);
+        while st
+            .peers
+            .iter()
+            .any(|p| p.lost.is_none() && !p.sendq.is_empty())
+            && Instant::now() < flush_until
+        {
+            if !st.progress(self.rank, &self.aborted) {
+                std::thread::yield_now();
+            }
+        }
+        drop(st);
+        self.bell.ring_local();
+    }
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl Engine {
+    /// Moves everything until call `id` completes, fails or times out.
+    fn drive<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        id: usize,
+        start: Instant,
+        deadline: Instant,
+    ) -> (MutexGuard<'a, State>, Result<()>) {
+        let spin_until = start + SPIN;
+        loop {
+            let token = self.bell.token();
+            let moved = st.progress(self.rank, &self.aborted);
+            let c = st.calls[id].as_mut().expect("live call");
+            if let Some(err) = c.error.take() {
+                return (st, Err(err));
+            }
+            if c.pending_sends == 0 && c.pending_recvs == 0 {
+                return (st, Ok(()));
+            }
+            if self.aborted.load(Ordering::SeqCst) {
+                return (st, Err(Error::Aborted));
+            }
+            if moved {
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let c = st.calls[id].as_ref().expect("live call");
+                let peer = c
+                    .recvs
+                    .iter()
+                    .find(|r| !r.done)
+                    .map(|r| r.peer)
+                    .or_else(|| {
+                        st.peers
+                            .iter()
+                            .position(|p| p.sendq.iter().any(|o| o.call == Some(id)))
+                    })
+                    .unwrap_or(self.rank);
+                let err = self.timeout_error(&c.header, peer, start);
+                return (st, Err(err));
+            }
+            if now.duration_since(st.last_liveness) >= LIVENESS_EVERY {
+                st.last_liveness = now;
+                for p in 0..st.peers.len() {
+                    if st.peers[p].lost.is_some() {
+                        continue;
+                    }
+                    if let Some(chan) = st.peers[p].chan.as_mut() {
+                        if let Err(e) = chan.check_alive() {
+                            st.lose(p, format!("rank {p}: {e}"));
+                        }
+                    }
+                }
+                continue;
+            }
+            if now < spin_until {
+                // Let go of the lock so other threads of this rank progress.
+                drop(st);
+                std::hint::spin_loop();
+                st = self.lock();
+                continue;
+            }
+            let mut slice = deadline.saturating_duration_since(now).min(SLEEP_SLICE);
+            if self.active.load(Ordering::SeqCst) > 1 {
+                slice = slice.min(Duration::from_millis(1));
+            }
+            let polls: Vec<libc::pollfd> = st
+                .peers
+                .iter()
+                .filter(|p| p.lost.is_none())
+                .filter_map(|p| {
+                    p.fd.map(|fd| libc::pollfd {
+                        fd,
+                        events: libc::POLLIN | if p.sendq.is_empty() { 0 } else { libc::POLLOUT },
+                        revents: 0,
+                    })
+                })
+                .collect();
+            let all_fds = polls.len()
+                == st
+                    .peers
+                    .iter()
+                    .filter(|p| p.chan.is_some() && p.lost.is_none())
+                    .count();
+            drop(st);
+            if polls.is_empty() {
+                self.bell.wait(token, slice);
+            } else {
+                // Sockets wake poll; shared-memory peers (if any) only ring
+                // the doorbell, so then poll in short slices.
+                let slice = if all_fds {
+                    slice
+                } else {
+                    slice.min(Duration::from_millis(1))
+                };
+                poll_fds(polls, slice);
+            }
+            st = self.lock();
+        }
+    }
+}
+
+/// `poll(2)` on `fds` for at most `timeout` (interruptions are fine: the
+/// caller looks at every channel again).
+fn poll_fds(mut fds: Vec<libc::pollfd>, timeout: Duration) {
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()`
+    // pollfd structures for the duration of the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+}
+
+/// A doorbell for ranks that wait only on sockets: it rings the threads of
+/// this process (abort, another thread's progress).
+pub(crate) struct LocalBell {
+    count: Mutex<u64>,
+    rung: std::sync::Condvar,
+}
+
+impl LocalBell {
+    /// A new bell.
+    pub fn new() -> LocalBell {
+        LocalBell {
+            count: Mutex::new(0),
+            rung: std::sync::Condvar::new(),
+        }
+    }
+}
+
+impl Doorbell for LocalBell {
+    fn token(&self) -> u64 {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait(&self, token: u64, timeout: Duration) {
+        let guard = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self
+            .rung
+            .wait_timeout_while(guard, timeout, |c| *c == token);
+    }
+
+    fn ring_local(&self) {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.rung.notify_all();
+    }
+}

@@ -1,0 +1,441 @@
+//! TCP channels, for ranks on different hosts (or any ranks, with
+//! `FERROCOLL_TRANSPORT=tcp`).
+//!
+//! Every pair of ranks that talks over TCP shares one connection, opened at
+//! start-up: each rank listens on the interface named by
+//! `FERROCOLL_SOCKET_IFNAME` (or, by default, the one that routes to the
+//! rendezvous store), publishes its address in the store, and connects to
+//! every lower rank; the higher rank connects, so each pair has exactly one
+//! connection. A connection starts with a hello (magic, a hash of the job
+//! secret, the connecting rank) so a stray client is turned away.
+//!
+//! Sockets are non-blocking with `TCP_NODELAY` and 4 MiB buffers; the engine
+//! ([`super::engine`]) writes and reads them as far as they go and sleeps in
+//! `poll(2)`, so a ring step sends and receives at once (full duplex).
+
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
+use std::time::{Duration, Instant};
+
+use super::channel::Channel;
+use crate::error::{Error, Result};
+use crate::store::StoreClient;
+
+/// Bytes of receive buffer per connection.
+const RECV_BUFFER: usize = 1 << 20;
+
+/// Kernel socket buffer size asked for (the kernel may cap it).
+const SOCKET_BUFFER: libc::c_int = 4 << 20;
+
+const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"FCTCP\0\0\x01");
+
+/// One TCP connection to a peer.
+pub(crate) struct TcpChannel {
+    stream: TcpStream,
+    /// Received bytes not yet consumed: `buf[start..end]` (as bytes). The
+    /// buffer is `u64`s so that offered slices are 8-byte aligned whenever
+    /// the stream position is.
+    buf: Vec<u64>,
+    start: usize,
+    end: usize,
+    /// The peer closed its end; what is buffered is still delivered.
+    eof: bool,
+}
+
+impl TcpChannel {
+    fn new(stream: TcpStream) -> io::Result<TcpChannel> {
+        stream.set_nodelay(true)?;
+        for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+            // SAFETY: a valid socket and a pointer to a c_int of the size
+            // passed; a failure only leaves the default buffer size.
+            unsafe {
+                libc::setsockopt(
+                    stream.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&SOCKET_BUFFER as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+        stream.set_nonblocking(true)?;
+        Ok(TcpChannel {
+            stream,
+            buf: vec![0u64; RECV_BUFFER / 8],
+            start: 0,
+            end: 0,
+            eof: false,
+        })
+    }
+}
+
+fn would_block(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
+impl Channel for TcpChannel {
+    fn send_some(&mut self, data: &[u8]) -> io::Result<usize> {
+        if data.is_empty() {
+            return Ok(0);
+        }
+        match self.stream.write(data) {
+            Ok(0) => Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                "connection closed",
+            )),
+            Ok(n) => Ok(n),
+            Err(e) if would_block(&e) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn recv_some(&mut self, take: &mut dyn FnMut(&[u8]) -> usize) -> io::Result<usize> {
+        if self.start == self.end {
+            // Keep the buffer offset congruent to the stream position mod 8.
+            let phase = self.start % 8;
+            self.start = phase;
+            self.end = phase;
+        } else if self.end == RECV_BUFFER {
+            // Move the unconsumed tail to the front, keeping its phase.
+            let phase = self.start % 8;
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.buf);
+            bytes.copy_within(self.start..self.end, phase);
+            self.end = phase + (self.end - self.start);
+            self.start = phase;
+        }
+        if self.end < RECV_BUFFER && !self.eof {
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.buf);
+            match self.stream.read(&mut bytes[self.end..]) {
+                Ok(0) => self.eof = true,
+                Ok(n) => self.end += n,
+                Err(e) if would_block(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // What arrived before a close is still delivered.
+        let used = if self.start < self.end {
+            let bytes: &[u8] = bytemuck::cast_slice(&self.buf);
+            take(&bytes[self.start..self.end])
+        } else {
+            0
+        };
+        self.start += used;
+        if used == 0 && self.eof {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the connection was closed (the process exited or failed)",
+            ));
+        }
+        Ok(used)
+    }
+
+    fn poll_fd(&self) -> Option<RawFd> {
+        Some(self.stream.as_raw_fd())
+    }
+}
+
+/// The local address to listen on: the interface `FERROCOLL_SOCKET_IFNAME`
+/// names, or the one the kernel routes `store_addr` through.
+fn listen_ip(store_addr: &str, ifname: Option<&str>) -> Result<IpAddr> {
+    if let Some(name) = ifname {
+        return interface_ip(name);
+    }
+    let target = store_addr
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| Error::Config {
+            var: "FERROCOLL_ADDR".into(),
+            value: store_addr.into(),
+            reason: "cannot resolve the rendezvous address".into(),
+        })?;
+    let bind: SocketAddr = if target.is_ipv4() {
+        "0.0.0.0:0".parse().expect("literal")
+    } else {
+        "[::]:0".parse().expect("literal")
+    };
+    // A connected UDP socket sends nothing but tells which local address
+    // the route to the target uses.
+    let probe = UdpSocket::bind(bind)
+        .and_then(|s| s.connect(target).map(|_| s))
+        .and_then(|s| s.local_addr());
+    match probe {
+        Ok(a) => Ok(a.ip()),
+        Err(e) => Err(Error::Config {
+            var: "FERROCOLL_SOCKET_IFNAME".into(),
+            value: String::new(),
+            reason: format!(
+                "no route to the rendezvous {store_addr} ({e}); name the interface to use"
+            ),
+        }),
+    }
+}
+
+/// The first IPv4 (else IPv6) address of interface `name`.
+fn interface_ip(name: &str) -> Result<IpAddr> {
+    let mut found: Vec<IpAddr> = Vec::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a linked list we only read and
+    // then free with freeifaddrs; every node's fields are valid until then.
+    unsafe {
+        if libc::getifaddrs(&mut list) == 0 {
+            let mut cur = list;
+            while !cur.is_null() {
+                let ifa = &*cur;
+                let ifname = std::ffi::CStr::from_ptr(ifa.ifa_name)
+                    .to_string_lossy()
+                    .into_owned();
+                if !ifa.ifa_addr.is_null() {
+                    let family = i32::from((*ifa.ifa_addr).sa_family);
+                    let ip = if family == libc::AF_INET {
+                        let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                        Some(IpAddr::from(
+                            u32::from_be(sin.sin_addr.s_addr).to_be_bytes(),
+                        ))
+                    } else if family == libc::AF_INET6 {
+                        let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                        Some(IpAddr::from(sin6.sin6_addr.s6_addr))
+                    } else {
+                        None
+                    };
+                    if let Some(ip) = ip {
+                        if ifname == name {
+                            found.push(ip);
+                        }
+                        if !names.contains(&ifname) {
+                            names.push(ifname);
+                        }
+                    }
+                }
+                cur = ifa.ifa_next;
+            }
+            libc::freeifaddrs(list);
+        }
+    }
+    found.sort_by_key(|ip| ip.is_ipv6());
+    found.first().copied().ok_or_else(|| Error::Config {
+        var: "FERROCOLL_SOCKET_IFNAME".into(),
+        value: name.into(),
+        reason: format!(
+            "no interface of that name with an address; this host has: {}",
+            names.join(", ")
+        ),
+    })
+}
+
+fn secret_hash(secret: &str) -> u64 {
+    // FNV-1a: the hello only has to tell jobs apart, not resist attackers.
+    secret.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+fn hello(secret: &str, rank: usize) -> [u8; 24] {
+    let mut b = [0u8; 24];
+    b[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
+    b[8..16].copy_from_slice(&secret_hash(secret).to_le_bytes());
+    b[16..24].copy_from_slice(&(rank as u64).to_le_bytes());
+    b
+}
+
+/// Opens a connection to every rank `p` with `wanted[p]` and returns the
+/// channels (`None` elsewhere). Every rank of the job calls it at the same
+/// time, with the same `wanted` relation (symmetric).
+pub(crate) fn connect_mesh(
+    rank: usize,
+    wanted: &[bool],
+    store: &mut StoreClient,
+    store_addr: &str,
+    secret: &str,
+    timeout: Duration,
+) -> Result<Vec<Option<Box<dyn Channel>>>> {
+    let size = wanted.len();
+    let mut channels: Vec<Option<Box<dyn Channel>>> = (0..size).map(|_| None).collect();
+    if !wanted.iter().any(|w| *w) {
+        return Ok(channels);
+    }
+    let ifname = std::env::var("FERROCOLL_SOCKET_IFNAME")
+        .ok()
+        .filter(|s| !s.is_empty());
+    let ip = listen_ip(store_addr, ifname.as_deref())?;
+    let io_err = |what: &str, e: io::Error| Error::Config {
+        var: "FERROCOLL_SOCKET_IFNAME".into(),
+        value: ifname.clone().unwrap_or_default(),
+        reason: format!("{what}: {e}"),
+    };
+    let listener =
+        TcpListener::bind((ip, 0)).map_err(|e| io_err(&format!("cannot listen on {ip}"), e))?;
+    let me = listener
+        .local_addr()
+        .map_err(|e| io_err("listener address", e))?;
+    store.set(&format!("tcp/addr/{rank}"), me.to_string().as_bytes())?;
+    let deadline = Instant::now() + timeout;
+
+    // Connect to every lower rank we talk to.
+    for peer in (0..rank).filter(|&p| wanted[p]) {
+        let addr = store.wait(&[&format!("tcp/addr/{peer}")])?.remove(0);
+        let addr = String::from_utf8_lossy(&addr).into_owned();
+        let target: SocketAddr = addr
+            .parse()
+            .map_err(|_| Error::Internal(format!("bad address {addr:?} in the store")))?;
+        let mut stream = loop {
+            match TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    return Err(Error::Config {
+                        var: "FERROCOLL_SOCKET_IFNAME".into(),
+                        value: ifname.clone().unwrap_or_default(),
+                        reason: format!(
+                            "rank {rank} cannot connect to rank {peer} at {addr}: {e}; check that the hosts reach each other on that interface"
+                        ),
+                    })
+                }
+            }
+        };
+        stream
+            .write_all(&hello(secret, rank))
+            .map_err(|e| io_err(&format!("hello to rank {peer}"), e))?;
+        channels[peer] = Some(Box::new(
+            TcpChannel::new(stream).map_err(|e| io_err("socket options", e))?,
+        ));
+    }
+
+    // Accept every higher rank we talk to.
+    let mut expected = (rank + 1..size).filter(|&p| wanted[p]).count();
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| io_err("listener", e))?;
+    while expected > 0 {
+        match listener.accept() {
+            Ok((mut stream, from)) => {
+                stream
+                    .set_nonblocking(false)
+                    .map_err(|e| io_err("accept", e))?;
+                stream
+                    .set_read_timeout(Some(Duration::from_secs(5)))
+                    .map_err(|e| io_err("accept", e))?;
+                let mut b = [0u8; 24];
+                if stream.read_exact(&mut b).is_err() {
+                    continue; // not one of ours
+                }
+                let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+                let peer = word(16) as usize;
+                if word(0) != HELLO_MAGIC || word(8) != secret_hash(secret) {
+                    // A stray client or another job: ignore it.
+                    let _ = from;
+                    continue;
+                }
+                if peer <= rank || peer >= size || !wanted[peer] || channels[peer].is_some() {
+                    return Err(Error::Internal(format!(
+                        "rank {rank} got a TCP hello from unexpected rank {peer}"
+                    )));
+                }
+                stream
+                    .set_read_timeout(None)
+                    .map_err(|e| io_err("accept", e))?;
+                channels[peer] = Some(Box::new(
+                    TcpChannel::new(stream).map_err(|e| io_err("socket options", e))?,
+                ));
+                expected -= 1;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let missing: Vec<usize> = (rank + 1..size)
+                        .filter(|&p| wanted[p] && channels[p].is_none())
+                        .collect();
+                    return Err(Error::Config {
+                        var: "FERROCOLL_TIMEOUT".into(),
+                        value: format!("{}", timeout.as_secs()),
+                        reason: format!(
+                            "rank {rank} waited {timeout:?} for TCP connections from ranks {missing:?}; did they start, and can they reach {me}?"
+                        ),
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(io_err("accept", e)),
+        }
+    }
+    Ok(channels)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (TcpChannel, TcpChannel) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (TcpChannel::new(a).unwrap(), TcpChannel::new(b).unwrap())
+    }
+
+    #[test]
+    fn streams_bytes_in_order_with_aligned_offers() {
+        let (mut a, mut b) = pair();
+        let total = 8 << 20;
+        let data: Vec<u64> = (0..total as u64 / 8).collect();
+        let bytes: &[u8] = bytemuck::cast_slice(&data);
+        let mut sent = 0;
+        let mut got = Vec::with_capacity(total);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while got.len() < total {
+            assert!(Instant::now() < deadline, "stalled at {}", got.len());
+            if sent < total {
+                let piece = (sent % 100_003 + 1).min(total - sent);
+                sent += a.send_some(&bytes[sent..sent + piece]).unwrap();
+            }
+            b.recv_some(&mut |s| {
+                // Consume multiples of 8 only, as the engine does.
+                let n = s.len() & !7;
+                if n > 0 {
+                    assert_eq!(s.as_ptr() as usize % 8, 0, "offered slice misaligned");
+                }
+                got.extend_from_slice(&s[..n]);
+                n
+            })
+            .unwrap();
+        }
+        assert!(got == bytes, "stream corrupted");
+    }
+
+    #[test]
+    fn closed_peer_is_an_error() {
+        let (a, mut b) = pair();
+        drop(a);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match b.recv_some(&mut |s| s.len()) {
+                Err(e) => {
+                    assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+                    break;
+                }
+                Ok(_) => assert!(Instant::now() < deadline, "EOF not seen"),
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_interface_lists_the_real_ones() {
+        let err = interface_ip("no-such-if0").unwrap_err().to_string();
+        assert!(
+            err.contains("FERROCOLL_SOCKET_IFNAME") && err.contains("lo"),
+            "{err}"
+        );
+        assert!(interface_ip("lo").unwrap().is_loopback());
+    }
+
+    #[test]
+    fn route_to_loopback_is_loopback() {
+        assert!(listen_ip("127.0.0.1:1", None).unwrap().is_loopback());
+    }
+}

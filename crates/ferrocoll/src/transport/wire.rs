@@ -1,0 +1,219 @@
+//! The frame format of the multi-process transports.
+//!
+//! Every message on a shared-memory ring or a TCP stream is a 64-byte frame
+//! header followed by the payload, padded to a multiple of 8 bytes so the
+//! next header (and every payload) starts 8-byte aligned on the stream:
+//!
+//! | bytes  | field                                                        |
+//! |--------|--------------------------------------------------------------|
+//! | 0..4   | magic `FCW1`                                                 |
+//! | 4      | frame kind: 0 data, 1 abort                                  |
+//! | 5      | call kind: collective index, or 0xFE for send/recv           |
+//! | 6      | element type index                                           |
+//! | 7      | reduction operator index, 0xFF for none                      |
+//! | 8..16  | communicator id                                              |
+//! | 16..24 | call sequence number (or p2p tag with [`Header::P2P_BIT`])   |
+//! | 24..32 | element count the caller passed                              |
+//! | 32..40 | root, `u64::MAX` for none                                    |
+//! | 40..48 | payload length in bytes                                      |
+//! | 48..64 | reserved (zero; the reliability work puts a checksum here)   |
+//!
+//! Integers are little-endian. The signature travels with every message so
+//! the receiver can tell "the peer called something else" from "the peer is
+//! late" (see [`crate::Error::Mismatch`]).
+
+use super::{CallKind, Header, Signature};
+use crate::plan::Collective;
+use crate::types::{DType, ReduceOp};
+
+/// Size of a frame header on the wire.
+pub(crate) const HEADER_BYTES: usize = 64;
+
+const MAGIC: [u8; 4] = *b"FCW1";
+const P2P_CODE: u8 = 0xFE;
+const NONE_OP: u8 = 0xFF;
+
+/// What a frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FrameKind {
+    /// A message of a call; `len` payload bytes follow.
+    Data,
+    /// The sender's communicator was aborted; no payload.
+    Abort,
+}
+
+/// A decoded frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Frame {
+    pub kind: FrameKind,
+    pub header: Header,
+    /// Payload bytes (before padding).
+    pub len: usize,
+}
+
+/// Payload length rounded up to the 8-byte stream alignment.
+pub(crate) fn padded(len: usize) -> usize {
+    len.next_multiple_of(8)
+}
+
+fn index_of<T: PartialEq>(all: &[T], x: &T) -> u8 {
+    all.iter()
+        .position(|a| a == x)
+        .expect("value is in its ALL list") as u8
+}
+
+impl Frame {
+    /// A data frame for `len` payload bytes of the call `header`.
+    pub fn data(header: Header, len: usize) -> Frame {
+        Frame {
+            kind: FrameKind::Data,
+            header,
+            len,
+        }
+    }
+
+    /// The bytes of this header.
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        let sig = &self.header.sig;
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4] = match self.kind {
+            FrameKind::Data => 0,
+            FrameKind::Abort => 1,
+        };
+        b[5] = match sig.kind {
+            CallKind::Collective(c) => index_of(&Collective::ALL, &c),
+            CallKind::PointToPoint => P2P_CODE,
+        };
+        b[6] = index_of(&DType::ALL, &sig.dtype);
+        b[7] = sig.op.map_or(NONE_OP, |op| index_of(&ReduceOp::ALL, &op));
+        b[8..16].copy_from_slice(&self.header.comm.to_le_bytes());
+        b[16..24].copy_from_slice(&self.header.seq.to_le_bytes());
+        b[24..32].copy_from_slice(&(sig.count as u64).to_le_bytes());
+        let root = sig.root.map_or(u64::MAX, |r| r as u64);
+        b[32..40].copy_from_slice(&root.to_le_bytes());
+        b[40..48].copy_from_slice(&(self.len as u64).to_le_bytes());
+        b
+    }
+
+    /// Parses a header; `Err` says what is wrong with it (a corrupted or
+    /// foreign stream).
+    pub fn decode(b: &[u8]) -> Result<Frame, String> {
+        let b: &[u8; HEADER_BYTES] = b
+            .get(..HEADER_BYTES)
+            .and_then(|s| s.try_into().ok())
+            .ok_or("short frame header")?;
+        if b[0..4] != MAGIC {
+            return Err(format!("bad frame magic {:02x?}", &b[0..4]));
+        }
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let kind = match b[4] {
+            0 => FrameKind::Data,
+            1 => FrameKind::Abort,
+            k => return Err(format!("unknown frame kind {k}")),
+        };
+        let call = match b[5] {
+            P2P_CODE => CallKind::PointToPoint,
+            c => CallKind::Collective(
+                *Collective::ALL
+                    .get(c as usize)
+                    .ok_or(format!("unknown collective code {c}"))?,
+            ),
+        };
+        let dtype = *DType::ALL
+            .get(b[6] as usize)
+            .ok_or(format!("unknown element type code {}", b[6]))?;
+        let op = match b[7] {
+            NONE_OP => None,
+            o => Some(
+                *ReduceOp::ALL
+                    .get(o as usize)
+                    .ok_or(format!("unknown operator code {o}"))?,
+            ),
+        };
+        let root = word(32);
+        Ok(Frame {
+            kind,
+            header: Header {
+                comm: word(8),
+                seq: word(16),
+                sig: Signature {
+                    kind: call,
+                    dtype,
+                    op,
+                    count: word(24) as usize,
+                    root: (root != u64::MAX).then_some(root as usize),
+                },
+            },
+            len: word(40) as usize,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip() {
+        for (i, c) in Collective::ALL.iter().enumerate() {
+            let header = Header {
+                comm: 0xdead_beef_0000 + i as u64,
+                seq: 17 + i as u64,
+                sig: Signature {
+                    kind: CallKind::Collective(*c),
+                    dtype: DType::ALL[i % DType::ALL.len()],
+                    op: (i % 2 == 0).then_some(ReduceOp::ALL[i % ReduceOp::ALL.len()]),
+                    count: 1 << i,
+                    root: (i % 3 == 0).then_some(i),
+                },
+            };
+            let frame = Frame::data(header, 12345 + i);
+            assert_eq!(Frame::decode(&frame.encode()), Ok(frame));
+        }
+        let p2p = Header {
+            comm: 1,
+            seq: Header::P2P_BIT | 7,
+            sig: Signature {
+                kind: CallKind::PointToPoint,
+                dtype: DType::U8,
+                op: None,
+                count: 0,
+                root: None,
+            },
+        };
+        let abort = Frame {
+            kind: FrameKind::Abort,
+            header: p2p,
+            len: 0,
+        };
+        assert_eq!(Frame::decode(&abort.encode()), Ok(abort));
+    }
+
+    #[test]
+    fn garbage_is_rejected_with_a_reason() {
+        let mut b = Frame::data(
+            Header {
+                comm: 0,
+                seq: 0,
+                sig: Signature {
+                    kind: CallKind::PointToPoint,
+                    dtype: DType::F32,
+                    op: None,
+                    count: 0,
+                    root: None,
+                },
+            },
+            0,
+        )
+        .encode();
+        b[6] = 200;
+        assert!(Frame::decode(&b).unwrap_err().contains("element type"));
+        b[0] = b'X';
+        assert!(Frame::decode(&b).unwrap_err().contains("magic"));
+        assert!(Frame::decode(&b[..10]).is_err());
+        assert_eq!(padded(0), 0);
+        assert_eq!(padded(1), 8);
+        assert_eq!(padded(16), 16);
+    }
+}
