@@ -671,13 +671,11 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
 
     // shm and tcp: this process starts the ranks (this same command, under
     // the launcher) unless it already is one of them.
-    let in_job =
-        std::env::var_os(CHILD_VAR).is_some() || ferrocoll::world::WorldSpec::from_env().is_ok();
-    if setup.transport != Transport::Thread && !in_job {
+    if setup.transport != Transport::Thread && !crate::run::in_job() {
         return launch_ranks(&setup);
     }
 
-    if !setup.json && (setup.transport == Transport::Thread || rank_from_env() == 0) {
+    if !setup.json && (setup.transport == Transport::Thread || crate::run::rank_from_env() == 0) {
         let mut out = io::stdout().lock();
         writeln!(out, "{}", describe(&setup, &args.algo))?;
         writeln!(out, "#")?;
@@ -765,40 +763,9 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Set in the environment of the ranks `bench --transport shm|tcp` starts.
-const CHILD_VAR: &str = "FERROCOLL_BENCH_CHILD";
-
-/// This process's rank in a launched job (0 when not in one).
-fn rank_from_env() -> usize {
-    ferrocoll::world::WorldSpec::from_env().map_or(0, |w| w.rank)
-}
-
-/// Runs this same `bench` command as `n` processes under the launcher, with
-/// the transport forced, and passes on their exit status.
+/// Runs this same `bench` command as `n` processes under the launcher.
 fn launch_ranks(setup: &Setup) -> Result<(), CliError> {
-    let program = std::env::current_exe()
-        .map_err(|e| CliError::Run(format!("cannot find the ferrocoll executable: {e}")))?;
-    let options = crate::run::LaunchOptions {
-        ranks: setup.n,
-        program,
-        args: std::env::args_os().skip(1).collect(),
-        extra_env: vec![
-            (CHILD_VAR.into(), "1".into()),
-            ("FERROCOLL_TRANSPORT".into(), setup.transport.name().into()),
-        ],
-        prefix: false,
-        only_rank0_stdout: true,
-        grace: std::time::Duration::from_secs(3),
-        timeout: None,
-        addr: None,
-    };
-    match crate::run::launch(&options)? {
-        0 => Ok(()),
-        code => Err(CliError::Run(format!(
-            "a rank of the {} benchmark failed (exit status {code}); its message is above",
-            setup.transport.name()
-        ))),
-    }
+    crate::run::relaunch_self(setup.n, setup.transport.name(), "benchmark")
 }
 
 /// Bandwidth of a single-threaded copy of `bytes` (best of several runs),

@@ -592,3 +592,46 @@ fn parse_addr(s: &str) -> Result<String, String> {
         _ => Err(format!("`{s}` is not HOST:PORT")),
     }
 }
+
+/// Set in the environment of the ranks that `bench` and `calibrate` start
+/// for `--transport shm|tcp`.
+const CHILD_VAR: &str = "FERROCOLL_SELF_LAUNCHED";
+
+/// Whether this process is one rank of a launched job (by us or by any
+/// launcher whose variables `ferrocoll::init` reads).
+pub fn in_job() -> bool {
+    std::env::var_os(CHILD_VAR).is_some() || ferrocoll::world::WorldSpec::from_env().is_ok()
+}
+
+/// This process's rank in a launched job (0 when not in one).
+pub fn rank_from_env() -> usize {
+    ferrocoll::world::WorldSpec::from_env().map_or(0, |w| w.rank)
+}
+
+/// Runs this very command again as `n` processes under the launcher, with
+/// `FERROCOLL_TRANSPORT=transport`, showing rank 0's output only, and
+/// passes on their exit status (`what` names the job in the error).
+pub fn relaunch_self(n: usize, transport: &str, what: &str) -> Result<(), CliError> {
+    let program = std::env::current_exe()
+        .map_err(|e| CliError::Run(format!("cannot find the ferrocoll executable: {e}")))?;
+    let options = LaunchOptions {
+        ranks: n,
+        program,
+        args: std::env::args_os().skip(1).collect(),
+        extra_env: vec![
+            (CHILD_VAR.into(), "1".into()),
+            ("FERROCOLL_TRANSPORT".into(), transport.into()),
+        ],
+        prefix: false,
+        only_rank0_stdout: true,
+        grace: Duration::from_secs(3),
+        timeout: None,
+        addr: None,
+    };
+    match launch(&options)? {
+        0 => Ok(()),
+        code => Err(CliError::Run(format!(
+            "a rank of the {transport} {what} failed (exit status {code}); its message is above"
+        ))),
+    }
+}

@@ -31,8 +31,23 @@ use crate::error::{Error, Result};
 /// message leaves in one write (one system call on TCP).
 const INLINE_BYTES: usize = 16 * 1024;
 
-/// How long a waiting call keeps polling before it sleeps.
-const SPIN: Duration = Duration::from_micros(30);
+/// How long a waiting call polls before it sleeps, by default: on a core of
+/// its own it spins (a peer on another core answers within microseconds and
+/// a futex wake-up costs more than that); sharing cores with other ranks it
+/// yields between polls, so the peer it waits for can run.
+const SPIN_DEDICATED: Duration = Duration::from_micros(200);
+const SPIN_SHARED: Duration = Duration::from_micros(30);
+
+/// `FERROCOLL_SPIN_US`, read once: overrides the polling time.
+fn spin_override() -> Option<Duration> {
+    static SPIN: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        std::env::var("FERROCOLL_SPIN_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_micros)
+    })
+}
 
 /// Longest sleep between checks for abort, deadline and dead peers.
 const SLEEP_SLICE: Duration = Duration::from_millis(50);
@@ -187,6 +202,8 @@ pub(crate) struct Engine {
     /// Threads inside `exchange`: with more than one, a sleeper in `poll`
     /// wakes often, since another thread may do its work.
     active: AtomicUsize,
+    /// This rank has a core to itself: poll by spinning, not yielding.
+    dedicated_core: bool,
     /// Things that must live as long as the transport (the rendezvous store
     /// rank 0 serves).
     kept: Vec<Box<dyn std::any::Any + Send + Sync>>,
@@ -227,8 +244,16 @@ impl Engine {
             bell,
             aborted: AtomicBool::new(false),
             active: AtomicUsize::new(0),
+            dedicated_core: false,
             kept: Vec::new(),
         }
+    }
+
+    /// Declares whether this rank runs on a core of its own (it spins while
+    /// waiting) or shares cores with other ranks (it yields).
+    pub fn dedicated_core(mut self, dedicated: bool) -> Engine {
+        self.dedicated_core = dedicated;
+        self
     }
 
     /// Keeps `thing` alive as long as the engine.
@@ -788,7 +813,12 @@ impl Engine {
         start: Instant,
         deadline: Instant,
     ) -> (MutexGuard<'a, State>, Result<()>) {
-        let spin_until = start + SPIN;
+        let default_spin = if self.dedicated_core {
+            SPIN_DEDICATED
+        } else {
+            SPIN_SHARED
+        };
+        let spin_until = start + spin_override().unwrap_or(default_spin);
         loop {
             let token = self.bell.token();
             let moved = st.progress(self.rank, &self.aborted);
@@ -839,7 +869,16 @@ impl Engine {
             if now < spin_until {
                 // Let go of the lock so other threads of this rank progress.
                 drop(st);
-                std::hint::spin_loop();
+                // Spin briefly (the peer is usually on another core and
+                // microseconds away), then yield: with more ranks than
+                // cores the peer we wait for may need this very core.
+                if self.dedicated_core {
+                    for _ in 0..32 {
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    std::thread::yield_now();
+                }
                 st = self.lock();
                 continue;
             }

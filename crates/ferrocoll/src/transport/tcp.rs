@@ -46,7 +46,14 @@ pub(crate) struct TcpChannel {
 impl TcpChannel {
     fn new(stream: TcpStream) -> io::Result<TcpChannel> {
         stream.set_nodelay(true)?;
-        for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
+        let size: libc::c_int = std::env::var("FERROCOLL_SOCKET_BUFFER")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(SOCKET_BUFFER);
+        for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF]
+            .into_iter()
+            .filter(|_| size > 0)
+        {
             // SAFETY: a valid socket and a pointer to a c_int of the size
             // passed; a failure only leaves the default buffer size.
             unsafe {
@@ -54,7 +61,7 @@ impl TcpChannel {
                     stream.as_raw_fd(),
                     libc::SOL_SOCKET,
                     opt,
-                    (&SOCKET_BUFFER as *const libc::c_int).cast(),
+                    (&size as *const libc::c_int).cast(),
                     std::mem::size_of::<libc::c_int>() as libc::socklen_t,
                 );
             }
