@@ -1,26 +1,92 @@
 #!/usr/bin/env bash
-# ferrocoll next to Open MPI on this machine, in the same run, as ratios.
-# Usage: bash bench/compare.sh [COLL] [RANKS] [MIN] [MAX] [FACTOR]
-# Open MPI runs one process per rank over shared memory (installed from
-# Debian by ../shared/peers/run_peers.sh if missing); ferrocoll runs its ranks
-# as threads (transport `thread`). Prints one row per size: both times and
-# ferrocoll's speed-up (Open MPI time / ferrocoll time; > 1 means faster).
+# ferrocoll's process transports next to the peers, in one run, as ratios
+# (issue 4's targets, f32 sum allreduce):
+#   shm, 2 ranks   vs Open MPI (shared memory): busbw >= 2x from 512 KiB to 64 MiB; 8 B latency <= Open MPI's
+#   shm, 4 ranks   (oversubscribed on 2 cores): 8 B median <= 50 us; 16 MiB busbw >= 1 GB/s
+#   tcp, 2 ranks   vs torch.distributed gloo (TCP loopback): busbw >= 2x from 1 MiB; 8 B latency <= 1/10 of gloo's
+# and the machine's limit: single-core memcpy bandwidth, measured here.
+#
+# Usage: bash bench/compare.sh [MAXBYTES]   (default 64 MiB)
+# Needs the peers of ../shared/peers (run_peers.sh installs Open MPI from Debian
+# and torch into a venv on first use: a large download). The cost-model profiles
+# for shm and tcp are calibrated first (ferrocoll calibrate), so `auto` chooses
+# with this machine's numbers.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 peers=${PEERS:-$here/../../shared/peers}
-coll=${1:-allreduce}; n=${2:-4}; lo=${3:-8}; hi=${4:-33554432}; f=${5:-4}
+hi=${1:-67108864}
 cd "$here/.."
 cargo build --release -q
-fc=$(mktemp); mpi=$(mktemp); trap 'rm -f "$fc" "$mpi"' EXIT
-target/release/ferrocoll bench "$coll" --json -n "$n" -b "$lo" -e "$hi" -f "$f" --iters 20 --warmup 5 >"$fc"
-bash "$peers/run_peers.sh" "$coll" "$n" "$lo" "$hi" "$f" openmpi >"$mpi"
-python3 - "$fc" "$mpi" "$coll" "$n" <<'PY'
-import json, sys
-fc = {r["bytes"]: r for r in map(json.loads, open(sys.argv[1]))}
-mpi = {r["bytes"]: r for r in map(json.loads, open(sys.argv[2])) if "bytes" in r}
-print(f"# {sys.argv[3]}, {sys.argv[4]} ranks: ferrocoll (thread) vs Open MPI (processes, shm)")
-print(f"# {'bytes':>10} {'ferrocoll us':>13} {'algo':>6} {'Open MPI us':>12} {'speed-up':>9}")
-for b in sorted(set(fc) & set(mpi)):
-    a, m = fc[b]["time_us"], mpi[b]["time_us"]
-    print(f"  {b:>10} {a:>13.1f} {fc[b]['algo']:>6} {m:>12.1f} {m / a:>9.2f}")
+fc=target/release/ferrocoll
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+echo "# commit $(git rev-parse --short HEAD), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores"
+for tn in shm:2 shm:4 tcp:2; do
+  t=${tn%:*}; n=${tn#*:}
+  "$fc" calibrate --transport "$t" -n "$n" -e 16M --out "$tmp/$t$n.json" 2>/dev/null | grep '^# fit' | sed "s/^# /# calibrate $t, $n ranks: /"
+done
+
+# Machine limit: bench prints memcpy bandwidth of its largest size on one thread.
+limit=$("$fc" bench allreduce -n 1 -b 16M -e 16M --iters 1 --warmup 0 | sed -n 's/.*on one thread \([0-9.]*\) GB\/s.*/\1/p')
+echo "# machine limit: single-thread memcpy of 16 MiB = $limit GB/s"
+
+run_fc() { # transport ranks out
+  FERROCOLL_PROFILE="$tmp/$1$2.json" "$fc" bench allreduce --transport "$1" -n "$2" -b 8 -e "$hi" -f 4 \
+    --iters 20 --warmup 5 --json >"$3"
+}
+run_fc shm 2 "$tmp/shm2"
+run_fc shm 4 "$tmp/shm4"
+run_fc tcp 2 "$tmp/tcp2"
+bash "$peers/run_peers.sh" allreduce 2 8 "$hi" 4 openmpi >"$tmp/ompi2" 2>"$tmp/ompi.err" || { cat "$tmp/ompi.err" >&2; exit 1; }
+bash "$peers/run_peers.sh" allreduce 4 8 "$hi" 4 openmpi >"$tmp/ompi4" 2>>"$tmp/ompi.err" || { cat "$tmp/ompi.err" >&2; exit 1; }
+bash "$peers/run_peers.sh" allreduce 2 8 "$hi" 4 gloo >"$tmp/gloo2" 2>"$tmp/gloo.err" || { cat "$tmp/gloo.err" >&2; exit 1; }
+
+python3 - "$tmp" "$limit" <<'PY'
+import json, sys, os
+tmp, limit = sys.argv[1], float(sys.argv[2])
+def load(name):
+    rows = {}
+    for line in open(os.path.join(tmp, name)):
+        line = line.strip()
+        if line.startswith("{"):
+            r = json.loads(line)
+            if "bytes" in r:
+                rows[r["bytes"]] = r
+    return rows
+
+verdicts = []
+def table(title, fc, peer, peer_name, bw_from, bw_ratio, lat_ratio):
+    print(f"\n## {title}")
+    print(f"# {'bytes':>10} {'algo':>10} {'fc us':>9} {'fc busbw':>9} {peer_name+' us':>10} {peer_name+' busbw':>11} "
+          f"{'busbw x':>8} {'fc/limit':>8}")
+    bw_ok, worst = True, float("inf")
+    for b in sorted(set(fc) & set(peer)):
+        f, p = fc[b], peer[b]
+        ratio = f["busbw"] / p["busbw"] if p["busbw"] > 0 else float("inf")
+        print(f"  {b:>10} {f['algo']:>10} {f['time_us']:>9.1f} {f['busbw']:>9.2f} {p['time_us']:>10.1f} "
+              f"{p['busbw']:>11.2f} {ratio:>8.2f} {f['busbw'] / limit:>8.3f}")
+        if b >= bw_from:
+            if ratio < bw_ratio:
+                bw_ok = False
+            worst = ratio if worst is None else min(worst, ratio)
+    small = min(set(fc) & set(peer))
+    lat = fc[small]["time_us"] / peer[small]["time_us"]
+    verdicts.append(f"{title}: busbw >= {bw_ratio}x {peer_name} from {bw_from} B: "
+                    f"{'met' if bw_ok else 'MISSED'} (worst {worst:.2f}x)")
+    verdicts.append(f"{title}: {small} B latency {fc[small]['time_us']:.2f} us vs {peer[small]['time_us']:.2f} us "
+                    f"= {lat:.3f} of {peer_name}'s (target <= {lat_ratio}): {'met' if lat <= lat_ratio else 'MISSED'}")
+
+table("shm, 2 ranks, vs Open MPI", load("shm2"), load("ompi2"), "ompi", 512 << 10, 2.0, 1.0)
+table("tcp, 2 ranks, vs gloo", load("tcp2"), load("gloo2"), "gloo", 1 << 20, 2.0, 0.1)
+shm4, ompi4 = load("shm4"), load("ompi4")
+table("shm, 4 ranks (oversubscribed), vs Open MPI, for reference", shm4, ompi4, "ompi", 1 << 62, 0.0, float("inf"))
+verdicts = [v for v in verdicts if "4 ranks" not in v]
+med = shm4[min(shm4)]["median_us"]
+verdicts.append(f"shm, 4 ranks: 8 B median {med:.1f} us (target <= 50): {'met' if med <= 50 else 'MISSED'}")
+big = shm4.get(16 << 20)
+if big:
+    verdicts.append(f"shm, 4 ranks: 16 MiB busbw {big['busbw']:.2f} GB/s (target >= 1): {'met' if big['busbw'] >= 1 else 'MISSED'}")
+print("\n## Targets")
+for v in verdicts:
+    print("  " + v)
 PY

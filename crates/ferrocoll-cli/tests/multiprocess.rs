@@ -103,12 +103,20 @@ fn launch(n: usize, role: &str, env: &[(&str, &str)]) -> Output {
     cmd.output().unwrap()
 }
 
+/// The configurations every multi-process test runs in: shared memory with
+/// the rings only, shared memory with large messages read straight from the
+/// sender's memory (the single-copy path, forced on: on some machines it is
+/// not chosen), and TCP.
+const VARIANTS: [(&str, &str); 3] = [("shm", "off"), ("shm", "on"), ("tcp", "off")];
+
 fn every_collective_on_shm_and_tcp() {
-    for transport in ["shm", "tcp"] {
+    for (transport, single_copy) in VARIANTS {
         for n in [2, 3, 4] {
             for coll in COLLECTIVES {
-                // Up to 1 MiB: large enough for the ring and pipeline paths
-                // and for messages bigger than a TCP socket buffer.
+                let what = format!("{coll} {transport} (single copy {single_copy}) n={n}");
+                // Up to 1 MiB: large enough for the ring and pipeline paths,
+                // the single-copy path and messages bigger than a TCP
+                // socket buffer.
                 let out = Command::new(FERROCOLL)
                     .args([
                         "bench",
@@ -123,20 +131,17 @@ fn every_collective_on_shm_and_tcp() {
                     ])
                     .args(["--check", "--json"])
                     .env("FERROCOLL_TIMEOUT", "60")
+                    .env("FERROCOLL_SHM_SINGLE_COPY", single_copy)
                     .output()
                     .unwrap();
-                assert!(
-                    out.status.success(),
-                    "{coll} {transport} n={n}: {}",
-                    show(&out)
-                );
+                assert!(out.status.success(), "{what}: {}", show(&out));
                 let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
                     .lines()
                     .map(|l| serde_json::from_str(l).expect("a JSON row"))
                     .collect();
-                assert!(rows.len() >= 3, "{coll} {transport} n={n}: {}", show(&out));
+                assert!(rows.len() >= 3, "{what}: {}", show(&out));
                 for row in &rows {
-                    assert_eq!(row["wrong"], 0, "{coll} {transport} n={n}: {row}");
+                    assert_eq!(row["wrong"], 0, "{what}: {row}");
                     assert_eq!(row["transport"], transport, "{row}");
                     assert_eq!(row["ranks"], n, "{row}");
                 }
@@ -146,32 +151,32 @@ fn every_collective_on_shm_and_tcp() {
 }
 
 fn api_across_processes() {
-    for transport in ["shm", "tcp"] {
+    for (transport, single_copy) in VARIANTS {
         for n in [1, 3, 4] {
-            let out = launch(n, "api", &[("FERROCOLL_TRANSPORT", transport)]);
-            assert!(
-                out.status.success(),
-                "api {transport} n={n}: {}",
-                show(&out)
-            );
+            let env = [
+                ("FERROCOLL_TRANSPORT", transport),
+                ("FERROCOLL_SHM_SINGLE_COPY", single_copy),
+            ];
+            let out = launch(n, "api", &env);
+            let what = format!("api {transport} (single copy {single_copy}) n={n}");
+            assert!(out.status.success(), "{what}: {}", show(&out));
             let text = String::from_utf8_lossy(&out.stdout);
-            assert_eq!(text.matches("api ok").count(), n, "{}", show(&out));
+            assert_eq!(text.matches("api ok").count(), n, "{what}: {}", show(&out));
         }
     }
 }
 
 fn message_of_256_mib() {
-    for transport in ["shm", "tcp"] {
-        let out = launch(2, "big", &[("FERROCOLL_TRANSPORT", transport)]);
-        assert!(out.status.success(), "big {transport}: {}", show(&out));
-        assert_eq!(
-            String::from_utf8_lossy(&out.stdout)
-                .matches("big ok")
-                .count(),
-            2,
-            "{}",
-            show(&out)
-        );
+    for (transport, single_copy) in VARIANTS {
+        let env = [
+            ("FERROCOLL_TRANSPORT", transport),
+            ("FERROCOLL_SHM_SINGLE_COPY", single_copy),
+        ];
+        let out = launch(2, "big", &env);
+        let what = format!("big {transport} (single copy {single_copy})");
+        assert!(out.status.success(), "{what}: {}", show(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.matches("big ok").count(), 2, "{what}: {}", show(&out));
     }
 }
 

@@ -415,6 +415,39 @@ fn links_have(links: &[&str], kind: &str) -> bool {
     links.contains(&kind)
 }
 
+/// Known bytes whose address every local rank publishes, so its peers can
+/// test whether they may read its memory.
+static CMA_PROBE: &[u8; 16] = b"ferrocoll-cma-ok";
+
+/// Bytes of the buffer timed to decide on the single-copy path.
+const SPEED_PROBE_BYTES: usize = 4 << 20;
+
+/// Times reading [`SPEED_PROBE_BYTES`] at `addr` of process `pid` against a
+/// local copy of as many bytes (best of 3 each): the single copy pays when
+/// it is clearly faster than the two copies a ring makes (1.5x one copy
+/// leaves room for its acknowledgement round trip).
+fn single_copy_pays(pid: u32, addr: u64) -> bool {
+    let mut dst = vec![0u8; SPEED_PROBE_BYTES];
+    let src = vec![1u8; SPEED_PROBE_BYTES];
+    let mut best_remote = f64::MAX;
+    let mut best_local = f64::MAX;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        for chunk in dst.chunks_mut(256 << 10).enumerate() {
+            let (i, d) = chunk;
+            if crate::transport::shm::cma_read(pid, addr + (i * (256 << 10)) as u64, d).is_err() {
+                return false;
+            }
+        }
+        best_remote = best_remote.min(t.elapsed().as_secs_f64());
+        let t = std::time::Instant::now();
+        dst.copy_from_slice(std::hint::black_box(&src));
+        best_local = best_local.min(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dst);
+    best_remote < 1.5 * best_local
+}
+
 /// Creates this rank's segment, attaches every local peer's, and removes
 /// the files once all are mapped.
 fn setup_shm(
@@ -445,6 +478,18 @@ fn setup_shm(
             )
         })?;
     store.set(&format!("shm/{node}/{me}"), node_seg.name().as_bytes())?;
+    let probe_addr = CMA_PROBE.as_ptr() as u64;
+    store.set(
+        &format!("shm/{node}/{me}/probe"),
+        probe_addr.to_string().as_bytes(),
+    )?;
+    // A buffer peers time reading, to judge whether the single copy pays.
+    let speed_probe = vec![7u8; SPEED_PROBE_BYTES];
+    let speed_addr = speed_probe.as_ptr() as u64;
+    store.set(
+        &format!("shm/{node}/{me}/speed"),
+        speed_addr.to_string().as_bytes(),
+    )?;
     for (lp, &peer) in locals.iter().enumerate() {
         if peer == rank {
             continue;
@@ -461,6 +506,61 @@ fn setup_shm(
             )
         })?;
     }
+    // The single-copy path (the receiver reads the sender's memory with
+    // process_vm_readv) is used only if every local rank can read every
+    // other: the kernel, Yama's ptrace_scope or a seccomp filter may forbid
+    // it, and then the rings carry everything.
+    let mode = std::env::var("FERROCOLL_SHM_SINGLE_COPY").unwrap_or_default();
+    let mode = match mode.trim() {
+        "" | "auto" => "auto",
+        "1" | "on" => "on",
+        "0" | "off" => "off",
+        other => {
+            return Err(Error::Config {
+                var: "FERROCOLL_SHM_SINGLE_COPY".into(),
+                value: other.into(),
+                reason: "use auto (when measured faster than the rings), on (whenever the kernel allows) or off".into(),
+            })
+        }
+    };
+    let mut can_read_all = mode != "off";
+    // Whether reading a peer's memory beat two copies through a ring (as
+    // timed here): page pinning makes process_vm_readv slow on some kernels
+    // and virtual machines.
+    let mut pays = true;
+    for (lp, &peer) in locals.iter().enumerate() {
+        if peer == rank || !can_read_all {
+            continue;
+        }
+        let addr = store.wait(&[&format!("shm/{node}/{lp}/probe")])?.remove(0);
+        let addr: u64 = String::from_utf8_lossy(&addr).parse().unwrap_or(0);
+        let mut got = [0u8; 16];
+        let ok = node_seg.peer_pid(lp).is_some_and(|pid| {
+            crate::transport::shm::cma_read(pid, addr, &mut got).is_ok() && got == *CMA_PROBE
+        });
+        can_read_all &= ok;
+        if ok && mode == "auto" && pays {
+            let addr = store.wait(&[&format!("shm/{node}/{lp}/speed")])?.remove(0);
+            let addr: u64 = String::from_utf8_lossy(&addr).parse().unwrap_or(0);
+            let pid = node_seg.peer_pid(lp).expect("attached");
+            pays = single_copy_pays(pid, addr);
+        }
+    }
+    let can_read_all = can_read_all && (mode == "on" || pays);
+    store.set(
+        &format!("shm/{node}/{me}/cma"),
+        if can_read_all { b"1" } else { b"0" },
+    )?;
+    let keys: Vec<String> = (0..locals.len())
+        .map(|lp| format!("shm/{node}/{lp}/cma"))
+        .collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let all_ok = store.wait(&refs)?.iter().all(|v| v == b"1");
+    node_seg.enable_single_copy(all_ok);
+    // Peers are done timing our buffer once every rank has published its
+    // verdict (the wait above).
+    drop(speed_probe);
+
     // Once every local rank has mapped every segment, the files can go: a
     // killed job then leaves nothing behind in /dev/shm.
     store

@@ -36,6 +36,21 @@ pub(crate) trait Channel: Send {
         None
     }
 
+    /// Whether this channel's peer can be read directly
+    /// ([`Channel::read_remote`]): the single-copy path for large messages.
+    fn reads_remote(&self) -> bool {
+        false
+    }
+
+    /// Copies `dst.len()` bytes at address `addr` of the peer process into
+    /// `dst` (only when [`Channel::reads_remote`]).
+    fn read_remote(&self, _addr: u64, _dst: &mut [u8]) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "no single-copy path to this peer",
+        ))
+    }
+
     /// Checks that the peer still exists, for channels that cannot see a
     /// closed stream (a shared-memory peer killed by a signal). Called while
     /// waiting, a few times per second.

@@ -83,6 +83,9 @@ struct Outbound {
     /// Bytes written so far out of `prefix.len() + len + pad`.
     done: usize,
     pad: usize,
+    /// A remote-data frame: the send completes when the peer acknowledges
+    /// having read `remote_addr`, not when the frame is written.
+    remote_addr: Option<u64>,
 }
 
 // SAFETY: `data` points into the sending caller's buffer, which that caller
@@ -157,6 +160,35 @@ struct Unexpected {
     header: Header,
     len: usize,
     data: Vec<u64>,
+    /// A remote-data message: `data` is empty and the bytes are still in
+    /// the sender's memory at this address.
+    remote: Option<u64>,
+}
+
+/// A remote-data message matched to a receive, to be read from the sender.
+struct RemoteRead {
+    header: Header,
+    call: usize,
+    idx: usize,
+    addr: u64,
+    len: usize,
+}
+
+/// Bytes read from a remote sender at a time (the bounce buffer).
+const BOUNCE_BYTES: usize = 256 << 10;
+
+/// Messages at least this long go by the single-copy path when the channel
+/// has one (`FERROCOLL_SINGLE_COPY_BYTES` overrides; 0 turns it off).
+const SINGLE_COPY_BYTES: usize = 64 << 10;
+
+fn single_copy_bytes() -> usize {
+    static T: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *T.get_or_init(|| {
+        std::env::var("FERROCOLL_SINGLE_COPY_BYTES")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .map_or(SINGLE_COPY_BYTES, |b| if b == 0 { usize::MAX } else { b })
+    })
 }
 
 struct Peer {
@@ -165,6 +197,11 @@ struct Peer {
     sendq: VecDeque<Outbound>,
     rx: Rx,
     unexpected: VecDeque<Unexpected>,
+    /// Remote-data messages of ours the peer has not acknowledged yet:
+    /// (call, key, address).
+    unacked: Vec<(usize, (u64, u64), u64)>,
+    /// Remote-data messages from the peer to read.
+    to_read: VecDeque<RemoteRead>,
     /// Why the peer is gone, once it is.
     lost: Option<String>,
 }
@@ -189,6 +226,8 @@ struct State {
     peers: Vec<Peer>,
     calls: Vec<Option<CallState>>,
     last_liveness: Instant,
+    /// Where remote data lands before it is reduced or copied into place.
+    bounce: Vec<u64>,
 }
 
 /// A transport made of one [`Channel`] per peer.
@@ -229,6 +268,8 @@ impl Engine {
                     have: 0,
                 },
                 unexpected: VecDeque::new(),
+                unacked: Vec::new(),
+                to_read: VecDeque::new(),
                 lost: None,
             })
             .collect();
@@ -240,6 +281,7 @@ impl Engine {
                 peers,
                 calls: Vec::new(),
                 last_liveness: Instant::now(),
+                bounce: Vec::new(),
             }),
             bell,
             aborted: AtomicBool::new(false),
@@ -284,11 +326,14 @@ impl State {
             return;
         }
         self.peers[peer].lost = Some(why);
-        let sending: Vec<usize> = self.peers[peer]
+        let mut sending: Vec<usize> = self.peers[peer]
             .sendq
             .iter()
             .filter_map(|o| o.call)
             .collect();
+        sending.extend(self.peers[peer].unacked.iter().map(|u| u.0));
+        self.peers[peer].unacked.clear();
+        self.peers[peer].to_read.clear();
         self.peers[peer].sendq.clear();
         for (id, call) in self.calls.iter_mut().enumerate() {
             let Some(call) = call else { continue };
@@ -382,6 +427,22 @@ impl State {
                             return bytes.len();
                         }
                     };
+                    if frame.kind == FrameKind::Ack {
+                        self.acknowledged(peer, &frame);
+                        self.peers[peer].rx = Rx::Header {
+                            buf: [0; HEADER_BYTES],
+                            have: 0,
+                        };
+                        continue;
+                    }
+                    if frame.kind == FrameKind::Remote {
+                        self.remote_arrived(me, peer, frame);
+                        self.peers[peer].rx = Rx::Header {
+                            buf: [0; HEADER_BYTES],
+                            have: 0,
+                        };
+                        continue;
+                    }
                     if frame.kind == FrameKind::Abort {
                         aborted.store(true, Ordering::SeqCst);
                         self.fail_all(&Error::Aborted);
@@ -444,6 +505,100 @@ impl State {
         }
     }
 
+    /// A peer has read one of our remote-data messages.
+    fn acknowledged(&mut self, peer: usize, frame: &Frame) {
+        let key = frame.header.key();
+        let unacked = &mut self.peers[peer].unacked;
+        if let Some(at) = unacked.iter().position(|u| u.1 == key && u.2 == frame.addr) {
+            let (call, _, _) = unacked.swap_remove(at);
+            if let Some(c) = self.calls[call].as_mut() {
+                c.pending_sends -= 1;
+            }
+        }
+    }
+
+    /// A remote-data message arrived: match it like a data message, but
+    /// leave the bytes where they are until they are read.
+    fn remote_arrived(&mut self, me: usize, peer: usize, frame: Frame) {
+        let older = self.peers[peer]
+            .unexpected
+            .iter()
+            .any(|u| u.header.key() == frame.header.key());
+        let posted = if older {
+            None
+        } else {
+            self.find_posted(peer, &frame.header)
+        };
+        match posted {
+            Some((call, idx)) => {
+                if self.accept(me, peer, call, idx, &frame.header, frame.len) {
+                    self.peers[peer].to_read.push_back(RemoteRead {
+                        header: frame.header,
+                        call,
+                        idx,
+                        addr: frame.addr,
+                        len: frame.len,
+                    });
+                } else {
+                    // Rejected: release the sender anyway.
+                    self.queue_ack(peer, &frame.header, frame.addr);
+                }
+            }
+            None => self.peers[peer].unexpected.push_back(Unexpected {
+                header: frame.header,
+                len: frame.len,
+                data: Vec::new(),
+                remote: Some(frame.addr),
+            }),
+        }
+    }
+
+    /// Queues the acknowledgement of remote message `addr` of call `header`.
+    fn queue_ack(&mut self, peer: usize, header: &Header, addr: u64) {
+        let ack = Frame {
+            kind: FrameKind::Ack,
+            header: *header,
+            len: 0,
+            addr,
+        };
+        self.peers[peer].sendq.push_back(Outbound {
+            call: None,
+            prefix: ack.encode().to_vec(),
+            data: std::ptr::null(),
+            len: 0,
+            owned: Vec::new(),
+            done: 0,
+            pad: 0,
+            remote_addr: None,
+        });
+    }
+
+    /// Reads every matched remote message from `peer` straight from its
+    /// memory into the receiving call's sink, and acknowledges each.
+    fn read_remotes(&mut self, peer: usize, chan: &dyn Channel) -> io::Result<bool> {
+        let mut moved = false;
+        if self.bounce.len() < BOUNCE_BYTES / 8 {
+            self.bounce.resize(BOUNCE_BYTES / 8, 0);
+        }
+        while let Some(r) = self.peers[peer].to_read.pop_front() {
+            moved = true;
+            if let Some(c) = self.calls[r.call].as_mut() {
+                let mut off = 0;
+                while off < r.len {
+                    let n = (r.len - off).min(BOUNCE_BYTES);
+                    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.bounce);
+                    chan.read_remote(r.addr + off as u64, &mut bytes[..n])?;
+                    // SAFETY: the call is registered (see SinkPtr).
+                    unsafe { (*c.sink.0).deliver(r.idx, off, &bytes[..n]) };
+                    off += n;
+                }
+                self.finish_recv(r.call, r.idx);
+            }
+            self.queue_ack(peer, &r.header, r.addr);
+        }
+        Ok(moved)
+    }
+
     /// Completes the frame being received from `peer` if all of it is in.
     fn maybe_finish_body(&mut self, me: usize, peer: usize) {
         let Rx::Body { frame, got, .. } = &self.peers[peer].rx else {
@@ -490,6 +645,7 @@ impl State {
                         header: frame.header,
                         len: frame.len,
                         data,
+                        remote: None,
                     }),
                 }
             }
@@ -534,11 +690,7 @@ impl State {
             out.done += n;
             if out.done == out.total() {
                 let out = self.peers[p].sendq.pop_front().expect("front exists");
-                if let Some(call) = out.call {
-                    if let Some(c) = self.calls[call].as_mut() {
-                        c.pending_sends -= 1;
-                    }
-                }
+                self.sent(p, out);
             }
         }
         loop {
@@ -548,7 +700,38 @@ impl State {
             }
             *moved = true;
         }
+        if !self.peers[p].to_read.is_empty() {
+            *moved |= self.read_remotes(p, chan)?;
+            // Send the acknowledgements now rather than at the next turn.
+            while let Some(out) = self.peers[p].sendq.front_mut() {
+                let n = chan.send_some(out.remaining())?;
+                out.done += n;
+                if n == 0 || out.done < out.total() {
+                    break;
+                }
+                let out = self.peers[p].sendq.pop_front().expect("front exists");
+                self.sent(p, out);
+            }
+        }
         Ok(())
+    }
+
+    /// Bookkeeping for a frame written whole to `peer`.
+    fn sent(&mut self, peer: usize, out: Outbound) {
+        let Some(call) = out.call else { return };
+        match out.remote_addr {
+            // Done when the peer says it has read it.
+            Some(addr) => {
+                if let Some(key) = self.calls[call].as_ref().map(|c| c.header.key()) {
+                    self.peers[peer].unacked.push((call, key, addr));
+                }
+            }
+            None => {
+                if let Some(c) = self.calls[call].as_mut() {
+                    c.pending_sends -= 1;
+                }
+            }
+        }
     }
 
     /// Delivers already-arrived messages to the new call `id`'s receives.
@@ -577,6 +760,21 @@ impl State {
                 continue;
             }
             let msg = q.remove(pos).expect("position is valid");
+            if let Some(addr) = msg.remote {
+                if self.accept(me, peer, id, idx, &msg.header, msg.len) {
+                    // Read at the next turn of progress.
+                    self.peers[peer].to_read.push_back(RemoteRead {
+                        header: msg.header,
+                        call: id,
+                        idx,
+                        addr,
+                        len: msg.len,
+                    });
+                } else {
+                    self.queue_ack(peer, &msg.header, addr);
+                }
+                continue;
+            }
             if self.accept(me, peer, id, idx, &msg.header, msg.len) {
                 let c = self.calls[id].as_mut().expect("live call");
                 let bytes: &[u8] = bytemuck::cast_slice(&msg.data);
@@ -590,6 +788,21 @@ impl State {
     /// Removes call `id`: its unsent frames go, a half-sent one is finished
     /// from a copy, and bytes still arriving for it are dropped.
     fn retire(&mut self, id: usize) {
+        for p in 0..self.peers.len() {
+            // Remote messages this call will not read: release their
+            // senders. Its own unacknowledged ones are forgotten.
+            let dropped: Vec<RemoteRead> = {
+                let q = &mut self.peers[p].to_read;
+                let (mine, rest): (VecDeque<_>, VecDeque<_>) =
+                    q.drain(..).partition(|r| r.call == id);
+                *q = rest;
+                mine.into()
+            };
+            for r in dropped {
+                self.queue_ack(p, &r.header, r.addr);
+            }
+            self.peers[p].unacked.retain(|u| u.0 != id);
+        }
         for peer in &mut self.peers {
             peer.sendq.retain_mut(|out| {
                 if out.call != Some(id) {
@@ -686,6 +899,33 @@ impl Transport for Engine {
             }
         };
         for s in sends {
+            // Large messages to a peer that can read our memory: send only
+            // their address (single copy, by the receiver).
+            let remote = s.data.len() >= single_copy_bytes()
+                && st.peers[s.peer]
+                    .chan
+                    .as_ref()
+                    .is_some_and(|c| c.reads_remote());
+            if remote {
+                let addr = s.data.as_ptr() as u64;
+                let frame = Frame {
+                    kind: FrameKind::Remote,
+                    header: *header,
+                    len: s.data.len(),
+                    addr,
+                };
+                st.peers[s.peer].sendq.push_back(Outbound {
+                    call: Some(id),
+                    prefix: frame.encode().to_vec(),
+                    data: std::ptr::null(),
+                    len: 0,
+                    owned: Vec::new(),
+                    done: 0,
+                    pad: 0,
+                    remote_addr: Some(addr),
+                });
+                continue;
+            }
             let frame = Frame::data(*header, s.data.len()).encode();
             let inline = s.data.len() <= INLINE_BYTES;
             let mut prefix =
@@ -711,6 +951,7 @@ impl Transport for Engine {
                 } else {
                     padded(s.data.len()) - s.data.len()
                 },
+                remote_addr: None,
             });
         }
         st.match_unexpected(self.rank, id);
@@ -758,6 +999,7 @@ impl Transport for Engine {
                 },
             },
             len: 0,
+            addr: 0,
         }
         .encode();
         for p in 0..st.peers.len() {
@@ -782,6 +1024,7 @@ impl Transport for Engine {
                 owned: Vec::new(),
                 done: 0,
                 pad: 0,
+                remote_addr: None,
             });
         }
         let flush_until = Instant::now() + Duration::from_millis(100);

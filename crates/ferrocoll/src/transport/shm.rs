@@ -409,6 +409,8 @@ pub(crate) struct ShmNode {
     taken: Vec<AtomicBool>,
     /// Whether the file was unlinked.
     unlinked: AtomicBool,
+    /// Channels made from now on use the single-copy path.
+    cma: bool,
 }
 
 impl ShmNode {
@@ -508,6 +510,7 @@ impl ShmNode {
             peers,
             taken: (0..local_size).map(|_| AtomicBool::new(false)).collect(),
             unlinked: AtomicBool::new(false),
+            cma: false,
         })
     }
 
@@ -659,7 +662,19 @@ impl ShmNode {
             tail_seen,
             tail,
             head_seen,
+            cma: self.cma,
         })
+    }
+
+    /// The pid of local peer `local_peer` (attached before).
+    pub fn peer_pid(&self, local_peer: usize) -> Option<u32> {
+        self.peers.get(local_peer)?.as_ref().map(|seg| seg.pid)
+    }
+
+    /// Lets channels made from now on read their peer's memory directly
+    /// (the caller has checked with [`cma_read`] that the kernel allows it).
+    pub fn enable_single_copy(&mut self, on: bool) {
+        self.cma = on;
     }
 
     /// This rank's doorbell (in its own segment).
@@ -767,6 +782,8 @@ struct ShmChannel {
     tail: u64,
     /// Inbound: last `head` seen (a lower bound of the real one).
     head_seen: u64,
+    /// The peer's memory can be read with `process_vm_readv`.
+    cma: bool,
 }
 
 impl ShmChannel {
@@ -779,7 +796,48 @@ impl ShmChannel {
     }
 }
 
+/// Reads `dst.len()` bytes at `addr` in process `pid` with
+/// `process_vm_readv` (cross-memory attach: one copy, by the kernel, from
+/// the other process's pages into ours). Needs ptrace permission over the
+/// process: same user, and Yama's ptrace_scope and seccomp allowing it.
+pub(crate) fn cma_read(pid: u32, addr: u64, dst: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < dst.len() {
+        let local = libc::iovec {
+            iov_base: dst[done..].as_mut_ptr().cast(),
+            iov_len: dst.len() - done,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr as usize + done) as *mut libc::c_void,
+            iov_len: dst.len() - done,
+        };
+        // SAFETY: `local` describes the writable, exclusively borrowed rest
+        // of `dst`; the kernel checks `remote` against the other process's
+        // mappings (a bad address is an error, never a fault here).
+        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "process_vm_readv read nothing",
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
 impl Channel for ShmChannel {
+    fn reads_remote(&self) -> bool {
+        self.cma
+    }
+
+    fn read_remote(&self, addr: u64, dst: &mut [u8]) -> io::Result<()> {
+        cma_read(self.peer.pid, addr, dst)
+    }
+
     fn send_some(&mut self, data: &[u8]) -> io::Result<usize> {
         let seg = &*self.peer;
         let mut sent = 0;

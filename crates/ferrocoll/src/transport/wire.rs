@@ -7,7 +7,7 @@
 //! | bytes  | field                                                        |
 //! |--------|--------------------------------------------------------------|
 //! | 0..4   | magic `FCW1`                                                 |
-//! | 4      | frame kind: 0 data, 1 abort                                  |
+//! | 4      | frame kind: 0 data, 1 abort, 2 remote data, 3 acknowledgement |
 //! | 5      | call kind: collective index, or 0xFE for send/recv           |
 //! | 6      | element type index                                           |
 //! | 7      | reduction operator index, 0xFF for none                      |
@@ -16,7 +16,14 @@
 //! | 24..32 | element count the caller passed                              |
 //! | 32..40 | root, `u64::MAX` for none                                    |
 //! | 40..48 | payload length in bytes                                      |
-//! | 48..64 | reserved (zero; the reliability work puts a checksum here)   |
+//! | 48..56 | remote data and acknowledgements: the payload's address in the sender |
+//! | 56..64 | reserved (zero; the reliability work puts a checksum here)   |
+//!
+//! *Remote data* is the single-copy path between processes of one host: no
+//! payload follows; the receiver reads `len` bytes at the address straight
+//! from the sender's memory (`process_vm_readv`) and answers with an
+//! acknowledgement carrying the same call key and address, after which the
+//! sender may reuse its buffer.
 //!
 //! Integers are little-endian. The signature travels with every message so
 //! the receiver can tell "the peer called something else" from "the peer is
@@ -40,6 +47,11 @@ pub(crate) enum FrameKind {
     Data,
     /// The sender's communicator was aborted; no payload.
     Abort,
+    /// A message whose `len` bytes the receiver reads from the sender's
+    /// memory at `addr`; no payload.
+    Remote,
+    /// The receiver has read the remote message at `addr` of the call.
+    Ack,
 }
 
 /// A decoded frame header.
@@ -49,6 +61,9 @@ pub(crate) struct Frame {
     pub header: Header,
     /// Payload bytes (before padding).
     pub len: usize,
+    /// For [`FrameKind::Remote`] and [`FrameKind::Ack`]: the payload's
+    /// address in the sender's memory.
+    pub addr: u64,
 }
 
 /// Payload length rounded up to the 8-byte stream alignment.
@@ -69,6 +84,7 @@ impl Frame {
             kind: FrameKind::Data,
             header,
             len,
+            addr: 0,
         }
     }
 
@@ -80,6 +96,8 @@ impl Frame {
         b[4] = match self.kind {
             FrameKind::Data => 0,
             FrameKind::Abort => 1,
+            FrameKind::Remote => 2,
+            FrameKind::Ack => 3,
         };
         b[5] = match sig.kind {
             CallKind::Collective(c) => index_of(&Collective::ALL, &c),
@@ -93,6 +111,7 @@ impl Frame {
         let root = sig.root.map_or(u64::MAX, |r| r as u64);
         b[32..40].copy_from_slice(&root.to_le_bytes());
         b[40..48].copy_from_slice(&(self.len as u64).to_le_bytes());
+        b[48..56].copy_from_slice(&self.addr.to_le_bytes());
         b
     }
 
@@ -110,6 +129,8 @@ impl Frame {
         let kind = match b[4] {
             0 => FrameKind::Data,
             1 => FrameKind::Abort,
+            2 => FrameKind::Remote,
+            3 => FrameKind::Ack,
             k => return Err(format!("unknown frame kind {k}")),
         };
         let call = match b[5] {
@@ -146,6 +167,7 @@ impl Frame {
                 },
             },
             len: word(40) as usize,
+            addr: word(48),
         })
     }
 }
@@ -182,12 +204,15 @@ mod tests {
                 root: None,
             },
         };
-        let abort = Frame {
-            kind: FrameKind::Abort,
-            header: p2p,
-            len: 0,
-        };
-        assert_eq!(Frame::decode(&abort.encode()), Ok(abort));
+        for kind in [FrameKind::Abort, FrameKind::Remote, FrameKind::Ack] {
+            let frame = Frame {
+                kind,
+                header: p2p,
+                len: 1 << 20,
+                addr: 0x7fff_1234_5678,
+            };
+            assert_eq!(Frame::decode(&frame.encode()), Ok(frame));
+        }
     }
 
     #[test]
