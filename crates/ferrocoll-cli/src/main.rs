@@ -18,6 +18,8 @@
 //! * `topo`: under a launcher, what the run sees: hosts, nodes, topology
 //!   and the link (shm or tcp) between every pair of ranks.
 //!
+//! * `store`: serves a job's rendezvous store as a separate process.
+//!
 //! `sim` is planned; it gets a variant of [`Command`] and a module of its
 //! own.
 
@@ -26,6 +28,7 @@ mod calibrate;
 mod error;
 mod model;
 mod run;
+mod store;
 mod topo;
 mod verify;
 
@@ -76,6 +79,9 @@ enum Command {
     /// the link between every pair of ranks. Run it under a launcher:
     /// `ferrocoll run -n 4 ferrocoll topo`.
     Topo(topo::TopoArgs),
+    /// Serve a job's rendezvous store as a process of its own (instead of
+    /// rank 0); the ranks then run with FERROCOLL_STORE=external.
+    Store(store::StoreArgs),
 }
 
 fn main() -> ExitCode {
@@ -85,6 +91,7 @@ fn main() -> ExitCode {
         Command::Model(args) => model::main(&args),
         Command::Calibrate(args) => calibrate::main(&args),
         Command::Topo(args) => topo::main(&args),
+        Command::Store(args) => store::main(&args),
         Command::Run(args) => match run::run(args) {
             Ok(code) => return code,
             Err(e) => Err(e),

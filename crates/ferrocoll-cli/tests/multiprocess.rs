@@ -106,14 +106,22 @@ fn launch(n: usize, role: &str, env: &[(&str, &str)]) -> Output {
 /// The configurations every multi-process test runs in: shared memory with
 /// the rings only, shared memory with large messages read straight from the
 /// sender's memory (the single-copy path, forced on: on some machines it is
-/// not chosen), and TCP.
-const VARIANTS: [(&str, &str); 3] = [("shm", "off"), ("shm", "on"), ("tcp", "off")];
+/// not chosen), TCP, and TCP with every peer reached over 3 striped
+/// connections.
+const VARIANTS: [(&str, &str, &str); 4] = [
+    ("shm", "off", "1"),
+    ("shm", "on", "1"),
+    ("tcp", "off", "1"),
+    ("tcp", "off", "3"),
+];
 
 fn every_collective_on_shm_and_tcp() {
-    for (transport, single_copy) in VARIANTS {
+    for (transport, single_copy, streams) in VARIANTS {
         for n in [2, 3, 4] {
             for coll in COLLECTIVES {
-                let what = format!("{coll} {transport} (single copy {single_copy}) n={n}");
+                let what = format!(
+                    "{coll} {transport} (single copy {single_copy}, streams {streams}) n={n}"
+                );
                 // Up to 1 MiB: large enough for the ring and pipeline paths,
                 // the single-copy path and messages bigger than a TCP
                 // socket buffer.
@@ -132,6 +140,7 @@ fn every_collective_on_shm_and_tcp() {
                     .args(["--check", "--json"])
                     .env("FERROCOLL_TIMEOUT", "60")
                     .env("FERROCOLL_SHM_SINGLE_COPY", single_copy)
+                    .env("FERROCOLL_TCP_STREAMS", streams)
                     .output()
                     .unwrap();
                 assert!(out.status.success(), "{what}: {}", show(&out));
@@ -151,14 +160,16 @@ fn every_collective_on_shm_and_tcp() {
 }
 
 fn api_across_processes() {
-    for (transport, single_copy) in VARIANTS {
+    for (transport, single_copy, streams) in VARIANTS {
         for n in [1, 3, 4] {
             let env = [
                 ("FERROCOLL_TRANSPORT", transport),
                 ("FERROCOLL_SHM_SINGLE_COPY", single_copy),
+                ("FERROCOLL_TCP_STREAMS", streams),
             ];
             let out = launch(n, "api", &env);
-            let what = format!("api {transport} (single copy {single_copy}) n={n}");
+            let what =
+                format!("api {transport} (single copy {single_copy}, streams {streams}) n={n}");
             assert!(out.status.success(), "{what}: {}", show(&out));
             let text = String::from_utf8_lossy(&out.stdout);
             assert_eq!(text.matches("api ok").count(), n, "{what}: {}", show(&out));
@@ -167,13 +178,14 @@ fn api_across_processes() {
 }
 
 fn message_of_256_mib() {
-    for (transport, single_copy) in VARIANTS {
+    for (transport, single_copy, streams) in VARIANTS {
         let env = [
             ("FERROCOLL_TRANSPORT", transport),
             ("FERROCOLL_SHM_SINGLE_COPY", single_copy),
+            ("FERROCOLL_TCP_STREAMS", streams),
         ];
         let out = launch(2, "big", &env);
-        let what = format!("big {transport} (single copy {single_copy})");
+        let what = format!("big {transport} (single copy {single_copy}, streams {streams})");
         assert!(out.status.success(), "{what}: {}", show(&out));
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(text.matches("big ok").count(), 2, "{what}: {}", show(&out));
@@ -262,6 +274,30 @@ fn launcher_environments() {
             (s("FERROCOLL_PORT"), port.to_string()),
         ]
     });
+    // The store as a process of its own (`ferrocoll store`), not rank 0.
+    let port = free_port();
+    let mut store = Command::new(FERROCOLL)
+        .args([
+            "store",
+            "--addr",
+            &format!("127.0.0.1:{port}"),
+            "--secret",
+            "xyz",
+        ])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    direct(n, "external store", |r| {
+        vec![
+            (s("FERROCOLL_RANK"), r.to_string()),
+            (s("FERROCOLL_WORLD_SIZE"), n.to_string()),
+            (s("FERROCOLL_ADDR"), format!("127.0.0.1:{port}")),
+            (s("FERROCOLL_SECRET"), s("xyz")),
+            (s("FERROCOLL_STORE"), s("external")),
+        ]
+    });
+    let _ = store.kill();
+    let _ = store.wait();
     let port = free_port();
     direct(n, "PMI", |r| {
         vec![

@@ -183,8 +183,21 @@ pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Res
         .min(Duration::from_secs(120))
         .max(Duration::from_secs(1));
 
-    // Rank 0 serves the store on the address every rank was given.
-    let server = if rank == 0 {
+    // Rank 0 serves the store on the address every rank was given, unless
+    // a separate `ferrocoll store` serves it (FERROCOLL_STORE=external).
+    let external =
+        match std::env::var("FERROCOLL_STORE").unwrap_or_default().trim() {
+            "" | "rank0" => false,
+            "external" => true,
+            other => return Err(Error::Config {
+                var: "FERROCOLL_STORE".into(),
+                value: other.into(),
+                reason:
+                    "use rank0 (rank 0 serves the rendezvous) or external (`ferrocoll store` does)"
+                        .into(),
+            }),
+        };
+    let server = if rank == 0 && !external {
         let server = match StoreServer::start(&spec.store_addr, &spec.secret) {
             Ok(s) => s,
             Err(_) => {

@@ -29,10 +29,12 @@ pub(crate) trait Channel: Send {
     /// peer is gone (closed stream, dead process).
     fn recv_some(&mut self, take: &mut dyn FnMut(&[u8]) -> usize) -> io::Result<usize>;
 
-    /// A file descriptor that polls readable when data arrives and writable
-    /// when space frees up (sockets); `None` when the channel signals through
-    /// a [`Doorbell`] instead (shared memory).
-    fn poll_fd(&self) -> Option<RawFd> {
+    /// The file descriptors to poll: the one that turns readable when data
+    /// arrives, and the one that turns writable when the stream can take
+    /// more (sockets); `None` for channels that signal through a
+    /// [`Doorbell`] instead (shared memory). They can change as the stream
+    /// moves (a striped TCP channel reads and writes one socket at a time).
+    fn poll_fds(&self) -> Option<(RawFd, RawFd)> {
         None
     }
 

@@ -17,7 +17,6 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -193,7 +192,6 @@ fn single_copy_bytes() -> usize {
 
 struct Peer {
     chan: Option<Box<dyn Channel>>,
-    fd: Option<RawFd>,
     sendq: VecDeque<Outbound>,
     rx: Rx,
     unexpected: VecDeque<Unexpected>,
@@ -260,7 +258,6 @@ impl Engine {
         let peers: Vec<Peer> = channels
             .into_iter()
             .map(|chan| Peer {
-                fd: chan.as_ref().and_then(|c| c.poll_fd()),
                 chan,
                 sendq: VecDeque::new(),
                 rx: Rx::Header {
@@ -1129,24 +1126,38 @@ impl Engine {
             if self.active.load(Ordering::SeqCst) > 1 {
                 slice = slice.min(Duration::from_millis(1));
             }
-            let polls: Vec<libc::pollfd> = st
-                .peers
-                .iter()
-                .filter(|p| p.lost.is_none())
-                .filter_map(|p| {
-                    p.fd.map(|fd| libc::pollfd {
-                        fd,
-                        events: libc::POLLIN | if p.sendq.is_empty() { 0 } else { libc::POLLOUT },
+            let mut polls: Vec<libc::pollfd> = Vec::new();
+            let mut all_fds = true;
+            for p in st.peers.iter().filter(|p| p.lost.is_none()) {
+                let Some(chan) = p.chan.as_ref() else {
+                    continue;
+                };
+                let Some((read, write)) = chan.poll_fds() else {
+                    all_fds = false;
+                    continue;
+                };
+                let out = if p.sendq.is_empty() { 0 } else { libc::POLLOUT };
+                if read == write {
+                    polls.push(libc::pollfd {
+                        fd: read,
+                        events: libc::POLLIN | out,
                         revents: 0,
-                    })
-                })
-                .collect();
-            let all_fds = polls.len()
-                == st
-                    .peers
-                    .iter()
-                    .filter(|p| p.chan.is_some() && p.lost.is_none())
-                    .count();
+                    });
+                } else {
+                    polls.push(libc::pollfd {
+                        fd: read,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                    if out != 0 {
+                        polls.push(libc::pollfd {
+                            fd: write,
+                            events: out,
+                            revents: 0,
+                        });
+                    }
+                }
+            }
             drop(st);
             if polls.is_empty() {
                 self.bell.wait(token, slice);

@@ -28,11 +28,28 @@ const RECV_BUFFER: usize = 1 << 20;
 /// Kernel socket buffer size asked for (the kernel may cap it).
 const SOCKET_BUFFER: libc::c_int = 4 << 20;
 
+/// Streams per peer unless `FERROCOLL_TCP_STREAMS` says otherwise.
+const DEFAULT_STREAMS: usize = 1;
+
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"FCTCP\0\0\x01");
 
-/// One TCP connection to a peer.
+/// Bytes sent on one stream before the next stream takes over, when a peer
+/// is reached over several streams.
+const STRIPE_BYTES: usize = 256 << 10;
+
+/// The connection to one peer: one TCP stream, or several carrying
+/// consecutive stripes of [`STRIPE_BYTES`] in turn (`FERROCOLL_TCP_STREAMS`),
+/// so a large message is spread over several connections (on a real network
+/// a single flow often cannot fill the link). Both ends walk the streams in
+/// the same order, so the byte stream the engine sees is unchanged.
 pub(crate) struct TcpChannel {
-    stream: TcpStream,
+    streams: Vec<TcpStream>,
+    /// Stream being written and bytes left in its stripe.
+    send_at: usize,
+    send_left: usize,
+    /// Stream being read and bytes left in its stripe.
+    recv_at: usize,
+    recv_left: usize,
     /// Received bytes not yet consumed: `buf[start..end]` (as bytes). The
     /// buffer is `u64`s so that offered slices are 8-byte aligned whenever
     /// the stream position is.
@@ -43,32 +60,44 @@ pub(crate) struct TcpChannel {
     eof: bool,
 }
 
-impl TcpChannel {
-    fn new(stream: TcpStream) -> io::Result<TcpChannel> {
-        stream.set_nodelay(true)?;
-        let size: libc::c_int = std::env::var("FERROCOLL_SOCKET_BUFFER")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(SOCKET_BUFFER);
-        for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF]
-            .into_iter()
-            .filter(|_| size > 0)
-        {
-            // SAFETY: a valid socket and a pointer to a c_int of the size
-            // passed; a failure only leaves the default buffer size.
-            unsafe {
-                libc::setsockopt(
-                    stream.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    (&size as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                );
-            }
+/// Sets the socket options every stream gets.
+fn configure(stream: &TcpStream) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    let size: libc::c_int = std::env::var("FERROCOLL_SOCKET_BUFFER")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(SOCKET_BUFFER);
+    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF]
+        .into_iter()
+        .filter(|_| size > 0)
+    {
+        // SAFETY: a valid socket and a pointer to a c_int of the size
+        // passed; a failure only leaves the default buffer size.
+        unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
         }
-        stream.set_nonblocking(true)?;
+    }
+    stream.set_nonblocking(true)
+}
+
+impl TcpChannel {
+    fn new(streams: Vec<TcpStream>) -> io::Result<TcpChannel> {
+        assert!(!streams.is_empty(), "a channel needs a stream");
+        for s in &streams {
+            configure(s)?;
+        }
         Ok(TcpChannel {
-            stream,
+            streams,
+            send_at: 0,
+            send_left: STRIPE_BYTES,
+            recv_at: 0,
+            recv_left: STRIPE_BYTES,
             buf: vec![0u64; RECV_BUFFER / 8],
             start: 0,
             end: 0,
@@ -86,18 +115,29 @@ fn would_block(e: &io::Error) -> bool {
 
 impl Channel for TcpChannel {
     fn send_some(&mut self, data: &[u8]) -> io::Result<usize> {
-        if data.is_empty() {
-            return Ok(0);
+        let mut sent = 0;
+        while sent < data.len() {
+            let n = (data.len() - sent).min(self.send_left);
+            match self.streams[self.send_at].write(&data[sent..sent + n]) {
+                Ok(0) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "connection closed",
+                    ))
+                }
+                Ok(k) => {
+                    sent += k;
+                    self.send_left -= k;
+                    if self.send_left == 0 {
+                        self.send_at = (self.send_at + 1) % self.streams.len();
+                        self.send_left = STRIPE_BYTES;
+                    }
+                }
+                Err(e) if would_block(&e) => break,
+                Err(e) => return Err(e),
+            }
         }
-        match self.stream.write(data) {
-            Ok(0) => Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "connection closed",
-            )),
-            Ok(n) => Ok(n),
-            Err(e) if would_block(&e) => Ok(0),
-            Err(e) => Err(e),
-        }
+        Ok(sent)
     }
 
     fn recv_some(&mut self, take: &mut dyn FnMut(&[u8]) -> usize) -> io::Result<usize> {
@@ -115,10 +155,18 @@ impl Channel for TcpChannel {
             self.start = phase;
         }
         if self.end < RECV_BUFFER && !self.eof {
+            let room = (RECV_BUFFER - self.end).min(self.recv_left);
             let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.buf);
-            match self.stream.read(&mut bytes[self.end..]) {
+            match self.streams[self.recv_at].read(&mut bytes[self.end..self.end + room]) {
                 Ok(0) => self.eof = true,
-                Ok(n) => self.end += n,
+                Ok(n) => {
+                    self.end += n;
+                    self.recv_left -= n;
+                    if self.recv_left == 0 {
+                        self.recv_at = (self.recv_at + 1) % self.streams.len();
+                        self.recv_left = STRIPE_BYTES;
+                    }
+                }
                 Err(e) if would_block(&e) => {}
                 Err(e) => return Err(e),
             }
@@ -140,8 +188,28 @@ impl Channel for TcpChannel {
         Ok(used)
     }
 
-    fn poll_fd(&self) -> Option<RawFd> {
-        Some(self.stream.as_raw_fd())
+    fn poll_fds(&self) -> Option<(RawFd, RawFd)> {
+        Some((
+            self.streams[self.recv_at].as_raw_fd(),
+            self.streams[self.send_at].as_raw_fd(),
+        ))
+    }
+}
+
+/// Streams per peer: `FERROCOLL_TCP_STREAMS` (1 to 16).
+fn streams_per_peer() -> Result<usize> {
+    match std::env::var("FERROCOLL_TCP_STREAMS") {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|k| (1..=16).contains(k))
+            .ok_or_else(|| Error::Config {
+                var: "FERROCOLL_TCP_STREAMS".into(),
+                value: v.clone(),
+                reason: "give a number of TCP connections per peer from 1 to 16".into(),
+            }),
+        _ => Ok(DEFAULT_STREAMS),
     }
 }
 
@@ -242,11 +310,14 @@ fn secret_hash(secret: &str) -> u64 {
     })
 }
 
-fn hello(secret: &str, rank: usize) -> [u8; 24] {
-    let mut b = [0u8; 24];
+/// The first bytes on every connection: magic, secret hash, the connecting
+/// rank and which of its streams to this peer this is.
+fn hello(secret: &str, rank: usize, stream: usize) -> [u8; 32] {
+    let mut b = [0u8; 32];
     b[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
     b[8..16].copy_from_slice(&secret_hash(secret).to_le_bytes());
     b[16..24].copy_from_slice(&(rank as u64).to_le_bytes());
+    b[24..32].copy_from_slice(&(stream as u64).to_le_bytes());
     b
 }
 
@@ -282,6 +353,7 @@ pub(crate) fn connect_mesh(
         .map_err(|e| io_err("listener address", e))?;
     store.set(&format!("tcp/addr/{rank}"), me.to_string().as_bytes())?;
     let deadline = Instant::now() + timeout;
+    let k = streams_per_peer()?;
 
     // Connect to every lower rank we talk to.
     for peer in (0..rank).filter(|&p| wanted[p]) {
@@ -290,8 +362,10 @@ pub(crate) fn connect_mesh(
         let target: SocketAddr = addr
             .parse()
             .map_err(|_| Error::Internal(format!("bad address {addr:?} in the store")))?;
-        let mut stream = loop {
-            match TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
+        let mut streams = Vec::with_capacity(k);
+        for index in 0..k {
+            let mut stream = loop {
+                match TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
                 Ok(s) => break s,
                 Err(e) if Instant::now() < deadline => {
                     let _ = e;
@@ -307,17 +381,20 @@ pub(crate) fn connect_mesh(
                     })
                 }
             }
-        };
-        stream
-            .write_all(&hello(secret, rank))
-            .map_err(|e| io_err(&format!("hello to rank {peer}"), e))?;
+            };
+            stream
+                .write_all(&hello(secret, rank, index))
+                .map_err(|e| io_err(&format!("hello to rank {peer}"), e))?;
+            streams.push(stream);
+        }
         channels[peer] = Some(Box::new(
-            TcpChannel::new(stream).map_err(|e| io_err("socket options", e))?,
+            TcpChannel::new(streams).map_err(|e| io_err("socket options", e))?,
         ));
     }
 
     // Accept every higher rank we talk to.
-    let mut expected = (rank + 1..size).filter(|&p| wanted[p]).count();
+    let mut expected = (rank + 1..size).filter(|&p| wanted[p]).count() * k;
+    let mut arriving: Vec<Vec<Option<TcpStream>>> = (0..size).map(|_| Vec::new()).collect();
     listener
         .set_nonblocking(true)
         .map_err(|e| io_err("listener", e))?;
@@ -330,18 +407,19 @@ pub(crate) fn connect_mesh(
                 stream
                     .set_read_timeout(Some(Duration::from_secs(5)))
                     .map_err(|e| io_err("accept", e))?;
-                let mut b = [0u8; 24];
+                let mut b = [0u8; 32];
                 if stream.read_exact(&mut b).is_err() {
                     continue; // not one of ours
                 }
                 let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
                 let peer = word(16) as usize;
+                let index = word(24) as usize;
                 if word(0) != HELLO_MAGIC || word(8) != secret_hash(secret) {
                     // A stray client or another job: ignore it.
                     let _ = from;
                     continue;
                 }
-                if peer <= rank || peer >= size || !wanted[peer] || channels[peer].is_some() {
+                if peer <= rank || peer >= size || !wanted[peer] || index >= k {
                     return Err(Error::Internal(format!(
                         "rank {rank} got a TCP hello from unexpected rank {peer}"
                     )));
@@ -349,9 +427,19 @@ pub(crate) fn connect_mesh(
                 stream
                     .set_read_timeout(None)
                     .map_err(|e| io_err("accept", e))?;
-                channels[peer] = Some(Box::new(
-                    TcpChannel::new(stream).map_err(|e| io_err("socket options", e))?,
-                ));
+                let slots = &mut arriving[peer];
+                slots.resize_with(k, || None);
+                if slots[index].replace(stream).is_some() {
+                    return Err(Error::Internal(format!(
+                        "rank {rank} got stream {index} from rank {peer} twice"
+                    )));
+                }
+                if slots.iter().all(Option::is_some) {
+                    let streams = slots.drain(..).map(|s| s.expect("all present")).collect();
+                    channels[peer] = Some(Box::new(
+                        TcpChannel::new(streams).map_err(|e| io_err("socket options", e))?,
+                    ));
+                }
                 expected -= 1;
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -379,16 +467,29 @@ pub(crate) fn connect_mesh(
 mod tests {
     use super::*;
 
-    fn pair() -> (TcpChannel, TcpChannel) {
+    /// Two channels joined by `k` loopback connections.
+    fn pair_of(k: usize) -> (TcpChannel, TcpChannel) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (b, _) = l.accept().unwrap();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for _ in 0..k {
+            a.push(TcpStream::connect(l.local_addr().unwrap()).unwrap());
+            b.push(l.accept().unwrap().0);
+        }
         (TcpChannel::new(a).unwrap(), TcpChannel::new(b).unwrap())
+    }
+
+    fn pair() -> (TcpChannel, TcpChannel) {
+        pair_of(1)
     }
 
     #[test]
     fn streams_bytes_in_order_with_aligned_offers() {
-        let (mut a, mut b) = pair();
+        for k in [1, 3] {
+            stream_through(pair_of(k));
+        }
+    }
+
+    fn stream_through((mut a, mut b): (TcpChannel, TcpChannel)) {
         let total = 8 << 20;
         let data: Vec<u64> = (0..total as u64 / 8).collect();
         let bytes: &[u8] = bytemuck::cast_slice(&data);
