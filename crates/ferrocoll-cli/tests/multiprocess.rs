@@ -39,12 +39,17 @@ fn main() {
             "big" => big(&comm),
             "hang" => hang(&comm),
             "sum" => sum(&comm),
+            "lazy" => lazy(&comm),
             other => panic!("unknown role {other}"),
         }
         return;
     }
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let tests: [(&str, fn()); 6] = [
+    let tests: [(&str, fn()); 7] = [
+        (
+            "tcp_connections_open_on_first_use",
+            tcp_connections_open_on_first_use,
+        ),
         (
             "every_collective_on_shm_and_tcp",
             every_collective_on_shm_and_tcp,
@@ -385,7 +390,52 @@ fn two_hosts_mix_shm_and_tcp() {
     );
 }
 
+fn tcp_connections_open_on_first_use() {
+    let out = launch(5, "lazy", &[("FERROCOLL_TRANSPORT", "tcp")]);
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .matches("lazy ok")
+            .count(),
+        5,
+        "{}",
+        show(&out)
+    );
+}
+
 // ---- rank programs -----------------------------------------------------------
+
+/// Sockets this process has open.
+fn sockets() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|t| t.to_string_lossy().starts_with("socket:"))
+        .count()
+}
+
+fn lazy(comm: &Communicator) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let before = sockets();
+    // Talk to the two ring neighbours only: two connections, not n - 1.
+    let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+    let mut got = [0u32];
+    if rank % 2 == 0 {
+        comm.send(&[rank as u32], next, 0).unwrap();
+        comm.recv(&mut got, prev, 0).unwrap();
+    } else {
+        comm.recv(&mut got, prev, 0).unwrap();
+        comm.send(&[rank as u32], next, 0).unwrap();
+    }
+    assert_eq!(got[0], prev as u32);
+    let ring = sockets() - before;
+    assert_eq!(
+        ring, 2,
+        "rank {rank}: a ring exchange opened {ring} connections"
+    );
+    // No rank talks to anyone else, so no other connection can appear.
+    println!("lazy ok {rank}");
+}
 
 fn sum(comm: &Communicator) {
     let mut v = vec![comm.rank() as u64 + 1; 1000];

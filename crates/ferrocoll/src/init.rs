@@ -27,7 +27,7 @@ use crate::topo::Topology;
 use crate::transport::channel::{Channel, Doorbell};
 use crate::transport::engine::{Engine, LocalBell};
 use crate::transport::shm::ShmNode;
-use crate::transport::tcp::connect_mesh;
+use crate::transport::tcp::TcpConnector;
 use crate::world::{Launcher, WorldSpec};
 
 /// Default slice size (see [`Config::slice_bytes`]) when TCP links are used.
@@ -274,14 +274,24 @@ pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Res
     // TCP between the pairs that need it.
     let wanted: Vec<bool> = (0..size).map(|p| p != rank && !use_shm(p)).collect();
     // The relation must be symmetric: it is, as it depends on nodes only.
-    let mut channels = connect_mesh(
-        rank,
-        &wanted,
-        &mut store,
-        &spec.store_addr,
-        &spec.secret,
-        connect_timeout,
-    )?;
+    // TCP connections are opened when first used (TcpConnector); the
+    // listening addresses are exchanged now.
+    let lazy: Vec<usize> = (0..size).filter(|&p| wanted[p]).collect();
+    let mut channels: Vec<Option<Box<dyn Channel>>> = (0..size).map(|_| None).collect();
+    let connector = if lazy.is_empty() {
+        None
+    } else {
+        let mut c = TcpConnector::listen(
+            rank,
+            &mut store,
+            &spec.store_addr,
+            &spec.secret,
+            connect_timeout,
+        )?;
+        c.learn_addresses(&mut store, &lazy)
+            .map_err(|e| store_error(e, "exchanging TCP addresses"))?;
+        Some(c)
+    };
 
     // Shared memory among the ranks of this node.
     let shm_locals: Vec<usize> = locals
@@ -375,9 +385,11 @@ pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Res
         _ => "shm",
     };
     let channels: Vec<Option<Box<dyn Channel>>> = channels;
-    let engine = Engine::new(rank, channels, bell, name)
-        .dedicated_core(dedicated_core)
-        .keep_alive(Box::new((server, store)));
+    let mut engine = Engine::new(rank, channels, bell, name).dedicated_core(dedicated_core);
+    if let Some(connector) = connector {
+        engine = engine.with_connector(connector, &lazy);
+    }
+    let engine = engine.keep_alive(Box::new((server, store)));
     Communicator::with_placement(Arc::new(engine), config, placement)
 }
 

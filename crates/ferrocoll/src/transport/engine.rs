@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::channel::{Channel, Doorbell};
+use super::tcp::TcpConnector;
 use super::wire::{padded, Frame, FrameKind, HEADER_BYTES};
 use super::{Header, Incoming, Outgoing, Sink, Transport};
 use crate::error::{Error, Result};
@@ -202,6 +203,8 @@ struct Peer {
     to_read: VecDeque<RemoteRead>,
     /// Why the peer is gone, once it is.
     lost: Option<String>,
+    /// A TCP peer not connected yet (see [`TcpConnector`]).
+    lazy: bool,
 }
 
 struct PostedRecv {
@@ -226,6 +229,8 @@ struct State {
     last_liveness: Instant,
     /// Where remote data lands before it is reduced or copied into place.
     bounce: Vec<u64>,
+    /// Opens TCP connections on first use.
+    connector: Option<TcpConnector>,
 }
 
 /// A transport made of one [`Channel`] per peer.
@@ -268,6 +273,7 @@ impl Engine {
                 unacked: Vec::new(),
                 to_read: VecDeque::new(),
                 lost: None,
+                lazy: false,
             })
             .collect();
         Engine {
@@ -279,6 +285,7 @@ impl Engine {
                 calls: Vec::new(),
                 last_liveness: Instant::now(),
                 bounce: Vec::new(),
+                connector: None,
             }),
             bell,
             aborted: AtomicBool::new(false),
@@ -292,6 +299,18 @@ impl Engine {
     /// waiting) or shares cores with other ranks (it yields).
     pub fn dedicated_core(mut self, dedicated: bool) -> Engine {
         self.dedicated_core = dedicated;
+        self
+    }
+
+    /// Connects to the peers in `lazy` over TCP when they are first needed.
+    pub fn with_connector(self, connector: TcpConnector, lazy: &[usize]) -> Engine {
+        {
+            let mut st = self.lock();
+            for &p in lazy {
+                st.peers[p].lazy = true;
+            }
+            st.connector = Some(connector);
+        }
         self
     }
 
@@ -654,6 +673,9 @@ impl State {
     /// Returns whether any byte moved.
     fn progress(&mut self, me: usize, aborted: &AtomicBool) -> bool {
         let mut moved = false;
+        if self.peers.iter().any(|p| p.lazy) {
+            moved |= self.accept_peers();
+        }
         for p in 0..self.peers.len() {
             if self.peers[p].lost.is_some() {
                 continue;
@@ -708,6 +730,49 @@ impl State {
                 }
                 let out = self.peers[p].sendq.pop_front().expect("front exists");
                 self.sent(p, out);
+            }
+        }
+        Ok(())
+    }
+
+    /// Installs the channels of peers that have connected to us.
+    fn accept_peers(&mut self) -> bool {
+        let Some(connector) = self.connector.as_mut() else {
+            return false;
+        };
+        match connector.accept() {
+            Ok(ready) => {
+                let any = !ready.is_empty();
+                for (peer, chan) in ready {
+                    self.peers[peer].chan = Some(chan);
+                    self.peers[peer].lazy = false;
+                }
+                any
+            }
+            Err(e) => {
+                let waiting: Vec<usize> = (0..self.peers.len())
+                    .filter(|&p| self.peers[p].lazy)
+                    .collect();
+                for p in waiting {
+                    self.lose(p, e.to_string());
+                }
+                false
+            }
+        }
+    }
+
+    /// Connects to every lower-ranked peer in `peers` that has no
+    /// connection yet (higher-ranked ones connect to us).
+    fn connect_to(&mut self, me: usize, peers: impl Iterator<Item = usize>) -> Result<()> {
+        for p in peers {
+            if p < me && self.peers[p].lazy && self.peers[p].chan.is_none() {
+                let connector = self
+                    .connector
+                    .as_mut()
+                    .expect("lazy peers have a connector");
+                let chan = connector.connect(p)?;
+                self.peers[p].chan = Some(chan);
+                self.peers[p].lazy = false;
             }
         }
         Ok(())
@@ -861,6 +926,13 @@ impl Transport for Engine {
         if let Some(s) = sends.iter().find(|s| st.peers[s.peer].lost.is_some()) {
             return Err(Error::PeerLost { rank: s.peer });
         }
+        st.connect_to(
+            self.rank,
+            sends
+                .iter()
+                .map(|s| s.peer)
+                .chain(recvs.iter().map(|r| r.peer)),
+        )?;
         // SAFETY: only the lifetime is erased; the pointer is removed from the
         // table (`retire`) before this function returns, while `sink` is
         // still borrowed.
@@ -1128,6 +1200,15 @@ impl Engine {
             }
             let mut polls: Vec<libc::pollfd> = Vec::new();
             let mut all_fds = true;
+            if st.peers.iter().any(|p| p.lazy) {
+                if let Some(connector) = st.connector.as_ref() {
+                    polls.push(libc::pollfd {
+                        fd: connector.listener_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    });
+                }
+            }
             for p in st.peers.iter().filter(|p| p.lost.is_none()) {
                 let Some(chan) = p.chan.as_ref() else {
                     continue;

@@ -321,146 +321,181 @@ fn hello(secret: &str, rank: usize, stream: usize) -> [u8; 32] {
     b
 }
 
-/// Opens a connection to every rank `p` with `wanted[p]` and returns the
-/// channels (`None` elsewhere). Every rank of the job calls it at the same
-/// time, with the same `wanted` relation (symmetric).
-pub(crate) fn connect_mesh(
+/// Opens TCP connections on first use.
+///
+/// Every rank listens from the start and publishes its address in the
+/// store; a connection between two ranks is made only when one of them first
+/// has a message for the other, so a job whose algorithms talk to few peers
+/// (rings, trees, hierarchical plans: O(log N) or O(1) peers per rank) never
+/// opens the N² connections of a full mesh. The higher rank of a pair always
+/// connects and the lower one accepts, so a pair never ends up with two
+/// connections: every plan that sends from a to b also receives at b from a,
+/// so the higher rank needs the connection as soon as the lower one does.
+pub(crate) struct TcpConnector {
     rank: usize,
-    wanted: &[bool],
-    store: &mut StoreClient,
-    store_addr: &str,
-    secret: &str,
+    listener: TcpListener,
+    me: SocketAddr,
+    /// Listening addresses of the peers this rank may connect to.
+    addrs: std::collections::HashMap<usize, SocketAddr>,
+    secret: String,
+    streams: usize,
     timeout: Duration,
-) -> Result<Vec<Option<Box<dyn Channel>>>> {
-    let size = wanted.len();
-    let mut channels: Vec<Option<Box<dyn Channel>>> = (0..size).map(|_| None).collect();
-    if !wanted.iter().any(|w| *w) {
-        return Ok(channels);
-    }
-    let ifname = std::env::var("FERROCOLL_SOCKET_IFNAME")
-        .ok()
-        .filter(|s| !s.is_empty());
-    let ip = listen_ip(store_addr, ifname.as_deref())?;
-    let io_err = |what: &str, e: io::Error| Error::Config {
-        var: "FERROCOLL_SOCKET_IFNAME".into(),
-        value: ifname.clone().unwrap_or_default(),
-        reason: format!("{what}: {e}"),
-    };
-    let listener =
-        TcpListener::bind((ip, 0)).map_err(|e| io_err(&format!("cannot listen on {ip}"), e))?;
-    let me = listener
-        .local_addr()
-        .map_err(|e| io_err("listener address", e))?;
-    store.set(&format!("tcp/addr/{rank}"), me.to_string().as_bytes())?;
-    let deadline = Instant::now() + timeout;
-    let k = streams_per_peer()?;
+    /// Streams accepted per peer, by stream index, until all are in.
+    arriving: std::collections::HashMap<usize, Vec<Option<TcpStream>>>,
+}
 
-    // Connect to every lower rank we talk to.
-    for peer in (0..rank).filter(|&p| wanted[p]) {
-        let addr = store.wait(&[&format!("tcp/addr/{peer}")])?.remove(0);
-        let addr = String::from_utf8_lossy(&addr).into_owned();
-        let target: SocketAddr = addr
-            .parse()
-            .map_err(|_| Error::Internal(format!("bad address {addr:?} in the store")))?;
-        let mut streams = Vec::with_capacity(k);
-        for index in 0..k {
+impl TcpConnector {
+    /// Listens on the interface `FERROCOLL_SOCKET_IFNAME` names (or the one
+    /// routing to the store) and publishes the address.
+    pub fn listen(
+        rank: usize,
+        store: &mut StoreClient,
+        store_addr: &str,
+        secret: &str,
+        timeout: Duration,
+    ) -> Result<TcpConnector> {
+        let ifname = std::env::var("FERROCOLL_SOCKET_IFNAME")
+            .ok()
+            .filter(|s| !s.is_empty());
+        let ip = listen_ip(store_addr, ifname.as_deref())?;
+        let io_err = |what: String, e: io::Error| Error::Config {
+            var: "FERROCOLL_SOCKET_IFNAME".into(),
+            value: ifname.clone().unwrap_or_default(),
+            reason: format!("{what}: {e}"),
+        };
+        let listener =
+            TcpListener::bind((ip, 0)).map_err(|e| io_err(format!("cannot listen on {ip}"), e))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io_err("listener".into(), e))?;
+        let me = listener
+            .local_addr()
+            .map_err(|e| io_err("listener address".into(), e))?;
+        store.set(&format!("tcp/addr/{rank}"), me.to_string().as_bytes())?;
+        Ok(TcpConnector {
+            rank,
+            listener,
+            me,
+            addrs: Default::default(),
+            secret: secret.to_string(),
+            streams: streams_per_peer()?,
+            timeout,
+            arriving: Default::default(),
+        })
+    }
+
+    /// Reads the listening addresses of `peers` lower than this rank from
+    /// the store (waiting for them to publish), so that connecting later
+    /// needs no store: rank 0, which serves it, may have exited by then.
+    pub fn learn_addresses(&mut self, store: &mut StoreClient, peers: &[usize]) -> Result<()> {
+        let lower: Vec<usize> = peers.iter().copied().filter(|&p| p < self.rank).collect();
+        let keys: Vec<String> = lower.iter().map(|p| format!("tcp/addr/{p}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        for (peer, value) in lower.iter().zip(store.wait(&refs)?) {
+            let text = String::from_utf8_lossy(&value).into_owned();
+            let addr = text
+                .parse()
+                .map_err(|_| Error::Internal(format!("bad address {text:?} in the store")))?;
+            self.addrs.insert(*peer, addr);
+        }
+        Ok(())
+    }
+
+    /// The listening socket, to poll for connecting peers.
+    pub fn listener_fd(&self) -> RawFd {
+        self.listener.as_raw_fd()
+    }
+
+    /// Connects to lower rank `peer` (blocking up to the timeout).
+    pub fn connect(&mut self, peer: usize) -> Result<Box<dyn Channel>> {
+        assert!(peer < self.rank, "the higher rank of a pair connects");
+        let rank = self.rank;
+        let target = *self.addrs.get(&peer).ok_or_else(|| {
+            Error::Internal(format!("rank {rank} has no address for rank {peer}"))
+        })?;
+        let addr = target.to_string();
+        let deadline = Instant::now() + self.timeout;
+        let fail = |e: io::Error| Error::Config {
+            var: "FERROCOLL_SOCKET_IFNAME".into(),
+            value: std::env::var("FERROCOLL_SOCKET_IFNAME").unwrap_or_default(),
+            reason: format!(
+                "rank {rank} cannot connect to rank {peer} at {addr}: {e}; check that the hosts \
+                 reach each other on that interface"
+            ),
+        };
+        let mut streams = Vec::with_capacity(self.streams);
+        for index in 0..self.streams {
             let mut stream = loop {
                 match TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    std::thread::sleep(Duration::from_millis(20));
+                    Ok(s) => break s,
+                    Err(_) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(20))
+                    }
+                    Err(e) => return Err(fail(e)),
                 }
-                Err(e) => {
-                    return Err(Error::Config {
-                        var: "FERROCOLL_SOCKET_IFNAME".into(),
-                        value: ifname.clone().unwrap_or_default(),
-                        reason: format!(
-                            "rank {rank} cannot connect to rank {peer} at {addr}: {e}; check that the hosts reach each other on that interface"
-                        ),
-                    })
-                }
-            }
             };
             stream
-                .write_all(&hello(secret, rank, index))
-                .map_err(|e| io_err(&format!("hello to rank {peer}"), e))?;
+                .write_all(&hello(&self.secret, rank, index))
+                .map_err(fail)?;
             streams.push(stream);
         }
-        channels[peer] = Some(Box::new(
-            TcpChannel::new(streams).map_err(|e| io_err("socket options", e))?,
-        ));
+        Ok(Box::new(TcpChannel::new(streams).map_err(fail)?))
     }
 
-    // Accept every higher rank we talk to.
-    let mut expected = (rank + 1..size).filter(|&p| wanted[p]).count() * k;
-    let mut arriving: Vec<Vec<Option<TcpStream>>> = (0..size).map(|_| Vec::new()).collect();
-    listener
-        .set_nonblocking(true)
-        .map_err(|e| io_err("listener", e))?;
-    while expected > 0 {
-        match listener.accept() {
-            Ok((mut stream, from)) => {
-                stream
-                    .set_nonblocking(false)
-                    .map_err(|e| io_err("accept", e))?;
-                stream
-                    .set_read_timeout(Some(Duration::from_secs(5)))
-                    .map_err(|e| io_err("accept", e))?;
-                let mut b = [0u8; 32];
-                if stream.read_exact(&mut b).is_err() {
-                    continue; // not one of ours
-                }
-                let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-                let peer = word(16) as usize;
-                let index = word(24) as usize;
-                if word(0) != HELLO_MAGIC || word(8) != secret_hash(secret) {
-                    // A stray client or another job: ignore it.
-                    let _ = from;
-                    continue;
-                }
-                if peer <= rank || peer >= size || !wanted[peer] || index >= k {
+    /// Accepts whatever peers have connected; returns the channels of those
+    /// whose streams are all in.
+    pub fn accept(&mut self) -> Result<Vec<(usize, Box<dyn Channel>)>> {
+        let mut ready = Vec::new();
+        loop {
+            let (mut stream, _) = match self.listener.accept() {
+                Ok(x) => x,
+                Err(e) if would_block(&e) => break,
+                Err(e) => {
                     return Err(Error::Internal(format!(
-                        "rank {rank} got a TCP hello from unexpected rank {peer}"
-                    )));
+                        "rank {} could not accept on {}: {e}",
+                        self.rank, self.me
+                    )))
                 }
-                stream
-                    .set_read_timeout(None)
-                    .map_err(|e| io_err("accept", e))?;
-                let slots = &mut arriving[peer];
-                slots.resize_with(k, || None);
-                if slots[index].replace(stream).is_some() {
-                    return Err(Error::Internal(format!(
-                        "rank {rank} got stream {index} from rank {peer} twice"
-                    )));
-                }
-                if slots.iter().all(Option::is_some) {
-                    let streams = slots.drain(..).map(|s| s.expect("all present")).collect();
-                    channels[peer] = Some(Box::new(
-                        TcpChannel::new(streams).map_err(|e| io_err("socket options", e))?,
-                    ));
-                }
-                expected -= 1;
+            };
+            // The peer writes its hello right after connecting.
+            let hello_read = stream
+                .set_nonblocking(false)
+                .and_then(|_| stream.set_read_timeout(Some(Duration::from_secs(5))))
+                .and_then(|_| {
+                    let mut b = [0u8; 32];
+                    stream.read_exact(&mut b).map(|_| b)
+                });
+            let Ok(b) = hello_read else { continue };
+            let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+            if word(0) != HELLO_MAGIC || word(8) != secret_hash(&self.secret) {
+                continue; // a stray client or another job: ignore it
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let missing: Vec<usize> = (rank + 1..size)
-                        .filter(|&p| wanted[p] && channels[p].is_none())
-                        .collect();
-                    return Err(Error::Config {
-                        var: "FERROCOLL_TIMEOUT".into(),
-                        value: format!("{}", timeout.as_secs()),
-                        reason: format!(
-                            "rank {rank} waited {timeout:?} for TCP connections from ranks {missing:?}; did they start, and can they reach {me}?"
-                        ),
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(2));
+            let (peer, index) = (word(16) as usize, word(24) as usize);
+            if peer <= self.rank || index >= self.streams {
+                return Err(Error::Internal(format!(
+                    "rank {} got a TCP hello from rank {peer} (stream {index})",
+                    self.rank
+                )));
             }
-            Err(e) => return Err(io_err("accept", e)),
+            let _ = stream.set_read_timeout(None);
+            let slots = self.arriving.entry(peer).or_default();
+            slots.resize_with(self.streams, || None);
+            slots[index] = Some(stream);
+            if slots.iter().all(Option::is_some) {
+                let streams: Vec<TcpStream> = self
+                    .arriving
+                    .remove(&peer)
+                    .expect("present")
+                    .into_iter()
+                    .map(|s| s.expect("all present"))
+                    .collect();
+                let chan = TcpChannel::new(streams)
+                    .map_err(|e| Error::Internal(format!("socket options for rank {peer}: {e}")))?;
+                ready.push((peer, Box::new(chan) as Box<dyn Channel>));
+            }
         }
+        Ok(ready)
     }
-    Ok(channels)
 }
 
 #[cfg(test)]
