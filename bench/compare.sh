@@ -31,15 +31,15 @@ limit=$("$fc" bench allreduce -n 1 -b 16M -e 16M --iters 1 --warmup 0 | sed -n '
 echo "# machine limit: single-thread memcpy of 16 MiB = $limit GB/s"
 
 run_fc() { # transport ranks out
-  FERROCOLL_PROFILE="$tmp/$1$2.json" "$fc" bench allreduce --transport "$1" -n "$2" -b 8 -e "$hi" -f 4 \
+  FERROCOLL_PROFILE="$tmp/$1$2.json" "$fc" bench allreduce --transport "$1" -n "$2" -b 8 -e "$hi" -f 2 \
     --iters 20 --warmup 5 --json >"$3"
 }
 run_fc shm 2 "$tmp/shm2"
 run_fc shm 4 "$tmp/shm4"
 run_fc tcp 2 "$tmp/tcp2"
-bash "$peers/run_peers.sh" allreduce 2 8 "$hi" 4 openmpi >"$tmp/ompi2" 2>"$tmp/ompi.err" || { cat "$tmp/ompi.err" >&2; exit 1; }
-bash "$peers/run_peers.sh" allreduce 4 8 "$hi" 4 openmpi >"$tmp/ompi4" 2>>"$tmp/ompi.err" || { cat "$tmp/ompi.err" >&2; exit 1; }
-bash "$peers/run_peers.sh" allreduce 2 8 "$hi" 4 gloo >"$tmp/gloo2" 2>"$tmp/gloo.err" || { cat "$tmp/gloo.err" >&2; exit 1; }
+bash "$peers/run_peers.sh" allreduce 2 8 "$hi" 2 openmpi >"$tmp/ompi2" 2>"$tmp/ompi.err" || { cat "$tmp/ompi.err" >&2; exit 1; }
+bash "$peers/run_peers.sh" allreduce 4 8 "$hi" 2 openmpi >"$tmp/ompi4" 2>>"$tmp/ompi.err" || { cat "$tmp/ompi.err" >&2; exit 1; }
+bash "$peers/run_peers.sh" allreduce 2 8 "$hi" 2 gloo >"$tmp/gloo2" 2>"$tmp/gloo.err" || { cat "$tmp/gloo.err" >&2; exit 1; }
 
 python3 - "$tmp" "$limit" <<'PY'
 import json, sys, os
@@ -57,14 +57,14 @@ def load(name):
 verdicts = []
 def table(title, fc, peer, peer_name, bw_from, bw_ratio, lat_ratio):
     print(f"\n## {title}")
-    print(f"# {'bytes':>10} {'algo':>10} {'fc us':>9} {'fc busbw':>9} {peer_name+' us':>10} {peer_name+' busbw':>11} "
-          f"{'busbw x':>8} {'fc/limit':>8}")
+    print(f"# {'bytes':>10} {'algo':>10} {'fc us':>9} {'fc med':>8} {'fc busbw':>9} {peer_name+' us':>10} "
+          f"{peer_name+' busbw':>11} {'busbw x':>8} {'fc/limit':>8}")
     bw_ok, worst = True, float("inf")
     for b in sorted(set(fc) & set(peer)):
         f, p = fc[b], peer[b]
         ratio = f["busbw"] / p["busbw"] if p["busbw"] > 0 else float("inf")
-        print(f"  {b:>10} {f['algo']:>10} {f['time_us']:>9.1f} {f['busbw']:>9.2f} {p['time_us']:>10.1f} "
-              f"{p['busbw']:>11.2f} {ratio:>8.2f} {f['busbw'] / limit:>8.3f}")
+        print(f"  {b:>10} {f['algo']:>10} {f['time_us']:>9.1f} {f['median_us']:>8.1f} {f['busbw']:>9.2f} "
+              f"{p['time_us']:>10.1f} {p['busbw']:>11.2f} {ratio:>8.2f} {f['busbw'] / limit:>8.3f}")
         if b >= bw_from:
             if ratio < bw_ratio:
                 bw_ok = False

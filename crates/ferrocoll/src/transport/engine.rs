@@ -853,6 +853,9 @@ impl State {
         for p in 0..self.peers.len() {
             // Remote messages this call will not read: release their
             // senders. Its own unacknowledged ones are forgotten.
+            if self.peers[p].to_read.is_empty() && self.peers[p].unacked.is_empty() {
+                continue;
+            }
             let dropped: Vec<RemoteRead> = {
                 let q = &mut self.peers[p].to_read;
                 let (mine, rest): (VecDeque<_>, VecDeque<_>) =

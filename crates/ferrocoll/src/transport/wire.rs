@@ -138,18 +138,18 @@ impl Frame {
             c => CallKind::Collective(
                 *Collective::ALL
                     .get(c as usize)
-                    .ok_or(format!("unknown collective code {c}"))?,
+                    .ok_or_else(|| format!("unknown collective code {c}"))?,
             ),
         };
         let dtype = *DType::ALL
             .get(b[6] as usize)
-            .ok_or(format!("unknown element type code {}", b[6]))?;
+            .ok_or_else(|| format!("unknown element type code {}", b[6]))?;
         let op = match b[7] {
             NONE_OP => None,
             o => Some(
                 *ReduceOp::ALL
                     .get(o as usize)
-                    .ok_or(format!("unknown operator code {o}"))?,
+                    .ok_or_else(|| format!("unknown operator code {o}"))?,
             ),
         };
         let root = word(32);
