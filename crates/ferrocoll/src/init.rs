@@ -301,7 +301,7 @@ pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Res
         .collect();
     let mut bell: Arc<dyn Doorbell> = Arc::new(LocalBell::new());
     if shm_locals.len() > 1 {
-        let node = setup_shm(spec, &mut store, &shm_locals, local_rank, my_node)?;
+        let node = setup_shm(spec, &mut store, &shm_locals, config.debug, my_node)?;
         for (lp, &peer) in shm_locals.iter().enumerate() {
             if peer != rank {
                 channels[peer] = Some(node.channel(lp));
@@ -447,21 +447,21 @@ static CMA_PROBE: &[u8; 16] = b"ferrocoll-cma-ok";
 /// Bytes of the buffer timed to decide on the single-copy path.
 const SPEED_PROBE_BYTES: usize = 4 << 20;
 
-/// Times reading [`SPEED_PROBE_BYTES`] at `addr` of process `pid` against a
-/// local copy of as many bytes (best of 3 each): the single copy pays when
-/// it is clearly faster than the two copies a ring makes (1.5x one copy
-/// leaves room for its acknowledgement round trip).
-fn single_copy_pays(pid: u32, addr: u64) -> bool {
+/// Bytes per second of reading [`SPEED_PROBE_BYTES`] at `addr` of process
+/// `pid`, and of a local copy of as many bytes (best of 3 each; 0 if the
+/// read fails). The single copy pays when it is clearly faster than the two
+/// copies a ring makes: reading must beat 1/1.5 of one local copy, which
+/// leaves room for its acknowledgement round trip.
+fn single_copy_speeds(pid: u32, addr: u64) -> (f64, f64) {
     let mut dst = vec![0u8; SPEED_PROBE_BYTES];
     let src = vec![1u8; SPEED_PROBE_BYTES];
     let mut best_remote = f64::MAX;
     let mut best_local = f64::MAX;
     for _ in 0..3 {
         let t = std::time::Instant::now();
-        for chunk in dst.chunks_mut(256 << 10).enumerate() {
-            let (i, d) = chunk;
+        for (i, d) in dst.chunks_mut(256 << 10).enumerate() {
             if crate::transport::shm::cma_read(pid, addr + (i * (256 << 10)) as u64, d).is_err() {
-                return false;
+                return (0.0, 1.0);
             }
         }
         best_remote = best_remote.min(t.elapsed().as_secs_f64());
@@ -470,7 +470,8 @@ fn single_copy_pays(pid: u32, addr: u64) -> bool {
         best_local = best_local.min(t.elapsed().as_secs_f64());
     }
     std::hint::black_box(&dst);
-    best_remote < 1.5 * best_local
+    let bytes = SPEED_PROBE_BYTES as f64;
+    (bytes / best_remote, bytes / best_local)
 }
 
 /// Creates this rank's segment, attaches every local peer's, and removes
@@ -479,7 +480,7 @@ fn setup_shm(
     spec: &WorldSpec,
     store: &mut StoreClient,
     locals: &[usize],
-    _local_rank_on_host: usize,
+    debug: bool,
     node: usize,
 ) -> Result<ShmNode> {
     let rank = spec.rank;
@@ -568,7 +569,17 @@ fn setup_shm(
             let addr = store.wait(&[&format!("shm/{node}/{lp}/speed")])?.remove(0);
             let addr: u64 = String::from_utf8_lossy(&addr).parse().unwrap_or(0);
             let pid = node_seg.peer_pid(lp).expect("attached");
-            pays = single_copy_pays(pid, addr);
+            let (remote, local) = single_copy_speeds(pid, addr);
+            pays = remote > local / 1.5;
+            if debug {
+                eprintln!(
+                    "ferrocoll: rank {rank}: reading rank {peer}'s memory (process_vm_readv) {:.1} GB/s, \
+                     a local copy {:.1} GB/s: single-copy path {}",
+                    remote / 1e9,
+                    local / 1e9,
+                    if pays { "pays" } else { "does not pay" }
+                );
+            }
         }
     }
     let can_read_all = can_read_all && (mode == "on" || pays);

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The process transports' options, measured against each other in one run
+# (f32 sum allreduce, 2 ranks; busbw in GB/s per size, or mean/median us):
+#   pinning (FERROCOLL_BIND) on 8 B latency, shm and tcp
+#   single-copy path (FERROCOLL_SHM_SINGLE_COPY=on/off) on shm bandwidth
+#   TCP streams per peer (FERROCOLL_TCP_STREAMS) on tcp bandwidth
+# Usage: bash bench/transport_options.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release -q
+fc=target/release/ferrocoll
+row() { python3 -c '
+import json, sys
+rows = [json.loads(l) for l in sys.stdin]
+name = sys.argv[1]
+if len(rows) == 1:
+    r = rows[0]
+    print("%-34s mean %.2f us, median %.2f us" % (name, r["time_us"], r["median_us"]))
+else:
+    print("%-34s %s" % (name, " ".join("%dK:%.1f" % (r["bytes"] >> 10, r["busbw"]) for r in rows)))
+' "$1"; }
+echo "# commit $(git rev-parse --short HEAD), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores"
+echo "## 8 B allreduce, 2 ranks, 20000 calls"
+for t in shm tcp; do
+  for b in auto none; do
+    FERROCOLL_BIND=$b "$fc" bench allreduce --transport $t -n 2 -b 8 -e 8 --iters 20000 --warmup 100 --json | row "$t FERROCOLL_BIND=$b"
+  done
+done
+echo "## busbw GB/s, ring, 2 ranks (size in KiB)"
+for sc in off on; do
+  FERROCOLL_SHM_SINGLE_COPY=$sc "$fc" bench allreduce --algo ring --transport shm -n 2 -b 512K -e 64M -f 2 --iters 20 --warmup 3 --json | row "shm FERROCOLL_SHM_SINGLE_COPY=$sc"
+done
+for k in 1 2 4; do
+  FERROCOLL_TCP_STREAMS=$k "$fc" bench allreduce --algo ring --transport tcp -n 2 -b 512K -e 64M -f 2 --iters 20 --warmup 3 --json | row "tcp FERROCOLL_TCP_STREAMS=$k"
+done
