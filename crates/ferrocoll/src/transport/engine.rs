@@ -379,6 +379,20 @@ impl State {
         })
     }
 
+    /// [`State::find_posted`] for a message that just arrived whole: none if
+    /// an older message of the same key from `peer` still waits (FIFO).
+    fn find_posted_in_order(&self, peer: usize, header: &Header) -> Option<(usize, usize)> {
+        let older = self.peers[peer]
+            .unexpected
+            .iter()
+            .any(|u| u.header.key() == header.key());
+        if older {
+            None
+        } else {
+            self.find_posted(peer, header)
+        }
+    }
+
     /// Checks a message against the receive it matched; on a mismatch the
     /// call fails and the message is dropped.
     fn accept(
@@ -536,15 +550,7 @@ impl State {
     /// A remote-data message arrived: match it like a data message, but
     /// leave the bytes where they are until they are read.
     fn remote_arrived(&mut self, me: usize, peer: usize, frame: Frame) {
-        let older = self.peers[peer]
-            .unexpected
-            .iter()
-            .any(|u| u.header.key() == frame.header.key());
-        let posted = if older {
-            None
-        } else {
-            self.find_posted(peer, &frame.header)
-        };
+        let posted = self.find_posted_in_order(peer, &frame.header);
         match posted {
             Some((call, idx)) => {
                 if self.accept(me, peer, call, idx, &frame.header, frame.len) {
@@ -637,16 +643,8 @@ impl State {
             Target::Posted { call, idx } => self.finish_recv(call, idx),
             Target::Unexpected(data) => {
                 // A call may have posted the receive while the message was
-                // arriving; older messages of the same key go first.
-                let older = self.peers[peer]
-                    .unexpected
-                    .iter()
-                    .any(|u| u.header.key() == frame.header.key());
-                let posted = if older {
-                    None
-                } else {
-                    self.find_posted(peer, &frame.header)
-                };
+                // arriving.
+                let posted = self.find_posted_in_order(peer, &frame.header);
                 match posted {
                     Some((call, idx)) => {
                         if self.accept(me, peer, call, idx, &frame.header, frame.len) {
