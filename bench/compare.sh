@@ -5,6 +5,8 @@
 #   shm, 4 ranks   (oversubscribed on 2 cores): 8 B median <= 50 us; 16 MiB busbw >= 1 GB/s
 #   tcp, 2 ranks   vs torch.distributed gloo (TCP loopback): busbw >= 2x from 1 MiB; 8 B latency <= 1/10 of gloo's
 # and the machine's limit: single-core memcpy bandwidth, measured here.
+# shm with 2 ranks runs twice: buffers on the heap (Vec), and buffers from
+# ferrocoll::SharedBuffer (bench --buffers shared), which peers read in place.
 #
 # Usage: bash bench/compare.sh [MAXBYTES]   (default 64 MiB)
 # Needs the peers of ../shared/peers (run_peers.sh installs Open MPI from Debian
@@ -30,11 +32,12 @@ done
 limit=$("$fc" bench allreduce -n 1 -b 16M -e 16M --iters 1 --warmup 0 | sed -n 's/.*on one thread \([0-9.]*\) GB\/s.*/\1/p')
 echo "# machine limit: single-thread memcpy of 16 MiB = $limit GB/s"
 
-run_fc() { # transport ranks out
+run_fc() { # transport ranks out [bench options]
   FERROCOLL_PROFILE="$tmp/$1$2.json" "$fc" bench allreduce --transport "$1" -n "$2" -b 8 -e "$hi" -f 2 \
-    --iters 20 --warmup 5 --json >"$3"
+    --iters 20 --warmup 5 --json "${@:4}" >"$3"
 }
 run_fc shm 2 "$tmp/shm2"
+run_fc shm 2 "$tmp/shm2s" --buffers shared
 run_fc shm 4 "$tmp/shm4"
 run_fc tcp 2 "$tmp/tcp2"
 bash "$peers/run_peers.sh" allreduce 2 8 "$hi" 2 openmpi >"$tmp/ompi2" 2>"$tmp/ompi.err" || { cat "$tmp/ompi.err" >&2; exit 1; }
@@ -77,6 +80,7 @@ def table(title, fc, peer, peer_name, bw_from, bw_ratio, lat_ratio):
                     f"= {lat:.3f} of {peer_name}'s (target <= {lat_ratio}): {'met' if lat <= lat_ratio else 'MISSED'}")
 
 table("shm, 2 ranks, vs Open MPI", load("shm2"), load("ompi2"), "ompi", 512 << 10, 2.0, 1.0)
+table("shm, 2 ranks, SharedBuffer, vs Open MPI", load("shm2s"), load("ompi2"), "ompi", 512 << 10, 2.0, 1.0)
 table("tcp, 2 ranks, vs gloo", load("tcp2"), load("gloo2"), "gloo", 1 << 20, 2.0, 0.1)
 shm4, ompi4 = load("shm4"), load("ompi4")
 table("shm, 4 ranks (oversubscribed), vs Open MPI, for reference", shm4, ompi4, "ompi", 1 << 62, 0.0, float("inf"))

@@ -125,6 +125,12 @@ pub struct BenchArgs {
     /// mpirun, srun set) it joins that job instead.
     #[arg(long, default_value = "thread", value_parser = parse_transport)]
     pub transport: Transport,
+
+    /// Where the send and receive buffers live: `heap` (a Vec) or `shared`
+    /// (`ferrocoll::SharedBuffer`, which ranks on one host read in place,
+    /// as NCCL's ncclMemAlloc or MPI_Alloc_mem buffers).
+    #[arg(long, default_value = "heap", value_parser = ["heap", "shared"])]
+    pub buffers: String,
 }
 
 /// The transports `bench` can run over.
@@ -380,6 +386,45 @@ struct Setup {
     check: bool,
     json: bool,
     transport: Transport,
+    /// Send and receive buffers are `SharedBuffer`s.
+    shared_buffers: bool,
+}
+
+/// A benchmark buffer: heap memory or a shared buffer.
+enum Buffer<T: Sample> {
+    Heap(Vec<T>),
+    Shared(ferrocoll::SharedBuffer<T>),
+}
+
+impl<T: Sample> Buffer<T> {
+    fn new(len: usize, shared: bool) -> Result<Buffer<T>, CliError> {
+        Ok(if shared {
+            let mut b = ferrocoll::SharedBuffer::new(len)?;
+            b.fill(T::from_small(0));
+            Buffer::Shared(b)
+        } else {
+            Buffer::Heap(vec![T::from_small(0); len])
+        })
+    }
+}
+
+impl<T: Sample> std::ops::Deref for Buffer<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Buffer::Heap(v) => v,
+            Buffer::Shared(b) => b,
+        }
+    }
+}
+
+impl<T: Sample> std::ops::DerefMut for Buffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            Buffer::Heap(v) => v,
+            Buffer::Shared(b) => b,
+        }
+    }
 }
 
 impl Setup {
@@ -513,9 +558,9 @@ fn run_rank<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>, C
     // smaller size).
     let max_count = setup.sizes.last().map_or(0, |s| s.count);
     let (send_max, recv_max) = buffer_lens(coll, n, rank, root, max_count);
-    let mut send = vec![T::from_small(0); send_max];
+    let mut send = Buffer::<T>::new(send_max, setup.shared_buffers)?;
     pattern.fill(rank, &mut send);
-    let mut recv = vec![T::from_small(0); recv_max];
+    let mut recv = Buffer::<T>::new(recv_max, setup.shared_buffers)?;
 
     let progress = setup.json && io::stderr().is_terminal();
     let mut rows = Vec::new();
@@ -660,6 +705,7 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
         dtype: args.dtype,
         op: args.op,
         root: args.root,
+        shared_buffers: args.buffers == "shared",
         options,
         sizes,
         warmup: args.warmup,

@@ -111,21 +111,23 @@ fn launch(n: usize, role: &str, env: &[(&str, &str)]) -> Output {
 /// The configurations every multi-process test runs in: shared memory with
 /// the rings only, shared memory with large messages read straight from the
 /// sender's memory (the single-copy path, forced on: on some machines it is
-/// not chosen), TCP, and TCP with every peer reached over 3 striped
-/// connections.
-const VARIANTS: [(&str, &str, &str); 4] = [
-    ("shm", "off", "1"),
-    ("shm", "on", "1"),
-    ("tcp", "off", "1"),
-    ("tcp", "off", "3"),
+/// not chosen), shared memory with the buffers in `SharedBuffer`s (read in
+/// place by the peers), TCP, and TCP with every peer reached over 3 striped
+/// connections: (transport, single copy, TCP streams, buffers).
+const VARIANTS: [(&str, &str, &str, &str); 5] = [
+    ("shm", "off", "1", "heap"),
+    ("shm", "on", "1", "heap"),
+    ("shm", "off", "1", "shared"),
+    ("tcp", "off", "1", "heap"),
+    ("tcp", "off", "3", "heap"),
 ];
 
 fn every_collective_on_shm_and_tcp() {
-    for (transport, single_copy, streams) in VARIANTS {
+    for (transport, single_copy, streams, buffers) in VARIANTS {
         for n in [2, 3, 4] {
             for coll in COLLECTIVES {
                 let what = format!(
-                    "{coll} {transport} (single copy {single_copy}, streams {streams}) n={n}"
+                    "{coll} {transport} (single copy {single_copy}, streams {streams}, {buffers}) n={n}"
                 );
                 // Up to 1 MiB: large enough for the ring and pipeline paths,
                 // the single-copy path and messages bigger than a TCP
@@ -142,7 +144,7 @@ fn every_collective_on_shm_and_tcp() {
                     .args([
                         "-b", "8", "-e", "1M", "-f", "32", "--iters", "1", "--warmup", "1",
                     ])
-                    .args(["--check", "--json"])
+                    .args(["--check", "--json", "--buffers", buffers])
                     .env("FERROCOLL_TIMEOUT", "60")
                     .env("FERROCOLL_SHM_SINGLE_COPY", single_copy)
                     .env("FERROCOLL_TCP_STREAMS", streams)
@@ -165,16 +167,18 @@ fn every_collective_on_shm_and_tcp() {
 }
 
 fn api_across_processes() {
-    for (transport, single_copy, streams) in VARIANTS {
+    for (transport, single_copy, streams, buffers) in VARIANTS {
         for n in [1, 3, 4] {
             let env = [
                 ("FERROCOLL_TRANSPORT", transport),
                 ("FERROCOLL_SHM_SINGLE_COPY", single_copy),
                 ("FERROCOLL_TCP_STREAMS", streams),
+                ("FERROCOLL_TEST_BUFFERS", buffers),
             ];
             let out = launch(n, "api", &env);
-            let what =
-                format!("api {transport} (single copy {single_copy}, streams {streams}) n={n}");
+            let what = format!(
+                "api {transport} (single copy {single_copy}, streams {streams}, {buffers}) n={n}"
+            );
             assert!(out.status.success(), "{what}: {}", show(&out));
             let text = String::from_utf8_lossy(&out.stdout);
             assert_eq!(text.matches("api ok").count(), n, "{what}: {}", show(&out));
@@ -183,14 +187,16 @@ fn api_across_processes() {
 }
 
 fn message_of_256_mib() {
-    for (transport, single_copy, streams) in VARIANTS {
+    for (transport, single_copy, streams, buffers) in VARIANTS {
         let env = [
             ("FERROCOLL_TRANSPORT", transport),
             ("FERROCOLL_SHM_SINGLE_COPY", single_copy),
             ("FERROCOLL_TCP_STREAMS", streams),
+            ("FERROCOLL_TEST_BUFFERS", buffers),
         ];
         let out = launch(2, "big", &env);
-        let what = format!("big {transport} (single copy {single_copy}, streams {streams})");
+        let what =
+            format!("big {transport} (single copy {single_copy}, streams {streams}, {buffers})");
         assert!(out.status.success(), "{what}: {}", show(&out));
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(text.matches("big ok").count(), 2, "{what}: {}", show(&out));
@@ -428,11 +434,15 @@ fn lazy(comm: &Communicator) {
         comm.send(&[rank as u32], next, 0).unwrap();
     }
     assert_eq!(got[0], prev as u32);
-    let ring = sockets() - before;
-    assert_eq!(
-        ring, 2,
-        "rank {rank}: a ring exchange opened {ring} connections"
-    );
+    // Rank 0 also serves the rendezvous store, whose connections come and
+    // go as the other ranks finish: count on the others.
+    if rank != 0 {
+        let ring = sockets() - before;
+        assert_eq!(
+            ring, 2,
+            "rank {rank}: a ring exchange opened {ring} connections"
+        );
+    }
     // No rank talks to anyone else, so no other connection can appear.
     println!("lazy ok {rank}");
 }
@@ -448,8 +458,17 @@ fn sum(comm: &Communicator) {
 fn big(comm: &Communicator) {
     // 64 Mi f32 = 256 MiB in one call.
     let count = 64 << 20;
-    let mut v = vec![comm.rank() as f32 + 1.0; count];
-    comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    let shared = std::env::var("FERROCOLL_TEST_BUFFERS").is_ok_and(|b| b == "shared");
+    let mut heap = Vec::new();
+    let mut mapped = ferrocoll::SharedBuffer::<f32>::new(if shared { count } else { 0 }).unwrap();
+    let v: &mut [f32] = if shared {
+        &mut mapped
+    } else {
+        heap.resize(count, 0.0);
+        &mut heap
+    };
+    v.fill(comm.rank() as f32 + 1.0);
+    comm.all_reduce_in_place(v, ReduceOp::Sum).unwrap();
     let n = comm.size() as f32;
     assert!(
         v.iter().all(|x| *x == n * (n + 1.0) / 2.0),
@@ -486,8 +505,20 @@ fn api(comm: &Communicator) {
         println!("nodes={} links={}", p.nodes(), p.links.join(","));
     }
     // In place, every reducing collective with a non-power-of-two count.
-    let mut v: Vec<i64> = (0..1001).map(|i| i * (rank as i64 + 1)).collect();
-    comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    // In a SharedBuffer when the variant asks (read in place by the peers
+    // on this host), else on the heap; large enough for the in-place path.
+    let count = 100_001;
+    let mut v = ferrocoll::SharedBuffer::<i64>::new(count).unwrap();
+    let mut heap = vec![0i64; count];
+    let v: &mut [i64] = if std::env::var("FERROCOLL_TEST_BUFFERS").is_ok_and(|b| b == "shared") {
+        &mut v
+    } else {
+        &mut heap
+    };
+    for (i, x) in v.iter_mut().enumerate() {
+        *x = i as i64 * (rank as i64 + 1);
+    }
+    comm.all_reduce_in_place(v, ReduceOp::Sum).unwrap();
     let tri = (n * (n + 1) / 2) as i64;
     assert!(
         v.iter().enumerate().all(|(i, x)| *x == i as i64 * tri),

@@ -511,6 +511,15 @@ fn setup_shm(
     )?;
     // A buffer peers time reading, to judge whether the single copy pays.
     let speed_probe = vec![7u8; SPEED_PROBE_BYTES];
+    // A shared buffer peers try to map, to know whether buffers from
+    // `SharedBuffer::new` can be read in place.
+    let mut map_probe = crate::shared::SharedBuffer::<u8>::new(4096)?;
+    map_probe[..16].copy_from_slice(CMA_PROBE);
+    let map_fd = crate::shared::locate(map_probe.as_ptr(), 16).map_or(u32::MAX, |l| l.fd);
+    store.set(
+        &format!("shm/{node}/{me}/mapfd"),
+        map_fd.to_string().as_bytes(),
+    )?;
     let speed_addr = speed_probe.as_ptr() as u64;
     store.set(
         &format!("shm/{node}/{me}/speed"),
@@ -583,16 +592,29 @@ fn setup_shm(
         }
     }
     let can_read_all = can_read_all && (mode == "on" || pays);
-    store.set(
-        &format!("shm/{node}/{me}/cma"),
-        if can_read_all { b"1" } else { b"0" },
-    )?;
+    // Whether every local peer's shared buffers can be mapped here.
+    let mut can_map_all = true;
+    for (lp, &peer) in locals.iter().enumerate() {
+        if peer == rank || !can_map_all {
+            continue;
+        }
+        let fd = store.wait(&[&format!("shm/{node}/{lp}/mapfd")])?.remove(0);
+        let fd: u32 = String::from_utf8_lossy(&fd).parse().unwrap_or(u32::MAX);
+        let pid = node_seg.peer_pid(lp).expect("attached");
+        can_map_all = crate::shared::pidfd_open(pid)
+            .and_then(|pidfd| crate::shared::PeerRegion::map(&pidfd, fd))
+            .is_ok_and(|region| region.bytes(0, 16).is_ok_and(|b| b == CMA_PROBE));
+    }
+    let verdict = format!("{}{}", u8::from(can_read_all), u8::from(can_map_all));
+    store.set(&format!("shm/{node}/{me}/cma"), verdict.as_bytes())?;
     let keys: Vec<String> = (0..locals.len())
         .map(|lp| format!("shm/{node}/{lp}/cma"))
         .collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let all_ok = store.wait(&refs)?.iter().all(|v| v == b"1");
-    node_seg.enable_single_copy(all_ok);
+    let verdicts = store.wait(&refs)?;
+    node_seg.enable_single_copy(verdicts.iter().all(|v| v.first() == Some(&b'1')));
+    node_seg.enable_shared_buffers(verdicts.iter().all(|v| v.get(1) == Some(&b'1')));
+    drop(map_probe);
     // Peers are done timing our buffer once every rank has published its
     // verdict (the wait above).
     drop(speed_probe);

@@ -41,6 +41,7 @@ pub mod local;
 pub mod plan;
 mod request;
 pub mod select;
+pub mod shared;
 pub mod store;
 pub mod topo;
 pub mod transport;
@@ -53,6 +54,7 @@ pub use error::{Error, Result};
 pub use init::init;
 pub use plan::{Algorithm, Collective};
 pub use request::Request;
+pub use shared::SharedBuffer;
 pub use topo::Topology;
 pub use types::{DType, Element, ReduceOp};
 

@@ -53,6 +53,21 @@ pub(crate) trait Channel: Send {
         ))
     }
 
+    /// Whether this channel's peer's [`crate::SharedBuffer`]s can be mapped
+    /// ([`Channel::shared_bytes`]).
+    fn maps_shared(&self) -> bool {
+        false
+    }
+
+    /// Bytes `offset..offset + len` of the peer's shared buffer `region`
+    /// (descriptor << 32 | generation), mapped on first use.
+    fn shared_bytes(&mut self, _region: u64, _offset: u64, _len: usize) -> io::Result<&[u8]> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "peer buffers cannot be mapped",
+        ))
+    }
+
     /// Checks that the peer still exists, for channels that cannot see a
     /// closed stream (a shared-memory peer killed by a signal). Called while
     /// waiting, a few times per second.

@@ -160,9 +160,10 @@ struct Unexpected {
     header: Header,
     len: usize,
     data: Vec<u64>,
-    /// A remote-data message: `data` is empty and the bytes are still in
-    /// the sender's memory at this address.
-    remote: Option<u64>,
+    /// A remote or shared-data message: `data` is empty and the bytes are
+    /// still in the sender's memory at this address (or offset of this
+    /// shared buffer).
+    remote: Option<(u64, Option<u64>)>,
 }
 
 /// A remote-data message matched to a receive, to be read from the sender.
@@ -172,10 +173,17 @@ struct RemoteRead {
     idx: usize,
     addr: u64,
     len: usize,
+    /// In the sender's shared buffer `region` (at offset `addr`) rather
+    /// than at address `addr` of its memory.
+    region: Option<u64>,
 }
 
 /// Bytes read from a remote sender at a time (the bounce buffer).
 const BOUNCE_BYTES: usize = 256 << 10;
+
+/// Messages at least this long that lie in a [`crate::SharedBuffer`] are
+/// read in place by a receiver that can map it.
+const SHARED_BYTES: usize = 4 << 10;
 
 /// Messages at least this long go by the single-copy path when the channel
 /// has one (`FERROCOLL_SINGLE_COPY_BYTES` overrides; 0 turns it off).
@@ -465,7 +473,7 @@ impl State {
                         };
                         continue;
                     }
-                    if frame.kind == FrameKind::Remote {
+                    if matches!(frame.kind, FrameKind::Remote | FrameKind::Shared) {
                         self.remote_arrived(me, peer, frame);
                         self.peers[peer].rx = Rx::Header {
                             buf: [0; HEADER_BYTES],
@@ -560,6 +568,7 @@ impl State {
                         idx,
                         addr: frame.addr,
                         len: frame.len,
+                        region: (frame.kind == FrameKind::Shared).then_some(frame.region),
                     });
                 } else {
                     // Rejected: release the sender anyway.
@@ -570,7 +579,10 @@ impl State {
                 header: frame.header,
                 len: frame.len,
                 data: Vec::new(),
-                remote: Some(frame.addr),
+                remote: Some((
+                    frame.addr,
+                    (frame.kind == FrameKind::Shared).then_some(frame.region),
+                )),
             }),
         }
     }
@@ -582,6 +594,7 @@ impl State {
             header: *header,
             len: 0,
             addr,
+            region: 0,
         };
         self.peers[peer].sendq.push_back(Outbound {
             call: None,
@@ -597,14 +610,20 @@ impl State {
 
     /// Reads every matched remote message from `peer` straight from its
     /// memory into the receiving call's sink, and acknowledges each.
-    fn read_remotes(&mut self, peer: usize, chan: &dyn Channel) -> io::Result<bool> {
+    fn read_remotes(&mut self, peer: usize, chan: &mut dyn Channel) -> io::Result<bool> {
         let mut moved = false;
         if self.bounce.len() < BOUNCE_BYTES / 8 {
             self.bounce.resize(BOUNCE_BYTES / 8, 0);
         }
         while let Some(r) = self.peers[peer].to_read.pop_front() {
             moved = true;
-            if let Some(c) = self.calls[r.call].as_mut() {
+            if let (Some(c), Some(region)) = (self.calls[r.call].as_mut(), r.region) {
+                // In place, from our mapping of the sender's buffer.
+                let bytes = chan.shared_bytes(region, r.addr, r.len)?;
+                // SAFETY: the call is registered (see SinkPtr).
+                unsafe { (*c.sink.0).deliver(r.idx, 0, bytes) };
+                self.finish_recv(r.call, r.idx);
+            } else if let Some(c) = self.calls[r.call].as_mut() {
                 let mut off = 0;
                 while off < r.len {
                     let n = (r.len - off).min(BOUNCE_BYTES);
@@ -718,7 +737,7 @@ impl State {
             *moved = true;
         }
         if !self.peers[p].to_read.is_empty() {
-            *moved |= self.read_remotes(p, chan)?;
+            *moved |= self.read_remotes(p, &mut *chan)?;
             // Send the acknowledgements now rather than at the next turn.
             while let Some(out) = self.peers[p].sendq.front_mut() {
                 let n = chan.send_some(out.remaining())?;
@@ -820,7 +839,7 @@ impl State {
                 continue;
             }
             let msg = q.remove(pos).expect("position is valid");
-            if let Some(addr) = msg.remote {
+            if let Some((addr, region)) = msg.remote {
                 if self.accept(me, peer, id, idx, &msg.header, msg.len) {
                     // Read at the next turn of progress.
                     self.peers[peer].to_read.push_back(RemoteRead {
@@ -829,6 +848,7 @@ impl State {
                         idx,
                         addr,
                         len: msg.len,
+                        region,
                     });
                 } else {
                     self.queue_ack(peer, &msg.header, addr);
@@ -971,19 +991,32 @@ impl Transport for Engine {
         for s in sends {
             // Large messages to a peer that can read our memory: send only
             // their address (single copy, by the receiver).
-            let remote = s.data.len() >= single_copy_bytes()
-                && st.peers[s.peer]
-                    .chan
-                    .as_ref()
-                    .is_some_and(|c| c.reads_remote());
-            if remote {
-                let addr = s.data.as_ptr() as u64;
-                let frame = Frame {
-                    kind: FrameKind::Remote,
-                    header: *header,
-                    len: s.data.len(),
-                    addr,
+            let chan = st.peers[s.peer].chan.as_ref();
+            // Large messages in a shared buffer to a peer that maps it: only
+            // where they are.
+            let shared = (s.data.len() >= SHARED_BYTES && chan.is_some_and(|c| c.maps_shared()))
+                .then(|| crate::shared::locate(s.data.as_ptr(), s.data.len()))
+                .flatten();
+            let remote =
+                s.data.len() >= single_copy_bytes() && chan.is_some_and(|c| c.reads_remote());
+            if shared.is_some() || remote {
+                let frame = match shared {
+                    Some(at) => Frame {
+                        kind: FrameKind::Shared,
+                        header: *header,
+                        len: s.data.len(),
+                        addr: at.offset,
+                        region: u64::from(at.fd) << 32 | u64::from(at.generation),
+                    },
+                    None => Frame {
+                        kind: FrameKind::Remote,
+                        header: *header,
+                        len: s.data.len(),
+                        addr: s.data.as_ptr() as u64,
+                        region: 0,
+                    },
                 };
+                let addr = frame.addr;
                 st.peers[s.peer].sendq.push_back(Outbound {
                     call: Some(id),
                     prefix: frame.encode().to_vec(),
@@ -1070,6 +1103,7 @@ impl Transport for Engine {
             },
             len: 0,
             addr: 0,
+            region: 0,
         }
         .encode();
         for p in 0..st.peers.len() {

@@ -411,6 +411,8 @@ pub(crate) struct ShmNode {
     unlinked: AtomicBool,
     /// Channels made from now on use the single-copy path.
     cma: bool,
+    /// Channels made from now on map peers' shared buffers.
+    shared: bool,
 }
 
 impl ShmNode {
@@ -511,6 +513,7 @@ impl ShmNode {
             taken: (0..local_size).map(|_| AtomicBool::new(false)).collect(),
             unlinked: AtomicBool::new(false),
             cma: false,
+            shared: false,
         })
     }
 
@@ -663,7 +666,16 @@ impl ShmNode {
             tail,
             head_seen,
             cma: self.cma,
+            shared: self.shared,
+            pidfd: None,
+            regions: Vec::new(),
         })
+    }
+
+    /// Lets channels made from now on map their peer's
+    /// [`crate::SharedBuffer`]s (the caller has checked that it works).
+    pub fn enable_shared_buffers(&mut self, on: bool) {
+        self.shared = on;
     }
 
     /// The pid of local peer `local_peer` (attached before).
@@ -784,7 +796,15 @@ struct ShmChannel {
     head_seen: u64,
     /// The peer's memory can be read with `process_vm_readv`.
     cma: bool,
+    /// The peer's shared buffers can be mapped (`pidfd_getfd`): a pidfd of
+    /// the peer once opened, and the buffers mapped so far (by region).
+    shared: bool,
+    pidfd: Option<std::os::fd::OwnedFd>,
+    regions: Vec<(u64, crate::shared::PeerRegion)>,
 }
+
+/// Peer buffers kept mapped per channel; the oldest mapping goes first.
+const MAPPED_REGIONS: usize = 64;
 
 impl ShmChannel {
     /// The error for a ring whose shared positions make no sense.
@@ -836,6 +856,29 @@ impl Channel for ShmChannel {
 
     fn read_remote(&self, addr: u64, dst: &mut [u8]) -> io::Result<()> {
         cma_read(self.peer.pid, addr, dst)
+    }
+
+    fn maps_shared(&self) -> bool {
+        self.shared
+    }
+
+    fn shared_bytes(&mut self, region: u64, offset: u64, len: usize) -> io::Result<&[u8]> {
+        let at = match self.regions.iter().position(|(r, _)| *r == region) {
+            Some(at) => at,
+            None => {
+                if self.pidfd.is_none() {
+                    self.pidfd = Some(crate::shared::pidfd_open(self.peer.pid)?);
+                }
+                let pidfd = self.pidfd.as_ref().expect("opened above");
+                let mapped = crate::shared::PeerRegion::map(pidfd, (region >> 32) as u32)?;
+                if self.regions.len() == MAPPED_REGIONS {
+                    self.regions.remove(0);
+                }
+                self.regions.push((region, mapped));
+                self.regions.len() - 1
+            }
+        };
+        self.regions[at].1.bytes(offset, len)
     }
 
     fn send_some(&mut self, data: &[u8]) -> io::Result<usize> {

@@ -7,7 +7,7 @@
 //! | bytes  | field                                                        |
 //! |--------|--------------------------------------------------------------|
 //! | 0..4   | magic `FCW1`                                                 |
-//! | 4      | frame kind: 0 data, 1 abort, 2 remote data, 3 acknowledgement |
+//! | 4      | frame kind: 0 data, 1 abort, 2 remote data, 3 acknowledgement, 4 shared data |
 //! | 5      | call kind: collective index, or 0xFE for send/recv           |
 //! | 6      | element type index                                           |
 //! | 7      | reduction operator index, 0xFF for none                      |
@@ -16,14 +16,16 @@
 //! | 24..32 | element count the caller passed                              |
 //! | 32..40 | root, `u64::MAX` for none                                    |
 //! | 40..48 | payload length in bytes                                      |
-//! | 48..56 | remote data and acknowledgements: the payload's address in the sender |
-//! | 56..64 | reserved (zero; the reliability work puts a checksum here)   |
+//! | 48..56 | remote data and acknowledgements: the payload's address in the sender; shared data: its offset in the buffer |
+//! | 56..64 | shared data: the buffer (descriptor << 32 \| generation); else zero |
 //!
 //! *Remote data* is the single-copy path between processes of one host: no
 //! payload follows; the receiver reads `len` bytes at the address straight
 //! from the sender's memory (`process_vm_readv`) and answers with an
 //! acknowledgement carrying the same call key and address, after which the
-//! sender may reuse its buffer.
+//! sender may reuse its buffer. *Shared data* is the same for a payload in
+//! a [`crate::SharedBuffer`]: the receiver maps that buffer once and reads
+//! it in place.
 //!
 //! Integers are little-endian. The signature travels with every message so
 //! the receiver can tell "the peer called something else" from "the peer is
@@ -52,6 +54,9 @@ pub(crate) enum FrameKind {
     Remote,
     /// The receiver has read the remote message at `addr` of the call.
     Ack,
+    /// A message in the sender's shared buffer `region`, at offset `addr`;
+    /// no payload.
+    Shared,
 }
 
 /// A decoded frame header.
@@ -62,8 +67,12 @@ pub(crate) struct Frame {
     /// Payload bytes (before padding).
     pub len: usize,
     /// For [`FrameKind::Remote`] and [`FrameKind::Ack`]: the payload's
-    /// address in the sender's memory.
+    /// address in the sender's memory (for [`FrameKind::Shared`], the
+    /// offset in its buffer).
     pub addr: u64,
+    /// For [`FrameKind::Shared`]: which buffer (descriptor << 32 |
+    /// generation).
+    pub region: u64,
 }
 
 /// Payload length rounded up to the 8-byte stream alignment.
@@ -85,6 +94,7 @@ impl Frame {
             header,
             len,
             addr: 0,
+            region: 0,
         }
     }
 
@@ -98,6 +108,7 @@ impl Frame {
             FrameKind::Abort => 1,
             FrameKind::Remote => 2,
             FrameKind::Ack => 3,
+            FrameKind::Shared => 4,
         };
         b[5] = match sig.kind {
             CallKind::Collective(c) => index_of(&Collective::ALL, &c),
@@ -112,6 +123,7 @@ impl Frame {
         b[32..40].copy_from_slice(&root.to_le_bytes());
         b[40..48].copy_from_slice(&(self.len as u64).to_le_bytes());
         b[48..56].copy_from_slice(&self.addr.to_le_bytes());
+        b[56..64].copy_from_slice(&self.region.to_le_bytes());
         b
     }
 
@@ -131,6 +143,7 @@ impl Frame {
             1 => FrameKind::Abort,
             2 => FrameKind::Remote,
             3 => FrameKind::Ack,
+            4 => FrameKind::Shared,
             k => return Err(format!("unknown frame kind {k}")),
         };
         let call = match b[5] {
@@ -168,6 +181,7 @@ impl Frame {
             },
             len: word(40) as usize,
             addr: word(48),
+            region: word(56),
         })
     }
 }
@@ -204,12 +218,18 @@ mod tests {
                 root: None,
             },
         };
-        for kind in [FrameKind::Abort, FrameKind::Remote, FrameKind::Ack] {
+        for kind in [
+            FrameKind::Abort,
+            FrameKind::Remote,
+            FrameKind::Ack,
+            FrameKind::Shared,
+        ] {
             let frame = Frame {
                 kind,
                 header: p2p,
                 len: 1 << 20,
                 addr: 0x7fff_1234_5678,
+                region: 5 << 32 | 9,
             };
             assert_eq!(Frame::decode(&frame.encode()), Ok(frame));
         }
