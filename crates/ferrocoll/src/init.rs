@@ -613,7 +613,14 @@ fn setup_shm(
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let verdicts = store.wait(&refs)?;
     node_seg.enable_single_copy(verdicts.iter().all(|v| v.first() == Some(&b'1')));
-    node_seg.enable_shared_buffers(verdicts.iter().all(|v| v.get(1) == Some(&b'1')));
+    let map_all = verdicts.iter().all(|v| v.get(1) == Some(&b'1'));
+    node_seg.enable_shared_buffers(map_all);
+    if debug {
+        eprintln!(
+            "ferrocoll: rank {rank}: peers' SharedBuffers {} in place",
+            if map_all { "are read" } else { "cannot be read" }
+        );
+    }
     drop(map_probe);
     // Peers are done timing our buffer once every rank has published its
     // verdict (the wait above).
