@@ -618,7 +618,11 @@ fn setup_shm(
     if debug {
         eprintln!(
             "ferrocoll: rank {rank}: peers' SharedBuffers {} in place",
-            if map_all { "are read" } else { "cannot be read" }
+            if map_all {
+                "are read"
+            } else {
+                "cannot be read"
+            }
         );
     }
     drop(map_probe);

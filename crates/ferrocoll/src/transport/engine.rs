@@ -213,6 +213,9 @@ struct Peer {
     lost: Option<String>,
     /// A TCP peer not connected yet (see [`TcpConnector`]).
     lazy: bool,
+    /// The peer said goodbye (its transport was dropped): its channel
+    /// closing next is a clean exit, not a crash.
+    said_bye: bool,
 }
 
 struct PostedRecv {
@@ -239,6 +242,12 @@ struct State {
     bounce: Vec<u64>,
     /// Opens TCP connections on first use.
     connector: Option<TcpConnector>,
+    /// The first rank known to have crashed (here or as a peer reported):
+    /// from then on every call fails with `PeerLost` naming it.
+    culprit: Option<usize>,
+    /// Mismatches peers reported for calls this rank has not reached yet:
+    /// (peer, the peer's call).
+    verdicts: Vec<(usize, Header)>,
 }
 
 /// A transport made of one [`Channel`] per peer.
@@ -282,6 +291,7 @@ impl Engine {
                 to_read: VecDeque::new(),
                 lost: None,
                 lazy: false,
+                said_bye: false,
             })
             .collect();
         Engine {
@@ -294,6 +304,8 @@ impl Engine {
                 last_liveness: Instant::now(),
                 bounce: Vec::new(),
                 connector: None,
+                culprit: None,
+                verdicts: Vec::new(),
             }),
             bell,
             aborted: AtomicBool::new(false),
@@ -366,6 +378,75 @@ impl State {
                 call.error.get_or_insert(Error::PeerLost { rank: peer });
             }
         }
+        if !self.peers[peer].said_bye {
+            self.crashed(peer);
+        }
+    }
+
+    /// Peer `peer` found that its call `theirs` and ours at the same point
+    /// differ: fail ours (now, or when this rank gets there).
+    fn mismatch_reported(&mut self, me: usize, peer: usize, theirs: Header) {
+        let ours = self
+            .calls
+            .iter_mut()
+            .flatten()
+            .find(|c| c.header.key() == theirs.key());
+        match ours {
+            Some(c) => {
+                c.error.get_or_insert(Error::Mismatch {
+                    rank: me,
+                    local: c.header.sig.to_string(),
+                    peer,
+                    remote: theirs.sig.to_string(),
+                });
+            }
+            None => self.verdicts.push((peer, theirs)),
+        }
+    }
+
+    /// Rank `culprit` went away without saying goodbye (killed, crashed):
+    /// every call here fails naming it, now and from now on, and every peer
+    /// is told, so that ranks waiting on a third rank do not hang until
+    /// their deadline or blame the wrong one.
+    fn crashed(&mut self, culprit: usize) {
+        if self.culprit.is_some() {
+            return;
+        }
+        self.culprit = Some(culprit);
+        self.fail_all(&Error::PeerLost { rank: culprit });
+        let notice = control_frame(FrameKind::Lost, culprit as u64);
+        for (p, peer) in self.peers.iter_mut().enumerate() {
+            if p != culprit && peer.lost.is_none() && peer.chan.is_some() {
+                push_between_frames(&mut peer.sendq, &notice);
+            }
+        }
+    }
+
+    /// Writes queued control frames as far as the channels take them now,
+    /// without waiting (used right after a crash is noticed).
+    fn flush_now(&mut self) {
+        for p in 0..self.peers.len() {
+            if self.peers[p].lost.is_some() {
+                continue;
+            }
+            let Some(mut chan) = self.peers[p].chan.take() else {
+                continue;
+            };
+            while let Some(out) = self.peers[p].sendq.front_mut() {
+                match chan.send_some(out.remaining()) {
+                    Ok(n) if n > 0 => {
+                        out.done += n;
+                        if out.done < out.total() {
+                            continue;
+                        }
+                        let out = self.peers[p].sendq.pop_front().expect("front exists");
+                        self.sent(p, out);
+                    }
+                    _ => break,
+                }
+            }
+            self.peers[p].chan = Some(chan);
+        }
     }
 
     /// Fails every call (an abort, here or at a peer).
@@ -430,6 +511,17 @@ impl State {
                 peer,
                 remote,
             });
+            // Tell the peer, so that it fails with the same verdict instead
+            // of waiting for a message this rank will never send.
+            let notice = Frame {
+                kind: FrameKind::Mismatch,
+                header: c.header,
+                len: 0,
+                addr: 0,
+                region: 0,
+            }
+            .encode();
+            push_between_frames(&mut self.peers[peer].sendq, &notice);
             return false;
         }
         true
@@ -465,6 +557,29 @@ impl State {
                             return bytes.len();
                         }
                     };
+                    if frame.kind == FrameKind::Mismatch {
+                        self.mismatch_reported(me, peer, frame.header);
+                        self.peers[peer].rx = Rx::Header {
+                            buf: [0; HEADER_BYTES],
+                            have: 0,
+                        };
+                        continue;
+                    }
+                    if matches!(frame.kind, FrameKind::Lost | FrameKind::Bye) {
+                        if frame.kind == FrameKind::Bye {
+                            self.peers[peer].said_bye = true;
+                        } else {
+                            let culprit = frame.addr as usize;
+                            if culprit < self.peers.len() && culprit != me {
+                                self.crashed(culprit);
+                            }
+                        }
+                        self.peers[peer].rx = Rx::Header {
+                            buf: [0; HEADER_BYTES],
+                            have: 0,
+                        };
+                        continue;
+                    }
                     if frame.kind == FrameKind::Ack {
                         self.acknowledged(peer, &frame);
                         self.peers[peer].rx = Rx::Header {
@@ -689,6 +804,15 @@ impl State {
     /// Writes and reads every channel as far as it goes without blocking.
     /// Returns whether any byte moved.
     fn progress(&mut self, me: usize, aborted: &AtomicBool) -> bool {
+        let culprit_before = self.culprit;
+        let moved = self.progress_channels(me, aborted);
+        if self.culprit.is_some() && culprit_before.is_none() {
+            self.flush_now();
+        }
+        moved
+    }
+
+    fn progress_channels(&mut self, me: usize, aborted: &AtomicBool) -> bool {
         let mut moved = false;
         if self.peers.iter().any(|p| p.lazy) {
             moved |= self.accept_peers();
@@ -929,6 +1053,9 @@ impl Transport for Engine {
         }
         let start = Instant::now();
         let mut st = self.lock();
+        if let Some(culprit) = st.culprit {
+            return Err(Error::PeerLost { rank: culprit });
+        }
         let size = self.size;
         for peer in sends
             .iter()
@@ -1057,6 +1184,20 @@ impl Transport for Engine {
                 remote_addr: None,
             });
         }
+        if let Some(at) = st
+            .verdicts
+            .iter()
+            .position(|(_, h)| h.key() == header.key())
+        {
+            let (peer, theirs) = st.verdicts.swap_remove(at);
+            st.retire(id);
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                local: header.sig.to_string(),
+                peer,
+                remote: theirs.sig.to_string(),
+            });
+        }
         st.match_unexpected(self.rank, id);
         let state = &*st;
         let c = state.calls[id].as_ref().expect("live call");
@@ -1108,7 +1249,7 @@ impl Transport for Engine {
         .encode();
         for p in 0..st.peers.len() {
             let peer = &mut st.peers[p];
-            if peer.lost.is_some() {
+            if peer.lost.is_some() || peer.chan.is_none() {
                 continue;
             }
             // Only between frames: a half-written frame must finish first.
@@ -1135,7 +1276,7 @@ impl Transport for Engine {
         while st
             .peers
             .iter()
-            .any(|p| p.lost.is_none() && !p.sendq.is_empty())
+            .any(|p| p.lost.is_none() && p.chan.is_some() && !p.sendq.is_empty())
             && Instant::now() < flush_until
         {
             if !st.progress(self.rank, &self.aborted) {
@@ -1333,5 +1474,83 @@ impl Doorbell for LocalBell {
     fn ring_local(&self) {
         *self.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
         self.rung.notify_all();
+    }
+}
+
+/// A control frame (no call, no payload) carrying `value` in its address
+/// field: a lost rank, or nothing.
+fn control_frame(kind: FrameKind, value: u64) -> Vec<u8> {
+    Frame {
+        kind,
+        header: Header {
+            comm: 0,
+            seq: 0,
+            sig: super::Signature {
+                kind: super::CallKind::PointToPoint,
+                dtype: crate::types::DType::U8,
+                op: None,
+                count: 0,
+                root: None,
+            },
+        },
+        len: 0,
+        addr: value,
+        region: 0,
+    }
+    .encode()
+    .to_vec()
+}
+
+/// Queues control frame `bytes` right after the frame being written (a
+/// half-written frame cannot be interrupted), ahead of the data behind it.
+fn push_between_frames(sendq: &mut VecDeque<Outbound>, bytes: &[u8]) {
+    let at = usize::from(sendq.front().is_some_and(|o| o.done > 0));
+    sendq.insert(
+        at,
+        Outbound {
+            call: None,
+            prefix: bytes.to_vec(),
+            data: std::ptr::null(),
+            len: 0,
+            owned: Vec::new(),
+            done: 0,
+            pad: 0,
+            remote_addr: None,
+        },
+    );
+}
+
+impl Drop for Engine {
+    /// Says goodbye to every connected peer, so that its channel closing
+    /// reads as a clean exit there rather than a crash.
+    fn drop(&mut self) {
+        let mut st = self.lock();
+        let bye = control_frame(FrameKind::Bye, 0);
+        for peer in st.peers.iter_mut() {
+            if peer.lost.is_none() && peer.chan.is_some() {
+                peer.sendq.push_back(Outbound {
+                    call: None,
+                    prefix: bye.clone(),
+                    data: std::ptr::null(),
+                    len: 0,
+                    owned: Vec::new(),
+                    done: 0,
+                    pad: 0,
+                    remote_addr: None,
+                });
+            }
+        }
+        // Best effort, briefly: a peer that stopped reading keeps its
+        // deadline and liveness checks.
+        let until = Instant::now() + Duration::from_millis(200);
+        while st
+            .peers
+            .iter()
+            .any(|p| p.lost.is_none() && p.chan.is_some() && !p.sendq.is_empty())
+            && Instant::now() < until
+        {
+            st.flush_now();
+            std::thread::yield_now();
+        }
     }
 }

@@ -428,6 +428,11 @@ impl TcpConnector {
             let mut stream = loop {
                 match TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
                     Ok(s) => break s,
+                    // The peer listened on this address since start-up: a
+                    // refusal means it has exited.
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        return Err(Error::PeerLost { rank: peer })
+                    }
                     Err(_) if Instant::now() < deadline => {
                         std::thread::sleep(Duration::from_millis(20))
                     }

@@ -7,7 +7,7 @@
 //! | bytes  | field                                                        |
 //! |--------|--------------------------------------------------------------|
 //! | 0..4   | magic `FCW1`                                                 |
-//! | 4      | frame kind: 0 data, 1 abort, 2 remote data, 3 acknowledgement, 4 shared data |
+//! | 4      | frame kind: 0 data, 1 abort, 2 remote data, 3 acknowledgement, 4 shared data, 5 lost rank, 6 goodbye, 7 mismatch notice |
 //! | 5      | call kind: collective index, or 0xFE for send/recv           |
 //! | 6      | element type index                                           |
 //! | 7      | reduction operator index, 0xFF for none                      |
@@ -57,6 +57,13 @@ pub(crate) enum FrameKind {
     /// A message in the sender's shared buffer `region`, at offset `addr`;
     /// no payload.
     Shared,
+    /// Rank `addr` crashed (went away without a goodbye); no payload.
+    Lost,
+    /// The sender's transport is closing normally; no payload.
+    Bye,
+    /// The sender's call (the header) does not match the message it got
+    /// from the receiver at the same point; no payload.
+    Mismatch,
 }
 
 /// A decoded frame header.
@@ -109,6 +116,9 @@ impl Frame {
             FrameKind::Remote => 2,
             FrameKind::Ack => 3,
             FrameKind::Shared => 4,
+            FrameKind::Lost => 5,
+            FrameKind::Bye => 6,
+            FrameKind::Mismatch => 7,
         };
         b[5] = match sig.kind {
             CallKind::Collective(c) => index_of(&Collective::ALL, &c),
@@ -144,6 +154,9 @@ impl Frame {
             2 => FrameKind::Remote,
             3 => FrameKind::Ack,
             4 => FrameKind::Shared,
+            5 => FrameKind::Lost,
+            6 => FrameKind::Bye,
+            7 => FrameKind::Mismatch,
             k => return Err(format!("unknown frame kind {k}")),
         };
         let call = match b[5] {
@@ -223,6 +236,9 @@ mod tests {
             FrameKind::Remote,
             FrameKind::Ack,
             FrameKind::Shared,
+            FrameKind::Lost,
+            FrameKind::Bye,
+            FrameKind::Mismatch,
         ] {
             let frame = Frame {
                 kind,

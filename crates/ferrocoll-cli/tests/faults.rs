@@ -1,0 +1,376 @@
+//! Faults injected into multi-process jobs, on shared memory and on TCP:
+//! a rank killed mid-allreduce, mismatched calls, a rank that never arrives,
+//! an abort from another thread, an unreachable rendezvous. Every survivor
+//! must fail with an error that names what happened, quickly, never hang.
+//!
+//! This file is its own rank program (harness = false): with
+//! `FERROCOLL_TEST_ROLE` set it plays one rank. Ranks are started directly
+//! (not through `ferrocoll run`, which would stop the survivors as soon as
+//! one rank dies). The driver prints the measured detection times.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use ferrocoll::{Communicator, ReduceOp};
+
+const ROLE: &str = "FERROCOLL_TEST_ROLE";
+
+/// Nanoseconds since the epoch: the clock every process of this host shares.
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+fn main() {
+    if let Ok(role) = std::env::var(ROLE) {
+        let comm = match ferrocoll::init() {
+            Ok(c) => c,
+            Err(e) => {
+                println!("init failed at {}: {e}", now_ns());
+                std::process::exit(0);
+            }
+        };
+        rank_program(&role, &comm);
+        return;
+    }
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let tests: [(&str, fn()); 6] = [
+        (
+            "killed_rank_is_peer_lost_everywhere",
+            killed_rank_is_peer_lost_everywhere,
+        ),
+        (
+            "mismatched_calls_fail_on_both_sides",
+            mismatched_calls_fail_on_both_sides,
+        ),
+        (
+            "absent_rank_times_out_by_name",
+            absent_rank_times_out_by_name,
+        ),
+        ("abort_wakes_every_rank", abort_wakes_every_rank),
+        (
+            "unreachable_rendezvous_fails_init",
+            unreachable_rendezvous_fails_init,
+        ),
+        ("nothing_left_behind", nothing_left_behind),
+    ];
+    let mut failed = 0;
+    for (name, test) in tests {
+        if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
+            continue;
+        }
+        let start = Instant::now();
+        let outcome = std::panic::catch_unwind(test);
+        let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
+        println!(
+            "test {name} ... {verdict} ({:.1} s)",
+            start.elapsed().as_secs_f64()
+        );
+        failed += usize::from(outcome.is_err());
+    }
+    if failed > 0 {
+        eprintln!("{failed} fault-injection test(s) failed");
+        std::process::exit(1);
+    }
+}
+
+// ---- driver ----------------------------------------------------------------
+
+fn show(out: &Output) -> String {
+    format!(
+        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `n` ranks of this binary in `role` over `transport` and returns
+/// each rank's output (killing everything after 60 s: a hang is a failure).
+fn world(n: usize, role: &str, transport: &str, env: &[(&str, &str)]) -> Vec<Output> {
+    let me = std::env::current_exe().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let job = format!("f{}x{port}", std::process::id());
+    let mut children: Vec<_> = (0..n)
+        .map(|r| {
+            let mut cmd = Command::new(&me);
+            cmd.env(ROLE, role)
+                .env("FERROCOLL_RANK", r.to_string())
+                .env("FERROCOLL_WORLD_SIZE", n.to_string())
+                .env("FERROCOLL_ADDR", format!("127.0.0.1:{port}"))
+                .env("FERROCOLL_SECRET", "faults")
+                .env("FERROCOLL_JOB_ID", &job)
+                .env("FERROCOLL_TRANSPORT", transport)
+                .env("FERROCOLL_TIMEOUT", "30");
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+            cmd.stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+        if Instant::now() > deadline {
+            for c in &mut children {
+                let _ = c.kill();
+            }
+            panic!("{role} over {transport} hung: killed after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+/// The number after `key` in `text` (`key` followed by digits).
+fn number_after(text: &str, key: &str) -> Option<u128> {
+    let at = text.find(key)? + key.len();
+    text[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+fn killed_rank_is_peer_lost_everywhere() {
+    for transport in ["shm", "tcp"] {
+        let outs = world(3, "victim", transport, &[]);
+        let victim = String::from_utf8_lossy(&outs[1].stdout).into_owned();
+        let killed =
+            number_after(&victim, "killed at ").unwrap_or_else(|| panic!("{}", show(&outs[1])));
+        for r in [0, 2] {
+            let text = String::from_utf8_lossy(&outs[r].stdout);
+            assert!(
+                text.contains("PeerLost { rank: 1 }"),
+                "{transport} rank {r}: {}",
+                show(&outs[r])
+            );
+            let failed = number_after(&text, "failed at ").unwrap();
+            let ms = (failed.saturating_sub(killed)) as f64 / 1e6;
+            println!(
+                "  {transport}: rank {r} reported PeerLost {{ rank: 1 }} {ms:.0} ms after the kill"
+            );
+            assert!(ms < 2000.0, "{transport} rank {r} took {ms} ms");
+        }
+    }
+}
+
+fn mismatched_calls_fail_on_both_sides() {
+    for transport in ["shm", "tcp"] {
+        for role in ["mismatch_kind", "mismatch_count", "mismatch_dtype"] {
+            let outs = world(2, role, transport, &[]);
+            for (r, out) in outs.iter().enumerate() {
+                let text = String::from_utf8_lossy(&out.stdout);
+                assert!(
+                    text.contains("collective mismatch"),
+                    "{role} {transport} rank {r}: {}",
+                    show(out)
+                );
+                if role == "mismatch_kind" {
+                    assert!(
+                        text.contains("allreduce(") && text.contains("bcast("),
+                        "{text}"
+                    );
+                }
+            }
+            let first = String::from_utf8_lossy(&outs[0].stdout)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string();
+            println!("  {transport} {role}: {first}");
+        }
+    }
+}
+
+fn absent_rank_times_out_by_name() {
+    for transport in ["shm", "tcp"] {
+        let outs = world(3, "absent", transport, &[("FERROCOLL_TIMEOUT", "1")]);
+        for r in [0, 1] {
+            let text = String::from_utf8_lossy(&outs[r].stdout);
+            assert!(
+                text.contains("Timeout") && text.contains("peer: 2"),
+                "{transport} rank {r}: {}",
+                show(&outs[r])
+            );
+        }
+        println!(
+            "  {transport}: {}",
+            String::from_utf8_lossy(&outs[0].stdout).trim()
+        );
+    }
+}
+
+fn abort_wakes_every_rank() {
+    for transport in ["shm", "tcp"] {
+        let outs = world(3, "abort", transport, &[]);
+        let first = String::from_utf8_lossy(&outs[0].stdout).into_owned();
+        let aborted_at =
+            number_after(&first, "abort at ").unwrap_or_else(|| panic!("{}", show(&outs[0])));
+        for (r, out) in outs.iter().enumerate().take(2) {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains("Aborted"),
+                "{transport} rank {r}: {}",
+                show(out)
+            );
+            let back = number_after(&text, "returned at ").unwrap();
+            let ms = back.saturating_sub(aborted_at) as f64 / 1e6;
+            println!("  {transport}: rank {r} returned Aborted {ms:.0} ms after abort()");
+            assert!(ms < 1000.0, "{transport} rank {r} took {ms} ms");
+        }
+        // The rank that was not inside a collective fails at once when it
+        // calls one: aborted (the notice reached it), or, over TCP where it
+        // never connected to the aborting rank, that rank is gone.
+        let late = String::from_utf8_lossy(&outs[2].stdout);
+        assert!(
+            late.contains("Aborted") || late.contains("PeerLost"),
+            "{transport} rank 2: {}",
+            show(&outs[2])
+        );
+        let waited = number_after(&late, "waited ").unwrap();
+        assert!(
+            waited < 1000,
+            "{transport}: the late rank waited {waited} ms"
+        );
+    }
+}
+
+fn unreachable_rendezvous_fails_init() {
+    // Rank 1 of 2, with nobody serving the store.
+    let me = std::env::current_exe().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let start = Instant::now();
+    let out = Command::new(me)
+        .env(ROLE, "sum")
+        .env("FERROCOLL_RANK", "1")
+        .env("FERROCOLL_WORLD_SIZE", "2")
+        .env("FERROCOLL_ADDR", format!("127.0.0.1:{port}"))
+        .env("FERROCOLL_TIMEOUT", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("init failed") && text.contains("FERROCOLL_ADDR"),
+        "{}",
+        show(&out)
+    );
+    let secs = start.elapsed().as_secs_f64();
+    println!("  init gave up after {secs:.1} s: {}", text.trim());
+    assert!(secs < 10.0);
+}
+
+fn nothing_left_behind() {
+    // Every job above ran with a job id starting with "f<our pid>x".
+    let ours = format!("ferrocoll-f{}x", std::process::id());
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&ours))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in /dev/shm: {left:?}");
+}
+
+// ---- rank programs -----------------------------------------------------------
+
+fn report(result: ferrocoll::Result<()>) {
+    match result {
+        Ok(()) => {
+            println!("no error");
+            std::process::exit(1);
+        }
+        Err(e) => {
+            println!("failed at {} with {e:?}: {e}", now_ns());
+            let _ = std::io::stdout().flush();
+        }
+    }
+}
+
+fn rank_program(role: &str, comm: &Communicator) {
+    let rank = comm.rank();
+    match role {
+        "sum" => {
+            let mut v = [1u32];
+            comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        }
+        "victim" => {
+            if rank == 1 {
+                std::thread::spawn(|| {
+                    std::thread::sleep(Duration::from_millis(300));
+                    println!("killed at {}", now_ns());
+                    let _ = std::io::stdout().flush();
+                    // SAFETY: sending SIGKILL to this very process.
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                });
+            }
+            let mut v = vec![1.0f32; 16 << 20];
+            report((0..1000).try_for_each(|_| comm.all_reduce_in_place(&mut v, ReduceOp::Sum)));
+        }
+        "mismatch_kind" => {
+            let mut v = vec![1.0f32; 1000];
+            report(if rank == 0 {
+                comm.all_reduce_in_place(&mut v, ReduceOp::Sum)
+            } else {
+                comm.broadcast_in_place(&mut v, 0)
+            });
+        }
+        "mismatch_count" => {
+            let mut v = vec![1.0f32; 1000 + rank];
+            report(comm.all_reduce_in_place(&mut v, ReduceOp::Sum));
+        }
+        "mismatch_dtype" => report(if rank == 0 {
+            comm.all_reduce_in_place(&mut [1.0f32; 1000], ReduceOp::Sum)
+        } else {
+            comm.all_reduce_in_place(&mut [1.0f64; 1000], ReduceOp::Sum)
+        }),
+        "absent" => {
+            if rank == 2 {
+                // Never calls; leaves once the others have given up.
+                std::thread::sleep(Duration::from_secs(3));
+                return;
+            }
+            report(comm.barrier());
+        }
+        "abort" => {
+            if rank == 0 {
+                let handle = comm.clone();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(300));
+                    println!("abort at {}", now_ns());
+                    handle.abort();
+                });
+            }
+            if rank == 2 {
+                // Not inside any call when the abort happens.
+                std::thread::sleep(Duration::from_millis(1500));
+                let t = Instant::now();
+                let err = comm.barrier().unwrap_err();
+                println!("{err:?} waited {} ms", t.elapsed().as_millis());
+                return;
+            }
+            let err = comm.barrier().unwrap_err();
+            println!("returned at {} with {err:?}", now_ns());
+        }
+        other => panic!("unknown role {other}"),
+    }
+    let _ = std::io::stdout().flush();
+}
