@@ -37,7 +37,8 @@ fn main() {
         return;
     }
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let tests: [(&str, fn()); 6] = [
+    let tests: [(&str, fn()); 7] = [
+        ("flipped_bit_is_corrupted", flipped_bit_is_corrupted),
         (
             "killed_rank_is_peer_lost_everywhere",
             killed_rank_is_peer_lost_everywhere,
@@ -248,6 +249,39 @@ fn abort_wakes_every_rank() {
     }
 }
 
+fn flipped_bit_is_corrupted() {
+    for transport in ["shm", "tcp"] {
+        // Checksums on, nothing flipped: every result right, no error.
+        let outs = world(2, "checked", transport, &[("FERROCOLL_CHECKSUM", "1")]);
+        for (r, out) in outs.iter().enumerate() {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains("checked ok"),
+                "{transport} rank {r}: {}",
+                show(out)
+            );
+        }
+        // One bit of every rank's 3rd message flipped on the way.
+        let env = [
+            ("FERROCOLL_CHECKSUM", "1"),
+            ("FERROCOLL_TEST_FLIP_FRAME", "3"),
+        ];
+        let outs = world(2, "checked", transport, &env);
+        for (r, out) in outs.iter().enumerate() {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains("Corrupted"),
+                "{transport} rank {r}: {}",
+                show(out)
+            );
+        }
+        println!(
+            "  {transport}: {}",
+            String::from_utf8_lossy(&outs[0].stdout).trim()
+        );
+    }
+}
+
 fn unreachable_rendezvous_fails_init() {
     // Rank 1 of 2, with nobody serving the store.
     let me = std::env::current_exe().unwrap();
@@ -324,6 +358,21 @@ fn rank_program(role: &str, comm: &Communicator) {
             }
             let mut v = vec![1.0f32; 16 << 20];
             report((0..1000).try_for_each(|_| comm.all_reduce_in_place(&mut v, ReduceOp::Sum)));
+        }
+        "checked" => {
+            let n = comm.size() as f32;
+            for i in 0..5 {
+                let mut v = vec![i as f32; 1000];
+                if let Err(e) = comm.all_reduce_in_place(&mut v, ReduceOp::Sum) {
+                    report(Err(e));
+                    return;
+                }
+                assert!(
+                    v.iter().all(|x| *x == i as f32 * n),
+                    "wrong sum without an error"
+                );
+            }
+            println!("checked ok");
         }
         "mismatch_kind" => {
             let mut v = vec![1.0f32; 1000];

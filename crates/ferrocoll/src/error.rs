@@ -90,6 +90,21 @@ pub enum Error {
     #[error("the communicator was aborted")]
     Aborted,
 
+    /// A message arrived with a checksum that does not match its bytes
+    /// (`FERROCOLL_CHECKSUM=1`): memory or link corruption on the way.
+    #[error(
+        "corrupted message: rank {rank} received from rank {peer} in {collective} bytes whose \
+         CRC32C does not match the sender's; suspect the link or the memory of either host"
+    )]
+    Corrupted {
+        /// This rank.
+        rank: usize,
+        /// The rank that sent the message.
+        peer: usize,
+        /// The call the message belonged to.
+        collective: String,
+    },
+
     /// Something inside ferrocoll went wrong (an inconsistent plan, a
     /// background operation that panicked): a bug, reported rather than
     /// risking memory safety.

@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -152,6 +152,9 @@ enum Rx {
         frame: Frame,
         target: Target,
         got: usize,
+        /// Running CRC32C of the payload so far (checked at the end when
+        /// the frame carries one).
+        crc: u32,
     },
 }
 
@@ -164,6 +167,8 @@ struct Unexpected {
     /// still in the sender's memory at this address (or offset of this
     /// shared buffer).
     remote: Option<(u64, Option<u64>)>,
+    /// Its checksum did not match: the receive that takes it fails.
+    corrupt: bool,
 }
 
 /// A remote-data message matched to a receive, to be read from the sender.
@@ -180,6 +185,33 @@ struct RemoteRead {
 
 /// Bytes read from a remote sender at a time (the bounce buffer).
 const BOUNCE_BYTES: usize = 256 << 10;
+
+/// Whether data frames carry a CRC32C (`FERROCOLL_CHECKSUM=1`), read once.
+fn checksums() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("FERROCOLL_CHECKSUM").is_ok_and(|v| matches!(v.trim(), "1" | "on" | "true"))
+    })
+}
+
+/// Test hook (`FERROCOLL_TEST_FLIP_FRAME=N`): flip one payload bit of the
+/// N-th data frame this process sends (counting from 1), after its checksum
+/// was computed, to prove corruption is caught.
+fn flip_frame() -> Option<u64> {
+    static N: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("FERROCOLL_TEST_FLIP_FRAME")
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+static DATA_FRAMES_SENT: AtomicU64 = AtomicU64::new(0);
+
+/// Flag in a data frame's address field marking a CRC32C in its low bits.
+const CRC_PRESENT: u64 = 1 << 32;
 
 /// Messages at least this long that lie in a [`crate::SharedBuffer`] are
 /// read in place by a receiver that can map it.
@@ -619,10 +651,16 @@ impl State {
                         frame,
                         target,
                         got: 0,
+                        crc: 0,
                     };
                     self.maybe_finish_body(me, peer);
                 }
-                Rx::Body { frame, target, got } => {
+                Rx::Body {
+                    frame,
+                    target,
+                    got,
+                    crc,
+                } => {
                     let total = padded(frame.len);
                     let left = total - *got;
                     let mut take = left.min(rest.len());
@@ -635,6 +673,9 @@ impl State {
                     let payload_end = frame.len.min(*got + take);
                     if payload_end > *got {
                         let chunk = &rest[..payload_end - *got];
+                        if frame.addr & CRC_PRESENT != 0 {
+                            *crc = crc32c::crc32c_append(*crc, chunk);
+                        }
                         match target {
                             Target::Posted { call, idx } => {
                                 let c = self.calls[*call].as_mut().expect("live call");
@@ -694,6 +735,7 @@ impl State {
                 header: frame.header,
                 len: frame.len,
                 data: Vec::new(),
+                corrupt: false,
                 remote: Some((
                     frame.addr,
                     (frame.kind == FrameKind::Shared).then_some(frame.region),
@@ -770,9 +812,23 @@ impl State {
                 have: 0,
             },
         );
-        let Rx::Body { frame, target, .. } = rx else {
+        let Rx::Body {
+            frame, target, crc, ..
+        } = rx
+        else {
             unreachable!("matched above")
         };
+        let corrupt = frame.addr & CRC_PRESENT != 0 && frame.addr as u32 != crc;
+        if corrupt {
+            if let Target::Posted { call, .. } = target {
+                let c = self.calls[call].as_mut().expect("live call");
+                c.error.get_or_insert(Error::Corrupted {
+                    rank: me,
+                    peer,
+                    collective: c.header.sig.to_string(),
+                });
+            }
+        }
         match target {
             Target::Posted { call, idx } => self.finish_recv(call, idx),
             Target::Unexpected(data) => {
@@ -783,6 +839,13 @@ impl State {
                     Some((call, idx)) => {
                         if self.accept(me, peer, call, idx, &frame.header, frame.len) {
                             let c = self.calls[call].as_mut().expect("live call");
+                            if corrupt {
+                                c.error.get_or_insert(Error::Corrupted {
+                                    rank: me,
+                                    peer,
+                                    collective: c.header.sig.to_string(),
+                                });
+                            }
                             let bytes: &[u8] = bytemuck::cast_slice(&data);
                             // SAFETY: the call is registered (see SinkPtr).
                             unsafe { (*c.sink.0).deliver(idx, 0, &bytes[..frame.len]) };
@@ -794,6 +857,7 @@ impl State {
                         len: frame.len,
                         data,
                         remote: None,
+                        corrupt,
                     }),
                 }
             }
@@ -981,6 +1045,13 @@ impl State {
             }
             if self.accept(me, peer, id, idx, &msg.header, msg.len) {
                 let c = self.calls[id].as_mut().expect("live call");
+                if msg.corrupt {
+                    c.error.get_or_insert(Error::Corrupted {
+                        rank: me,
+                        peer,
+                        collective: c.header.sig.to_string(),
+                    });
+                }
                 let bytes: &[u8] = bytemuck::cast_slice(&msg.data);
                 // SAFETY: `id` is the calling thread's own registered call.
                 unsafe { (*c.sink.0).deliver(idx, 0, &bytes[..msg.len]) };
@@ -1156,14 +1227,24 @@ impl Transport for Engine {
                 });
                 continue;
             }
-            let frame = Frame::data(*header, s.data.len()).encode();
-            let inline = s.data.len() <= INLINE_BYTES;
+            let mut frame = Frame::data(*header, s.data.len());
+            if checksums() {
+                frame.addr = CRC_PRESENT | u64::from(crc32c::crc32c(s.data));
+            }
+            let sent_no = DATA_FRAMES_SENT.fetch_add(1, Ordering::Relaxed) + 1;
+            let flip = !s.data.is_empty() && flip_frame() == Some(sent_no);
+            // A frame to corrupt (test hook) is copied so the caller's
+            // buffer stays intact.
+            let inline = s.data.len() <= INLINE_BYTES || flip;
             let mut prefix =
                 Vec::with_capacity(HEADER_BYTES + if inline { padded(s.data.len()) } else { 0 });
-            prefix.extend_from_slice(&frame);
+            prefix.extend_from_slice(&frame.encode());
             if inline {
                 prefix.extend_from_slice(s.data);
                 prefix.resize(HEADER_BYTES + padded(s.data.len()), 0);
+                if flip {
+                    prefix[HEADER_BYTES] ^= 0x10;
+                }
             }
             st.peers[s.peer].sendq.push_back(Outbound {
                 call: Some(id),

@@ -16,7 +16,7 @@
 //! | 24..32 | element count the caller passed                              |
 //! | 32..40 | root, `u64::MAX` for none                                    |
 //! | 40..48 | payload length in bytes                                      |
-//! | 48..56 | remote data and acknowledgements: the payload's address in the sender; shared data: its offset in the buffer |
+//! | 48..56 | data: the payload's CRC32C with bit 32 set, when checksums are on (else 0); remote data and acknowledgements: the payload's address in the sender; shared data: its offset in the buffer |
 //! | 56..64 | shared data: the buffer (descriptor << 32 \| generation); else zero |
 //!
 //! *Remote data* is the single-copy path between processes of one host: no
@@ -73,8 +73,9 @@ pub(crate) struct Frame {
     pub header: Header,
     /// Payload bytes (before padding).
     pub len: usize,
-    /// For [`FrameKind::Remote`] and [`FrameKind::Ack`]: the payload's
-    /// address in the sender's memory (for [`FrameKind::Shared`], the
+    /// For [`FrameKind::Data`]: the payload's CRC32C with bit 32 set, or 0
+    /// without checksums. For [`FrameKind::Remote`] and [`FrameKind::Ack`]:
+    /// the payload's address in the sender's memory (for [`FrameKind::Shared`], the
     /// offset in its buffer).
     pub addr: u64,
     /// For [`FrameKind::Shared`]: which buffer (descriptor << 32 |
