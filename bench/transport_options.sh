@@ -4,6 +4,7 @@
 #   pinning (FERROCOLL_BIND) on 8 B latency, shm and tcp
 #   single-copy path (FERROCOLL_SHM_SINGLE_COPY=on/off) on shm bandwidth
 #   TCP streams per peer (FERROCOLL_TCP_STREAMS) on tcp bandwidth
+#   checksums (FERROCOLL_CHECKSUM=1, CRC32C per message) on shm and tcp
 # Usage: bash bench/transport_options.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,4 +33,10 @@ for sc in off on; do
 done
 for k in 1 2 4; do
   FERROCOLL_TCP_STREAMS=$k "$fc" bench allreduce --algo ring --transport tcp -n 2 -b 512K -e 64M -f 2 --iters 20 --warmup 3 --json | row "tcp FERROCOLL_TCP_STREAMS=$k"
+done
+echo "## checksums: busbw GB/s, auto algorithm, 2 ranks (size in KiB), off then on"
+for t in shm tcp; do
+  for c in 0 1; do
+    FERROCOLL_CHECKSUM=$c "$fc" bench allreduce --transport $t -n 2 -b 64K -e 64M -f 4 --iters 20 --warmup 3 --json | row "$t FERROCOLL_CHECKSUM=$c"
+  done
 done
