@@ -37,7 +37,9 @@ fn main() {
         return;
     }
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let tests: [(&str, fn()); 7] = [
+    let tests: [(&str, fn()); 9] = [
+        ("dropped_worlds_leak_nothing", dropped_worlds_leak_nothing),
+        ("soak_of_mixed_collectives", soak_of_mixed_collectives),
         ("flipped_bit_is_corrupted", flipped_bit_is_corrupted),
         (
             "killed_rank_is_peer_lost_everywhere",
@@ -282,6 +284,87 @@ fn flipped_bit_is_corrupted() {
     }
 }
 
+/// Open file descriptors and threads of this process.
+fn resources() -> (usize, usize) {
+    let count = |dir: &str| std::fs::read_dir(dir).map_or(0, |d| d.count());
+    (count("/proc/self/fd"), count("/proc/self/task"))
+}
+
+/// `n` ranks as threads of this process, each with its own engine over
+/// `kind` (as if they were processes), running `f`.
+fn thread_world(n: usize, kind: ferrocoll::init::TransportKind, f: impl Fn(Communicator) + Sync) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let job = format!("f{}x{port}", std::process::id());
+    std::thread::scope(|s| {
+        for rank in 0..n {
+            let spec = ferrocoll::world::WorldSpec {
+                rank,
+                size: n,
+                local_rank: None,
+                local_size: None,
+                store_addr: format!("127.0.0.1:{port}"),
+                secret: "leaks".into(),
+                job_id: job.clone(),
+                launcher: ferrocoll::world::Launcher::Ferrocoll,
+            };
+            let f = &f;
+            s.spawn(move || {
+                let config = ferrocoll::Config::default().with_timeout(Duration::from_secs(20));
+                f(ferrocoll::init::init_as(&spec, config, kind).unwrap())
+            });
+        }
+    });
+}
+
+fn dropped_worlds_leak_nothing() {
+    use ferrocoll::init::TransportKind;
+    for kind in [TransportKind::Shm, TransportKind::Tcp] {
+        // A first world warms up what the process keeps anyway.
+        thread_world(3, kind, |comm| comm.barrier().unwrap());
+        let before = resources();
+        for _ in 0..3 {
+            thread_world(3, kind, |comm| {
+                let mut v = vec![1u64; 100_000];
+                comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                let aborted = comm.clone();
+                comm.barrier().unwrap();
+                drop(aborted);
+            });
+        }
+        // Threads that were told to stop may take a moment to finish.
+        let settle = Instant::now() + Duration::from_secs(2);
+        let mut after = resources();
+        while after != before && Instant::now() < settle {
+            std::thread::sleep(Duration::from_millis(20));
+            after = resources();
+        }
+        println!("  {kind:?}: (descriptors, threads) {before:?} before, {after:?} after 3 worlds");
+        assert_eq!(before, after, "{kind:?} leaked descriptors or threads");
+    }
+}
+
+fn soak_of_mixed_collectives() {
+    for transport in ["shm", "tcp"] {
+        let outs = world(4, "soak", transport, &[]);
+        for (r, out) in outs.iter().enumerate() {
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                text.contains("soak ok"),
+                "{transport} rank {r}: {}",
+                show(out)
+            );
+        }
+        println!(
+            "  {transport}: {}",
+            String::from_utf8_lossy(&outs[0].stdout).trim()
+        );
+    }
+}
+
 fn unreachable_rendezvous_fails_init() {
     // Rank 1 of 2, with nobody serving the store.
     let me = std::env::current_exe().unwrap();
@@ -359,6 +442,7 @@ fn rank_program(role: &str, comm: &Communicator) {
             let mut v = vec![1.0f32; 16 << 20];
             report((0..1000).try_for_each(|_| comm.all_reduce_in_place(&mut v, ReduceOp::Sum)));
         }
+        "soak" => soak(comm),
         "checked" => {
             let n = comm.size() as f32;
             for i in 0..5 {
@@ -422,4 +506,69 @@ fn rank_program(role: &str, comm: &Communicator) {
         other => panic!("unknown role {other}"),
     }
     let _ = std::io::stdout().flush();
+}
+
+/// Resident memory of this process in KiB.
+fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// 10,000 back-to-back collectives of kinds and sizes drawn from a seeded
+/// generator every rank shares, each result checked; resident memory after
+/// the first 1,000 and after all must stay flat.
+fn soak(comm: &Communicator) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let start = Instant::now();
+    let mut rss_warm = 0;
+    for i in 0..10_000 {
+        let count = [0, 1, 7, 100, 1000, 10_000, 100_000][(next() % 7) as usize];
+        match next() % 4 {
+            0 => {
+                let mut v = vec![(rank + i) as u64; count];
+                comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                let want = (0..n).map(|r| (r + i) as u64).sum::<u64>();
+                assert!(v.iter().all(|x| *x == want), "allreduce {i}");
+            }
+            1 => {
+                let root = (next() % n as u64) as usize;
+                let mut v = vec![if rank == root { i as u32 } else { 0 }; count];
+                comm.broadcast_in_place(&mut v, root).unwrap();
+                assert!(v.iter().all(|x| *x == i as u32), "bcast {i}");
+            }
+            2 => {
+                let mut all = vec![0i32; count * n];
+                comm.all_gather(&vec![rank as i32; count], &mut all)
+                    .unwrap();
+                assert!(
+                    all.chunks(count.max(1))
+                        .enumerate()
+                        .all(|(r, c)| count == 0 || c.iter().all(|x| *x == r as i32)),
+                    "allgather {i}"
+                );
+            }
+            _ => comm.barrier().unwrap(),
+        }
+        if i == 999 {
+            rss_warm = rss_kib();
+        }
+    }
+    let rss_end = rss_kib();
+    // Flat: within 8 MiB of what it was once warmed up (allocator noise).
+    assert!(
+        rss_end <= rss_warm + 8 * 1024,
+        "memory grew from {rss_warm} KiB to {rss_end} KiB"
+    );
+    println!(
+        "soak ok: 10000 collectives in {:.1} s, resident {rss_warm} KiB after 1000, {rss_end} KiB after 10000",
+        start.elapsed().as_secs_f64()
+    );
 }
