@@ -48,6 +48,24 @@ pub mod transport;
 mod types;
 pub mod world;
 
+/// Entry points for the fuzz targets in `fuzz/` (not a stable API).
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Decodes `bytes` as a frame header; a decoded header must encode back
+    /// to what decodes the same. Never panics on any input.
+    pub fn wire_header(bytes: &[u8]) {
+        if let Ok(frame) = crate::transport::wire::Frame::decode(bytes) {
+            let again = crate::transport::wire::Frame::decode(&frame.encode());
+            assert_eq!(again, Ok(frame), "a decoded header must round-trip");
+        }
+    }
+
+    /// Feeds `bytes` to the rendezvous store as one client's stream.
+    pub fn store_connection(bytes: &[u8]) {
+        crate::store::fuzz_connection(bytes);
+    }
+}
+
 pub use comm::{CallOptions, Communicator};
 pub use config::Config;
 pub use error::{Error, Result};

@@ -525,6 +525,25 @@ fn handle(request: &[u8], shared: &Shared) -> Option<Vec<u8>> {
 /// Every `set` and `add` wakes every waiter (one condition variable for the
 /// whole map). With a few thousand ranks rendezvousing once at start-up that
 /// is cheap enough, and it keeps the server simple.
+/// Runs one connection's worth of bytes through the server's framing and
+/// request handler, on a fresh store that is shutting down (so a `wait`
+/// returns at once): the entry point of the fuzz target (`fuzz/`).
+#[doc(hidden)]
+pub fn fuzz_connection(mut bytes: &[u8]) {
+    let shared = Shared {
+        map: Mutex::new(HashMap::new()),
+        changed: Condvar::new(),
+        stop: AtomicBool::new(true),
+        conns: Mutex::new(HashMap::new()),
+        secret: b"fuzz".to_vec(),
+    };
+    // A smaller frame limit than the server's keeps each run quick; the
+    // parsing is the same.
+    while let Ok(request) = read_frame(&mut bytes, 1 << 20) {
+        let _ = handle(&request, &shared);
+    }
+}
+
 fn wait_for(keys: &[&str], wait_ms: u64, shared: &Shared) -> Option<Vec<u8>> {
     let deadline = if wait_ms == u64::MAX {
         None
