@@ -172,7 +172,7 @@ fn killed_rank_is_peer_lost_everywhere() {
 
 fn mismatched_calls_fail_on_both_sides() {
     for transport in ["shm", "tcp"] {
-        for role in ["mismatch_kind", "mismatch_count", "mismatch_dtype"] {
+        for role in ["mismatch_kind", "mismatch_count", "mismatch_dtype", "mismatch_silent"] {
             let outs = world(2, role, transport, &[]);
             for (r, out) in outs.iter().enumerate() {
                 let text = String::from_utf8_lossy(&out.stdout);
@@ -465,6 +465,23 @@ fn rank_program(role: &str, comm: &Communicator) {
             } else {
                 comm.broadcast_in_place(&mut v, 0)
             });
+        }
+        "mismatch_silent" => {
+            // A broadcast root only sends and a reduce's non-root only
+            // sends: neither call waits for the other, so the mismatch is
+            // found when a call ends with a message nobody took (or when
+            // one arrives for a call already ended), then on every later
+            // call.
+            let mut v = vec![1.0f32; 1000];
+            let first = if rank == 0 {
+                comm.broadcast_in_place(&mut v, 0)
+            } else {
+                comm.reduce_in_place(&mut v, ReduceOp::Sum, 1)
+            };
+            report(first.and_then(|()| {
+                std::thread::sleep(Duration::from_millis(100));
+                comm.barrier()
+            }));
         }
         "mismatch_count" => {
             let mut v = vec![1.0f32; 1000 + rank];

@@ -521,7 +521,15 @@ impl Communicator {
             // SAFETY: `piece` is a sub-range of `mem` (the caller's contract).
             unsafe { self.execute(plan, &piece, &sig, seq, op) }?;
         }
-        Ok(())
+        let header = Header {
+            comm: self.shared.id,
+            seq,
+            sig,
+        };
+        self.shared
+            .transport
+            .end_call(&header)
+            .map_err(|e| self.group_error(e))
     }
 
     /// Runs a plan under a header.

@@ -280,7 +280,15 @@ struct State {
     /// Mismatches peers reported for calls this rank has not reached yet:
     /// (peer, the peer's call).
     verdicts: Vec<(usize, Header)>,
+    /// The last collectives this rank finished: a message for one of them
+    /// arriving later was sent by a peer that called something else.
+    finished: VecDeque<Header>,
+    /// Set by such a late mismatch: every later call fails with it.
+    sticky: Option<Error>,
 }
+
+/// Finished collectives remembered for late-mismatch detection.
+const FINISHED_KEPT: usize = 64;
 
 /// A transport made of one [`Channel`] per peer.
 pub(crate) struct Engine {
@@ -338,6 +346,8 @@ impl Engine {
                 connector: None,
                 culprit: None,
                 verdicts: Vec::new(),
+                finished: VecDeque::new(),
+                sticky: None,
             }),
             bell,
             aborted: AtomicBool::new(false),
@@ -415,6 +425,39 @@ impl State {
         }
     }
 
+    /// A message nobody claims, of call `theirs` from `peer`: if this rank
+    /// already finished its call at that point, the two calls differ. The
+    /// rank fails from now on, and tells the peer. Returns whether it was
+    /// such a message (and so is dropped).
+    fn late_mismatch(&mut self, me: usize, peer: usize, theirs: &Header) -> bool {
+        let Some(ours) = self
+            .finished
+            .iter()
+            .find(|h| h.key() == theirs.key())
+            .copied()
+        else {
+            return false;
+        };
+        let err = Error::Mismatch {
+            rank: me,
+            local: ours.sig.to_string(),
+            peer,
+            remote: theirs.sig.to_string(),
+        };
+        self.fail_all(&err);
+        self.sticky.get_or_insert(err);
+        let notice = Frame {
+            kind: FrameKind::Mismatch,
+            header: ours,
+            len: 0,
+            addr: 0,
+            region: 0,
+        }
+        .encode();
+        push_between_frames(&mut self.peers[peer].sendq, &notice);
+        true
+    }
+
     /// Peer `peer` found that its call `theirs` and ours at the same point
     /// differ: fail ours (now, or when this rank gets there).
     fn mismatch_reported(&mut self, me: usize, peer: usize, theirs: Header) {
@@ -432,7 +475,24 @@ impl State {
                     remote: theirs.sig.to_string(),
                 });
             }
-            None => self.verdicts.push((peer, theirs)),
+            None => {
+                let done = self.finished.iter().find(|h| h.key() == theirs.key()).copied();
+                match done {
+                    // Our side of that point is over: the communicator is
+                    // broken from here, for every call.
+                    Some(ours) => {
+                        let err = Error::Mismatch {
+                            rank: me,
+                            local: ours.sig.to_string(),
+                            peer,
+                            remote: theirs.sig.to_string(),
+                        };
+                        self.fail_all(&err);
+                        self.sticky.get_or_insert(err);
+                    }
+                    None => self.verdicts.push((peer, theirs)),
+                }
+            }
         }
     }
 
@@ -731,16 +791,23 @@ impl State {
                     self.queue_ack(peer, &frame.header, frame.addr);
                 }
             }
-            None => self.peers[peer].unexpected.push_back(Unexpected {
-                header: frame.header,
-                len: frame.len,
-                data: Vec::new(),
-                corrupt: false,
-                remote: Some((
-                    frame.addr,
-                    (frame.kind == FrameKind::Shared).then_some(frame.region),
-                )),
-            }),
+            None => {
+                if self.late_mismatch(me, peer, &frame.header) {
+                    // Release the sender of a message nobody will read.
+                    self.queue_ack(peer, &frame.header, frame.addr);
+                } else {
+                    self.peers[peer].unexpected.push_back(Unexpected {
+                        header: frame.header,
+                        len: frame.len,
+                        data: Vec::new(),
+                        corrupt: false,
+                        remote: Some((
+                            frame.addr,
+                            (frame.kind == FrameKind::Shared).then_some(frame.region),
+                        )),
+                    });
+                }
+            }
         }
     }
 
@@ -852,13 +919,17 @@ impl State {
                             self.finish_recv(call, idx);
                         }
                     }
-                    None => self.peers[peer].unexpected.push_back(Unexpected {
-                        header: frame.header,
-                        len: frame.len,
-                        data,
-                        remote: None,
-                        corrupt,
-                    }),
+                    None => {
+                        if !self.late_mismatch(me, peer, &frame.header) {
+                            self.peers[peer].unexpected.push_back(Unexpected {
+                                header: frame.header,
+                                len: frame.len,
+                                data,
+                                remote: None,
+                                corrupt,
+                            });
+                        }
+                    }
                 }
             }
             Target::Discard => {}
@@ -1127,6 +1198,9 @@ impl Transport for Engine {
         if let Some(culprit) = st.culprit {
             return Err(Error::PeerLost { rank: culprit });
         }
+        if let Some(err) = &st.sticky {
+            return Err(err.clone());
+        }
         let size = self.size;
         for peer in sends
             .iter()
@@ -1302,6 +1376,36 @@ impl Transport for Engine {
             self.bell.ring_local();
         }
         result
+    }
+
+    fn end_call(&self, header: &Header) -> Result<()> {
+        let mut st = self.lock();
+        st.finished.push_back(*header);
+        if st.finished.len() > FINISHED_KEPT {
+            st.finished.pop_front();
+        }
+        // Anything of this call left unclaimed came from a peer that called
+        // something else here.
+        for peer in 0..st.peers.len() {
+            let left = st.peers[peer]
+                .unexpected
+                .iter()
+                .position(|u| u.header.key() == header.key());
+            if let Some(at) = left {
+                let msg = st.peers[peer]
+                    .unexpected
+                    .remove(at)
+                    .expect("position is valid");
+                if let Some((addr, _)) = msg.remote {
+                    st.queue_ack(peer, &msg.header, addr);
+                }
+                st.late_mismatch(self.rank, peer, &msg.header);
+                let err = st.sticky.clone().expect("set by late_mismatch");
+                st.flush_now();
+                return Err(err);
+            }
+        }
+        Ok(())
     }
 
     fn abort(&self) {

@@ -143,6 +143,16 @@ pub trait Transport: Send + Sync {
         deadline: Instant,
     ) -> Result<()>;
 
+    /// Called once a collective's every round is done on this rank. A
+    /// message of that call still unclaimed now was sent by a peer that ran
+    /// something else at this point (a broadcast root that only sends meets
+    /// a reduce that only sends): the transport reports it as
+    /// [`crate::Error::Mismatch`] here, and on the peer. Default: nothing to
+    /// check (the thread transport compares active calls directly).
+    fn end_call(&self, _header: &Header) -> Result<()> {
+        Ok(())
+    }
+
     /// Makes every current and future wait of every rank on this transport
     /// fail with [`crate::Error::Aborted`].
     fn abort(&self);
