@@ -172,7 +172,12 @@ fn killed_rank_is_peer_lost_everywhere() {
 
 fn mismatched_calls_fail_on_both_sides() {
     for transport in ["shm", "tcp"] {
-        for role in ["mismatch_kind", "mismatch_count", "mismatch_dtype", "mismatch_silent"] {
+        for role in [
+            "mismatch_kind",
+            "mismatch_count",
+            "mismatch_dtype",
+            "mismatch_silent",
+        ] {
             let outs = world(2, role, transport, &[]);
             for (r, out) in outs.iter().enumerate() {
                 let text = String::from_utf8_lossy(&out.stdout);

@@ -476,7 +476,11 @@ impl State {
                 });
             }
             None => {
-                let done = self.finished.iter().find(|h| h.key() == theirs.key()).copied();
+                let done = self
+                    .finished
+                    .iter()
+                    .find(|h| h.key() == theirs.key())
+                    .copied();
                 match done {
                     // Our side of that point is over: the communicator is
                     // broken from here, for every call.

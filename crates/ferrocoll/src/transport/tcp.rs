@@ -342,6 +342,9 @@ pub(crate) struct TcpConnector {
     timeout: Duration,
     /// Streams accepted per peer, by stream index, until all are in.
     arriving: std::collections::HashMap<usize, Vec<Option<TcpStream>>>,
+    /// Accepted connections whose hello is still arriving: the stream, its
+    /// bytes so far, and when it was accepted.
+    greeting: Vec<(TcpStream, Vec<u8>, Instant)>,
 }
 
 impl TcpConnector {
@@ -381,6 +384,7 @@ impl TcpConnector {
             streams: streams_per_peer()?,
             timeout,
             arriving: Default::default(),
+            greeting: Vec::new(),
         })
     }
 
@@ -450,10 +454,15 @@ impl TcpConnector {
     /// Accepts whatever peers have connected; returns the channels of those
     /// whose streams are all in.
     pub fn accept(&mut self) -> Result<Vec<(usize, Box<dyn Channel>)>> {
-        let mut ready = Vec::new();
         loop {
-            let (mut stream, _) = match self.listener.accept() {
-                Ok(x) => x,
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    // Hellos are read without blocking: a client that
+                    // connects and says nothing must not stall progress.
+                    if stream.set_nonblocking(true).is_ok() {
+                        self.greeting.push((stream, Vec::new(), Instant::now()));
+                    }
+                }
                 Err(e) if would_block(&e) => break,
                 Err(e) => {
                     return Err(Error::Internal(format!(
@@ -461,47 +470,73 @@ impl TcpConnector {
                         self.rank, self.me
                     )))
                 }
+            }
+        }
+        let mut ready = Vec::new();
+        let mut i = 0;
+        while i < self.greeting.len() {
+            let (stream, got, since) = &mut self.greeting[i];
+            let mut b = [0u8; 32];
+            let outcome = match stream.read(&mut b[..32 - got.len()]) {
+                Ok(0) => Some(false), // closed before saying hello
+                Ok(n) => {
+                    got.extend_from_slice(&b[..n]);
+                    (got.len() == 32).then_some(true)
+                }
+                Err(e) if would_block(&e) => (since.elapsed() > HELLO_WAIT).then_some(false),
+                Err(_) => Some(false),
             };
-            // The peer writes its hello right after connecting.
-            let hello_read = stream
-                .set_nonblocking(false)
-                .and_then(|_| stream.set_read_timeout(Some(Duration::from_secs(5))))
-                .and_then(|_| {
-                    let mut b = [0u8; 32];
-                    stream.read_exact(&mut b).map(|_| b)
-                });
-            let Ok(b) = hello_read else { continue };
-            let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-            if word(0) != HELLO_MAGIC || word(8) != secret_hash(&self.secret) {
-                continue; // a stray client or another job: ignore it
-            }
-            let (peer, index) = (word(16) as usize, word(24) as usize);
-            if peer <= self.rank || index >= self.streams {
-                return Err(Error::Internal(format!(
-                    "rank {} got a TCP hello from rank {peer} (stream {index})",
-                    self.rank
-                )));
-            }
-            let _ = stream.set_read_timeout(None);
-            let slots = self.arriving.entry(peer).or_default();
-            slots.resize_with(self.streams, || None);
-            slots[index] = Some(stream);
-            if slots.iter().all(Option::is_some) {
-                let streams: Vec<TcpStream> = self
-                    .arriving
-                    .remove(&peer)
-                    .expect("present")
-                    .into_iter()
-                    .map(|s| s.expect("all present"))
-                    .collect();
-                let chan = TcpChannel::new(streams)
-                    .map_err(|e| Error::Internal(format!("socket options for rank {peer}: {e}")))?;
-                ready.push((peer, Box::new(chan) as Box<dyn Channel>));
+            match outcome {
+                None => i += 1,
+                Some(false) => {
+                    self.greeting.swap_remove(i);
+                }
+                Some(true) => {
+                    let (stream, hello, _) = self.greeting.swap_remove(i);
+                    if let Some(peer_chan) = self.admit(stream, &hello)? {
+                        ready.push(peer_chan);
+                    }
+                }
             }
         }
         Ok(ready)
     }
+
+    /// Checks a complete hello and files the stream under its rank; returns
+    /// the peer's channel once all its streams are in.
+    fn admit(&mut self, stream: TcpStream, b: &[u8]) -> Result<Option<(usize, Box<dyn Channel>)>> {
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if word(0) != HELLO_MAGIC || word(8) != secret_hash(&self.secret) {
+            return Ok(None); // a stray client or another job: ignore it
+        }
+        let (peer, index) = (word(16) as usize, word(24) as usize);
+        if peer <= self.rank || index >= self.streams {
+            return Err(Error::Internal(format!(
+                "rank {} got a TCP hello from rank {peer} (stream {index})",
+                self.rank
+            )));
+        }
+        let slots = self.arriving.entry(peer).or_default();
+        slots.resize_with(self.streams, || None);
+        slots[index] = Some(stream);
+        if !slots.iter().all(Option::is_some) {
+            return Ok(None);
+        }
+        let streams: Vec<TcpStream> = self
+            .arriving
+            .remove(&peer)
+            .expect("present")
+            .into_iter()
+            .map(|s| s.expect("all present"))
+            .collect();
+        let chan = TcpChannel::new(streams)
+            .map_err(|e| Error::Internal(format!("socket options for rank {peer}: {e}")))?;
+        Ok(Some((peer, Box::new(chan) as Box<dyn Channel>)))
+    }
 }
+
+/// How long an accepted connection may take to say hello.
+const HELLO_WAIT: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
@@ -554,6 +589,51 @@ mod tests {
             .unwrap();
         }
         assert!(got == bytes, "stream corrupted");
+    }
+
+    #[test]
+    fn a_client_without_the_secret_is_turned_away() {
+        use crate::store::{StoreClient, StoreServer};
+        let server = StoreServer::start("127.0.0.1:0", "s").unwrap();
+        let addr = server.local_addr().to_string();
+        let mut store = StoreClient::connect(&addr, "s", Duration::from_secs(5)).unwrap();
+        let mut rank0 =
+            TcpConnector::listen(0, &mut store, &addr, "job secret", Duration::from_secs(5))
+                .unwrap();
+        let target = rank0.me;
+        // A stray client (another job's secret), then garbage, then rank 1.
+        let mut stray = TcpStream::connect(target).unwrap();
+        stray.write_all(&hello("other secret", 1, 0)).unwrap();
+        let mut garbage = TcpStream::connect(target).unwrap();
+        garbage.write_all(&[0xAB; 32]).unwrap();
+        // A client that connects and says nothing does not hold anyone up.
+        let _silent = TcpStream::connect(target).unwrap();
+        let mut rank1 =
+            TcpConnector::listen(1, &mut store, &addr, "job secret", Duration::from_secs(5))
+                .unwrap();
+        rank1.learn_addresses(&mut store, &[0]).unwrap();
+        let mut to0 = rank1.connect(0).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut accepted = Vec::new();
+        while accepted.is_empty() {
+            assert!(Instant::now() < deadline, "rank 1 was never accepted");
+            accepted = rank0.accept().unwrap();
+        }
+        assert_eq!(accepted.len(), 1, "only rank 1 gets in");
+        assert_eq!(accepted[0].0, 1);
+        // The accepted channel carries bytes.
+        let (_, mut from1) = accepted.pop().unwrap();
+        while to0.send_some(&[7u8; 8]).unwrap() == 0 {}
+        let mut got = Vec::new();
+        while got.len() < 8 {
+            from1
+                .recv_some(&mut |b| {
+                    got.extend_from_slice(b);
+                    b.len()
+                })
+                .unwrap();
+        }
+        assert_eq!(got, [7u8; 8]);
     }
 
     #[test]
