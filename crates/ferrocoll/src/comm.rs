@@ -84,7 +84,7 @@ struct Shared {
     chosen: std::sync::Mutex<std::collections::HashMap<(Collective, usize), Algorithm>>,
     /// The cost-model profile, read once.
     profile: std::sync::OnceLock<crate::cost::Profile>,
-    /// Where the ranks are (communicators made by [`crate::init`]).
+    /// Where the ranks are (communicators made by [`crate::init()`]).
     placement: Option<Arc<crate::init::Placement>>,
 }
 
@@ -203,7 +203,7 @@ impl Communicator {
         })
     }
 
-    /// [`Communicator::new`] for a job [`crate::init`] has placed.
+    /// [`Communicator::new`] for a job [`crate::init()`] has placed.
     pub(crate) fn with_placement(
         transport: Arc<dyn Transport>,
         config: Config,
@@ -217,7 +217,7 @@ impl Communicator {
     }
 
     /// Where the world's ranks run and how this rank reaches each (set by
-    /// [`crate::init`]; `None` for in-process ranks and split groups).
+    /// [`crate::init()`]; `None` for in-process ranks and split groups).
     pub fn placement(&self) -> Option<&crate::init::Placement> {
         self.shared.placement.as_deref()
     }

@@ -10,10 +10,18 @@
 //! (non-blocking collectives, point-to-point) progress each other, as in an
 //! MPI progress engine, and nothing is copied twice on the common path.
 //!
-//! Waiting: a rank that cannot move first polls for a few microseconds (the
-//! peer is usually that close), then sleeps on its [`Doorbell`] (shared
-//! memory) or in `poll(2)` on its sockets, waking at least every 50 ms to
-//! notice aborts, deadlines and dead peers. Never an endless spin.
+//! Waiting: a rank that cannot move first polls (spinning up to 200 us when
+//! it has a core to itself, yielding between polls for 30 us when it shares
+//! one), then sleeps on its [`Doorbell`] (shared memory) or in `poll(2)` on
+//! its sockets, waking at least every 50 ms to notice aborts, deadlines and
+//! dead peers. Never an endless spin.
+//!
+//! Besides data, the engine speaks a few control frames (see
+//! [`super::wire`]): remote and shared data with their acknowledgements (the
+//! receiver reads the sender's memory in place), abort, a goodbye when the
+//! transport is dropped (so the channel closing next is a clean exit), a
+//! lost-rank notice (a peer vanished without a goodbye: every call fails
+//! naming it) and a mismatch notice (both sides of a mismatch fail alike).
 
 use std::collections::VecDeque;
 use std::io;

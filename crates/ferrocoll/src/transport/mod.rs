@@ -10,7 +10,9 @@
 //! reducing garbage.
 //!
 //! Implementations: [`thread::ThreadTransport`] (ranks as threads of one
-//! process). Shared-memory and TCP transports implement the same trait.
+//! process), and for ranks that are processes one progress engine
+//! (`engine.rs`) over byte channels: shared-memory rings ([`shm`]) within a
+//! host, TCP ([`tcp`]) between hosts; `crate::init` assembles them.
 
 pub(crate) mod channel;
 pub(crate) mod engine;

@@ -10,7 +10,7 @@
 //! secret, the connecting rank) so a stray client is turned away.
 //!
 //! Sockets are non-blocking with `TCP_NODELAY` and 4 MiB buffers; the engine
-//! ([`super::engine`]) writes and reads them as far as they go and sleeps in
+//! (`engine.rs`) writes and reads them as far as they go and sleeps in
 //! `poll(2)`, so a ring step sends and receives at once (full duplex).
 
 use std::io::{self, Read, Write};
