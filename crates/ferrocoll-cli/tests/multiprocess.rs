@@ -113,7 +113,8 @@ fn launch(n: usize, role: &str, env: &[(&str, &str)]) -> Output {
 /// sender's memory (the single-copy path, forced on: on some machines it is
 /// not chosen), shared memory with the buffers in `SharedBuffer`s (read in
 /// place by the peers), TCP, and TCP with every peer reached over 3 striped
-/// connections: (transport, single copy, TCP streams, buffers).
+/// connections and every message checksummed: (transport, single copy, TCP
+/// streams, buffers).
 const VARIANTS: [(&str, &str, &str, &str); 5] = [
     ("shm", "off", "1", "heap"),
     ("shm", "on", "1", "heap"),
@@ -148,6 +149,7 @@ fn every_collective_on_shm_and_tcp() {
                     .env("FERROCOLL_TIMEOUT", "60")
                     .env("FERROCOLL_SHM_SINGLE_COPY", single_copy)
                     .env("FERROCOLL_TCP_STREAMS", streams)
+                    .env("FERROCOLL_CHECKSUM", if streams == "3" { "1" } else { "0" })
                     .output()
                     .unwrap();
                 assert!(out.status.success(), "{what}: {}", show(&out));
