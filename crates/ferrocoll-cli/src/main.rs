@@ -20,14 +20,15 @@
 //!
 //! * `store`: serves a job's rendezvous store as a separate process.
 //!
-//! `sim` is planned; it gets a variant of [`Command`] and a module of its
-//! own.
+//! * `sim`: runs a collective's plans on a modelled cluster
+//!   (crates/ferrocoll-sim) and reports time, link load and energy.
 
 mod bench;
 mod calibrate;
 mod error;
 mod model;
 mod run;
+mod sim;
 mod store;
 mod topo;
 mod verify;
@@ -82,6 +83,9 @@ enum Command {
     /// Serve a job's rendezvous store as a process of its own (instead of
     /// rank 0); the ranks then run with FERROCOLL_STORE=external.
     Store(store::StoreArgs),
+    /// Simulate a collective's plans on a modelled cluster (switch,
+    /// two-level nodes, fat-tree): time, bandwidth, link load, energy.
+    Sim(sim::SimArgs),
 }
 
 fn main() -> ExitCode {
@@ -92,6 +96,7 @@ fn main() -> ExitCode {
         Command::Calibrate(args) => calibrate::main(&args),
         Command::Topo(args) => topo::main(&args),
         Command::Store(args) => store::main(&args),
+        Command::Sim(args) => sim::main(&args),
         Command::Run(args) => match run::run(args) {
             Ok(code) => return code,
             Err(e) => Err(e),

@@ -1,0 +1,85 @@
+//! `ferrocoll sim` end to end: JSON fields, the seeds' two-level example
+//! (a flat ring bounded by the inter-node links, hierarchical far ahead),
+//! the fat-tree oversubscription effect, and errors.
+
+use std::process::Command;
+
+fn sim(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .arg("sim")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let out = sim(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+const TWO_LEVEL: &str = "two-level:nodes=4,gpus=8,intra=450GB/s@1us,inter=25GB/s@2us";
+
+#[test]
+fn json_has_the_fields_and_the_seeds_two_level_effect_shows() {
+    let ring = json(&[
+        "allreduce",
+        "--topology",
+        TWO_LEVEL,
+        "--bytes",
+        "256MiB",
+        "--algo",
+        "ring",
+    ]);
+    for field in [
+        "coll", "ranks", "bytes", "algo", "mode", "time_us", "algbw", "busbw", "energy_j",
+        "wall_s", "links",
+    ] {
+        assert!(ring.get(field).is_some(), "missing {field}: {ring}");
+    }
+    assert_eq!(ring["ranks"], 32);
+    // A flat ring crosses the 25 GB/s NICs every step: its busbw is that.
+    let busbw = ring["busbw"].as_f64().unwrap();
+    assert!((busbw - 25.0).abs() < 1.0, "flat ring busbw {busbw}");
+    // The cost model's choice (hierarchical) keeps most bytes on NVLink.
+    let auto = json(&["allreduce", "--topology", TWO_LEVEL, "--bytes", "256MiB"]);
+    assert_eq!(auto["algo"], "hier");
+    assert!(auto["time_us"].as_f64().unwrap() * 3.0 < ring["time_us"].as_f64().unwrap());
+}
+
+#[test]
+fn an_oversubscribed_spine_slows_an_alltoall() {
+    let t = |oversub: &str| {
+        let topo = format!("fat-tree:ranks=32,leaf=4,bw=50GB/s,lat=1us,oversub={oversub}");
+        json(&[
+            "alltoall",
+            "--topology",
+            &topo,
+            "--bytes",
+            "32MiB",
+            "--algo",
+            "direct",
+        ])["time_us"]
+            .as_f64()
+            .unwrap()
+    };
+    // 2:1 at the spine: the leaf uplinks, not the rank ports, bound it:
+    // 2 (n - leaf) / (n - 1) = 1.81 times the full-bisection time.
+    let ratio = t("2") / t("1");
+    assert!((ratio - 2.0 * 28.0 / 31.0).abs() < 0.1, "ratio {ratio}");
+}
+
+#[test]
+fn mistakes_are_errors_that_say_what_to_fix() {
+    let out = sim(&["allreduce", "--topology", "mesh:ranks=4", "--bytes", "1MiB"]);
+    assert!(!out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).is_empty());
+    let out = sim(&["allreduce", "--topology", TWO_LEVEL, "--bytes", "3 parsecs"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("KiB"));
+}

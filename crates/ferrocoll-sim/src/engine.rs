@@ -1,0 +1,687 @@
+//! The discrete-event engine: the plans of all ranks, message by message,
+//! on a [`Network`].
+//!
+//! # Execution
+//!
+//! A rank runs its rounds in order. Entering a round it first reduces its
+//! local [`Op::Reduce`] bytes (gamma per byte), then posts every send and
+//! receive of the round. Messages between a pair of ranks match in plan order
+//! (the k-th send from a to b is the k-th receive at b from a), and a message
+//! moves once both ends are posted (rendezvous, as the cost model's walk and
+//! the executor's round semantics have it). The round ends when all its sends
+//! are delivered and all its receives have arrived and, for
+//! [`Op::RecvReduce`], been reduced (gamma per byte, one reduction at a time
+//! per rank). Local copies are free.
+//!
+//! Events sit in a binary heap ordered by (time, sequence number), so equal
+//! times resolve in the order the events were created (except that message
+//! starts come last at their instant, in plan order; see `Event`): a run is
+//! deterministic, bit for bit.
+//!
+//! # Modes
+//!
+//! * [`Mode::Ideal`]: no contention in the network. A message of B bytes
+//!   needs B / (the slowest bandwidth on its path) on its sender's port (the
+//!   path's first link) and on its receiver's port (the last), each port a
+//!   FIFO queue of whole messages in the order they became ready; it arrives
+//!   the path's latency after both ports are through with it. A round whose
+//!   messages are all ready together therefore costs latency + max(bytes
+//!   sent, bytes received) / bandwidth, which is the alpha-beta charge of the
+//!   cost model (`ferrocoll::cost::walk`) with o = 0.
+//! * [`Mode::Contention`]: every link is a FIFO queue of 64 KiB chunks
+//!   (the chunk size is [`SimOptions::chunk_bytes`]). A chunk occupies each
+//!   link of its path for chunk / bandwidth. Switching is cut-through: the
+//!   chunk may start on link k+1 at its start on link k plus link k's
+//!   latency (if link k+1 is free); when link k+1 is faster than link k it
+//!   starts just late enough to send the whole chunk at its own rate as the
+//!   tail comes in (so a slow feeder never holds a fast link longer than the
+//!   chunk's own transmission time), and it never finishes before its tail
+//!   has arrived. The FIFO order on a link is the order in which chunks are
+//!   ready to start on it. Buffers are unbounded (no backpressure). A
+//!   message is delivered when its last chunk is.
+//!
+//!   FIFO per chunk rather than max-min fair sharing of each link's
+//!   bandwidth among the flows crossing it: a FIFO queue is deterministic,
+//!   needs one `free at` time per link and one event per chunk and hop
+//!   (fair sharing re-solves the rates of all flows at every arrival and
+//!   departure), and it behaves like the packet switches it models, which
+//!   store and forward packets in order. At 64 KiB the chunks are small
+//!   against the messages that make bandwidth matter, so long flows still
+//!   interleave finely on shared links. A rank's own messages leave its port
+//!   one after the other (the first message's chunks first), which is
+//!   throughput-equivalent to interleaving them.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BinaryHeap};
+
+use ferrocoll::plan::{Op, Plan};
+
+use crate::network::Network;
+
+/// How the network is modelled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// No contention: messages serialize only on the sending and receiving
+    /// ranks' ports; agrees with the alpha-beta cost model.
+    Ideal,
+    /// Every link is a FIFO queue of chunks.
+    Contention,
+}
+
+/// Knobs of a simulation beyond the topology.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SimOptions {
+    /// Seconds to reduce one byte (gamma); 0 makes reductions free.
+    pub gamma: f64,
+    /// Chunk size of the contention mode, in bytes (at least 1).
+    pub chunk_bytes: u64,
+}
+
+impl Default for SimOptions {
+    /// gamma = 0 and 64 KiB chunks.
+    fn default() -> SimOptions {
+        SimOptions {
+            gamma: 0.0,
+            chunk_bytes: 64 << 10,
+        }
+    }
+}
+
+/// What a run measured, per link.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Trace {
+    /// When the last rank finished, in seconds.
+    pub time_s: f64,
+    /// Bytes that crossed each link (indexed like [`Network::links`]).
+    pub link_bytes: Vec<u64>,
+    /// Seconds each link spent transmitting (bytes / bandwidth).
+    pub link_busy: Vec<f64>,
+    /// Events processed.
+    pub events: u64,
+}
+
+/// One message, matched.
+struct Msg {
+    src: u32,
+    dst: u32,
+    bytes: u64,
+    reduce: bool,
+    /// Ends posted so far (0, 1 or 2).
+    posted: u8,
+    chunks_left: u32,
+    /// Latest chunk arrival so far.
+    done: f64,
+}
+
+/// A receive awaiting its send: (slot in the receive id list, bytes, reduce?).
+type PendingRecv = (u32, u64, bool);
+
+/// One round of one rank, as ranges into the flat id lists.
+struct RoundInfo {
+    sends: (u32, u32),
+    recvs: (u32, u32),
+    local_reduce: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// A rank enters its current round's communication.
+    Post { rank: u32 },
+    /// Both ends of a message are posted: it starts moving.
+    Start { msg: u32 },
+    /// A chunk reaches hop `hop` of its path; its tail left the previous
+    /// link at `prev_end`.
+    Hop {
+        msg: u32,
+        hop: u8,
+        bytes: u32,
+        prev_end: f64,
+    },
+    /// A message has arrived (both ends may count it).
+    Delivered { msg: u32 },
+    /// The receiver has finished reducing a message.
+    Reduced { msg: u32 },
+}
+
+/// An event; the heap pops the smallest (time, phase, tie) first.
+///
+/// At one instant every other event (phase 0, in creation order: `tie` is a
+/// sequence number) comes before the message starts (phase 1, in message id
+/// order: `tie` is the id, and ids number each rank's sends in plan order).
+/// So a rank's messages that become ready at the same time leave its port
+/// in plan order, whichever partner happened to post first: a direct
+/// all-to-all sends to r+1, r+2, ... as planned instead of every rank
+/// sending to rank 0 first.
+struct Event {
+    time: f64,
+    phase: u8,
+    tie: u64,
+    kind: Kind,
+}
+
+impl PartialEq for Event {
+    fn eq(&self, o: &Event) -> bool {
+        self.cmp(o) == Ordering::Equal
+    }
+}
+impl Eq for Event {}
+impl PartialOrd for Event {
+    fn partial_cmp(&self, o: &Event) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Event {
+    /// Reversed, so that the max-heap pops the earliest event first.
+    fn cmp(&self, o: &Event) -> Ordering {
+        o.time
+            .total_cmp(&self.time)
+            .then_with(|| o.phase.cmp(&self.phase))
+            .then_with(|| o.tie.cmp(&self.tie))
+    }
+}
+
+struct Engine<'a> {
+    net: &'a Network,
+    mode: Mode,
+    opts: SimOptions,
+    msgs: Vec<Msg>,
+    rounds: Vec<RoundInfo>,
+    /// rank -> index of its first round in `rounds`; n + 1 entries.
+    first_round: Vec<usize>,
+    send_ids: Vec<u32>,
+    recv_ids: Vec<u32>,
+    /// Per rank: index of the current round in `rounds`.
+    cur: Vec<usize>,
+    pending: Vec<u32>,
+    compute_free: Vec<f64>,
+    finish: Vec<f64>,
+    link_free: Vec<f64>,
+    link_bytes: Vec<u64>,
+    link_busy: Vec<f64>,
+    heap: BinaryHeap<Event>,
+    seq: u64,
+}
+
+/// Runs `plans` (`plans[r]` is rank r's) with elements of `elem_size` bytes
+/// on `net`. Fails when the plans do not fit together (a message sent and
+/// never received or the reverse, sizes that differ, a peer outside the
+/// group, a deadlock) or do not match the network's size.
+pub fn run(
+    plans: &[Plan],
+    elem_size: usize,
+    net: &Network,
+    mode: Mode,
+    opts: &SimOptions,
+) -> Result<Trace, String> {
+    let n = plans.len();
+    if n != net.ranks() {
+        return Err(format!("{n} plans for a network of {} ranks", net.ranks()));
+    }
+    if opts.chunk_bytes == 0 || opts.chunk_bytes > u64::from(u32::MAX) {
+        return Err(format!(
+            "chunk size {} is not between 1 byte and 4 GiB",
+            opts.chunk_bytes
+        ));
+    }
+    if !(opts.gamma.is_finite() && opts.gamma >= 0.0) {
+        return Err(format!("gamma {} is not a time per byte", opts.gamma));
+    }
+    let mut e = Engine::new(plans, elem_size, net, mode, *opts)?;
+    e.run()
+}
+
+impl<'a> Engine<'a> {
+    fn new(
+        plans: &[Plan],
+        elem_size: usize,
+        net: &'a Network,
+        mode: Mode,
+        opts: SimOptions,
+    ) -> Result<Engine<'a>, String> {
+        let n = plans.len();
+        let elem = elem_size as u64;
+        let mut msgs: Vec<Msg> = Vec::new();
+        let mut rounds = Vec::new();
+        let mut first_round = Vec::with_capacity(n + 1);
+        let mut send_ids: Vec<u32> = Vec::new();
+        let mut recv_ids: Vec<u32> = Vec::new();
+        // (src, dst) -> sends in plan order / (recv slot, bytes, reduce) in plan order.
+        let mut pair_sends: BTreeMap<(u32, u32), Vec<u32>> = BTreeMap::new();
+        let mut pair_recvs: BTreeMap<(u32, u32), Vec<PendingRecv>> = BTreeMap::new();
+        let check_peer = |rank: usize, peer: usize| {
+            if peer >= n {
+                Err(format!(
+                    "rank {rank} names peer {peer} outside the group of {n}"
+                ))
+            } else {
+                Ok(peer as u32)
+            }
+        };
+        for (rank, plan) in plans.iter().enumerate() {
+            first_round.push(rounds.len());
+            for round in &plan.rounds {
+                let (s0, r0) = (send_ids.len() as u32, recv_ids.len() as u32);
+                let mut local_reduce = 0u64;
+                for op in &round.ops {
+                    match *op {
+                        Op::Send { peer, src } => {
+                            let peer = check_peer(rank, peer)?;
+                            let id = u32::try_from(msgs.len())
+                                .map_err(|_| "more than 2^32 messages".to_string())?;
+                            msgs.push(Msg {
+                                src: rank as u32,
+                                dst: peer,
+                                bytes: src.len as u64 * elem,
+                                reduce: false,
+                                posted: 0,
+                                chunks_left: 0,
+                                done: 0.0,
+                            });
+                            pair_sends.entry((rank as u32, peer)).or_default().push(id);
+                            send_ids.push(id);
+                        }
+                        Op::Recv { peer, dst } | Op::RecvReduce { peer, dst, .. } => {
+                            let peer = check_peer(rank, peer)?;
+                            let reduce = matches!(op, Op::RecvReduce { .. });
+                            pair_recvs.entry((peer, rank as u32)).or_default().push((
+                                recv_ids.len() as u32,
+                                dst.len as u64 * elem,
+                                reduce,
+                            ));
+                            recv_ids.push(u32::MAX);
+                        }
+                        Op::Reduce { dst, .. } => local_reduce += dst.len as u64 * elem,
+                        Op::Copy { .. } => {}
+                    }
+                }
+                rounds.push(RoundInfo {
+                    sends: (s0, send_ids.len() as u32),
+                    recvs: (r0, recv_ids.len() as u32),
+                    local_reduce,
+                });
+            }
+        }
+        first_round.push(rounds.len());
+        for ((src, dst), sends) in &pair_sends {
+            let recvs = pair_recvs.remove(&(*src, *dst)).unwrap_or_default();
+            if recvs.len() < sends.len() {
+                return Err(format!(
+                    "rank {src} sends message #{} to rank {dst} that is never received",
+                    recvs.len()
+                ));
+            }
+            if recvs.len() > sends.len() {
+                return Err(format!(
+                    "rank {dst} waits for message #{} from rank {src} that is never sent",
+                    sends.len()
+                ));
+            }
+            for (k, (&id, &(slot, bytes, reduce))) in sends.iter().zip(&recvs).enumerate() {
+                let m = &mut msgs[id as usize];
+                if m.bytes != bytes {
+                    return Err(format!(
+                        "message #{k} from rank {src} to rank {dst} has {} bytes but is received into {bytes}",
+                        m.bytes
+                    ));
+                }
+                m.reduce = reduce;
+                recv_ids[slot as usize] = id;
+            }
+        }
+        if let Some(((src, dst), _)) = pair_recvs.into_iter().next() {
+            return Err(format!(
+                "rank {dst} waits for message #0 from rank {src} that is never sent"
+            ));
+        }
+        let links = net.links.len();
+        Ok(Engine {
+            net,
+            mode,
+            opts,
+            msgs,
+            cur: first_round[..n].to_vec(),
+            rounds,
+            first_round,
+            send_ids,
+            recv_ids,
+            pending: vec![0; n],
+            compute_free: vec![0.0; n],
+            finish: vec![0.0; n],
+            link_free: vec![0.0; links],
+            link_bytes: vec![0; links],
+            link_busy: vec![0.0; links],
+            heap: BinaryHeap::new(),
+            seq: 0,
+        })
+    }
+
+    fn push(&mut self, time: f64, kind: Kind) {
+        let (phase, tie) = match kind {
+            Kind::Start { msg } => (1, u64::from(msg)),
+            _ => {
+                self.seq += 1;
+                (0, self.seq)
+            }
+        };
+        self.heap.push(Event {
+            time,
+            phase,
+            tie,
+            kind,
+        });
+    }
+
+    fn run(&mut self) -> Result<Trace, String> {
+        let n = self.first_round.len() - 1;
+        for rank in 0..n {
+            self.enter_round(rank, 0.0);
+        }
+        let mut events = 0u64;
+        while let Some(ev) = self.heap.pop() {
+            events += 1;
+            let now = ev.time;
+            match ev.kind {
+                Kind::Post { rank } => self.post(rank as usize, now),
+                Kind::Start { msg } => self.start(msg, now),
+                Kind::Hop {
+                    msg,
+                    hop,
+                    bytes,
+                    prev_end,
+                } => self.hop(msg, usize::from(hop), u64::from(bytes), prev_end, now),
+                Kind::Delivered { msg } => {
+                    let (src, dst, bytes, reduce) = {
+                        let m = &self.msgs[msg as usize];
+                        (m.src as usize, m.dst as usize, m.bytes, m.reduce)
+                    };
+                    self.complete_one(src, now);
+                    if reduce && self.opts.gamma > 0.0 && bytes > 0 {
+                        let start = now.max(self.compute_free[dst]);
+                        let end = start + self.opts.gamma * bytes as f64;
+                        self.compute_free[dst] = end;
+                        self.push(end, Kind::Reduced { msg });
+                    } else {
+                        self.complete_one(dst, now);
+                    }
+                }
+                Kind::Reduced { msg } => {
+                    let dst = self.msgs[msg as usize].dst as usize;
+                    self.complete_one(dst, now);
+                }
+            }
+        }
+        if let Some(rank) = (0..n).find(|&r| self.cur[r] < self.first_round[r + 1]) {
+            return Err(format!(
+                "deadlock: rank {rank} never finishes round {} of its plan",
+                self.cur[rank] - self.first_round[rank]
+            ));
+        }
+        Ok(Trace {
+            time_s: self.finish.iter().copied().fold(0.0, f64::max),
+            link_bytes: std::mem::take(&mut self.link_bytes),
+            link_busy: std::mem::take(&mut self.link_busy),
+            events,
+        })
+    }
+
+    /// Rank `rank` starts round `self.cur[rank]` (or finishes) at `now`.
+    fn enter_round(&mut self, rank: usize, now: f64) {
+        let k = self.cur[rank];
+        if k == self.first_round[rank + 1] {
+            self.finish[rank] = now;
+            return;
+        }
+        let local = self.rounds[k].local_reduce;
+        let mut t = now;
+        if local > 0 && self.opts.gamma > 0.0 {
+            t = now.max(self.compute_free[rank]) + self.opts.gamma * local as f64;
+            self.compute_free[rank] = t;
+        }
+        self.push(t, Kind::Post { rank: rank as u32 });
+    }
+
+    fn post(&mut self, rank: usize, now: f64) {
+        let r = &self.rounds[self.cur[rank]];
+        let (sends, recvs) = (r.sends, r.recvs);
+        self.pending[rank] = (sends.1 - sends.0) + (recvs.1 - recvs.0);
+        if self.pending[rank] == 0 {
+            self.cur[rank] += 1;
+            self.enter_round(rank, now);
+            return;
+        }
+        for i in sends.0..sends.1 {
+            let id = self.send_ids[i as usize];
+            self.post_end(id, now);
+        }
+        for i in recvs.0..recvs.1 {
+            let id = self.recv_ids[i as usize];
+            self.post_end(id, now);
+        }
+    }
+
+    fn post_end(&mut self, id: u32, now: f64) {
+        let m = &mut self.msgs[id as usize];
+        m.posted += 1;
+        if m.posted == 2 {
+            self.push(now, Kind::Start { msg: id });
+        }
+    }
+
+    /// One of `rank`'s outstanding messages of the current round is done.
+    fn complete_one(&mut self, rank: usize, now: f64) {
+        self.pending[rank] -= 1;
+        if self.pending[rank] == 0 {
+            self.cur[rank] += 1;
+            self.enter_round(rank, now);
+        }
+    }
+
+    /// Both ends of message `id` are posted: it starts moving at `now`.
+    fn start(&mut self, id: u32, now: f64) {
+        let (src, dst, bytes) = {
+            let m = &self.msgs[id as usize];
+            (m.src as usize, m.dst as usize, m.bytes)
+        };
+        let path = self.net.path(src, dst);
+        let links = path.links();
+        if links.is_empty() {
+            self.push(now, Kind::Delivered { msg: id });
+            return;
+        }
+        match self.mode {
+            Mode::Ideal => {
+                let mut bw = f64::INFINITY;
+                let mut lat = 0.0;
+                for &l in links {
+                    let link = &self.net.links[l as usize];
+                    bw = bw.min(link.bw);
+                    lat += link.lat;
+                    self.link_bytes[l as usize] += bytes;
+                    self.link_busy[l as usize] += bytes as f64 / link.bw;
+                }
+                let dur = bytes as f64 / bw;
+                let (first, last) = (links[0] as usize, links[links.len() - 1] as usize);
+                let end_out = now.max(self.link_free[first]) + dur;
+                self.link_free[first] = end_out;
+                let end_in = now.max(self.link_free[last]) + dur;
+                self.link_free[last] = end_in;
+                self.push(end_out.max(end_in) + lat, Kind::Delivered { msg: id });
+            }
+            Mode::Contention => {
+                let chunk = self.opts.chunk_bytes;
+                let nchunks = bytes.div_ceil(chunk).max(1);
+                {
+                    let m = &mut self.msgs[id as usize];
+                    m.chunks_left = u32::try_from(nchunks).unwrap_or(u32::MAX);
+                    m.done = now;
+                }
+                // The first link is the sender's own port: its queue only
+                // ever receives this rank's messages, in the order they
+                // become ready, so the chunks can be laid out on it at once.
+                let l0 = links[0] as usize;
+                let link = &self.net.links[l0];
+                let (bw, lat) = (link.bw, link.lat);
+                for c in 0..nchunks {
+                    let cb = chunk.min(bytes - (c * chunk).min(bytes));
+                    let start = now.max(self.link_free[l0]);
+                    let end = start + cb as f64 / bw;
+                    self.link_free[l0] = end;
+                    self.link_bytes[l0] += cb;
+                    self.link_busy[l0] += cb as f64 / bw;
+                    if links.len() == 1 {
+                        self.arrive(id, end + lat);
+                    } else {
+                        let next = self.ready_on(links[1], cb, start, end, lat);
+                        self.push(
+                            next,
+                            Kind::Hop {
+                                msg: id,
+                                hop: 1,
+                                bytes: cb as u32,
+                                prev_end: end,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// A chunk of `bytes` of message `id` reaches hop `hop` at `now`.
+    fn hop(&mut self, id: u32, hop: usize, bytes: u64, prev_end: f64, now: f64) {
+        let m = &self.msgs[id as usize];
+        let path = self.net.path(m.src as usize, m.dst as usize);
+        let links = path.links();
+        let (prev, l) = (links[hop - 1] as usize, links[hop] as usize);
+        let link = &self.net.links[l];
+        let (bw, lat) = (link.bw, link.lat);
+        let start = now.max(self.link_free[l]);
+        // Cut-through: the tail cannot leave before it has come in.
+        let end = (start + bytes as f64 / bw).max(prev_end + self.net.links[prev].lat);
+        self.link_free[l] = end;
+        self.link_bytes[l] += bytes;
+        self.link_busy[l] += bytes as f64 / bw;
+        if hop + 1 == links.len() {
+            self.arrive(id, end + lat);
+        } else {
+            let next = self.ready_on(links[hop + 1], bytes, start, end, lat);
+            self.push(
+                next,
+                Kind::Hop {
+                    msg: id,
+                    hop: (hop + 1) as u8,
+                    bytes: bytes as u32,
+                    prev_end: end,
+                },
+            );
+        }
+    }
+
+    /// When a chunk of `bytes` that occupies a link over `[start, end]`,
+    /// whose latency is `lat`, can start on the next link `next`: its head
+    /// is there at `start + lat` (cut-through), but a faster next link only
+    /// starts once it can send the whole chunk at its own rate without
+    /// running out of data (the tail reaches it at `end + lat`). Otherwise a
+    /// chunk trickling in from a slow link would hold a fast one (a leaf's
+    /// aggregate uplink) for the slow link's time.
+    fn ready_on(&self, next: u32, bytes: u64, start: f64, end: f64, lat: f64) -> f64 {
+        let bw = self.net.links[next as usize].bw;
+        (start + lat).max(end + lat - bytes as f64 / bw)
+    }
+
+    /// A chunk of message `id` has arrived at `t`.
+    fn arrive(&mut self, id: u32, t: f64) {
+        let m = &mut self.msgs[id as usize];
+        m.done = m.done.max(t);
+        m.chunks_left -= 1;
+        if m.chunks_left == 0 {
+            let done = m.done;
+            self.push(done, Kind::Delivered { msg: id });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::TopologySpec;
+    use ferrocoll::plan::{Round, Span};
+
+    fn plan(ops: Vec<Vec<Op>>) -> Plan {
+        Plan {
+            rounds: ops.into_iter().map(|ops| Round { ops }).collect(),
+            scratch: 0,
+        }
+    }
+
+    fn net(n: usize) -> Network {
+        Network::new(&TopologySpec::parse(&format!("switch:ranks={n},bw=1GB/s,lat=1us")).unwrap())
+    }
+
+    fn send(peer: usize, len: usize) -> Op {
+        Op::Send {
+            peer,
+            src: Span::input(0, len),
+        }
+    }
+
+    fn recv(peer: usize, len: usize) -> Op {
+        Op::Recv {
+            peer,
+            dst: Span::output(0, len),
+        }
+    }
+
+    #[test]
+    fn one_message_costs_latency_plus_bytes_over_bandwidth() {
+        let plans = [
+            plan(vec![vec![send(1, 250)]]),
+            plan(vec![vec![recv(0, 250)]]),
+        ];
+        for mode in [Mode::Ideal, Mode::Contention] {
+            let t = run(&plans, 4, &net(2), mode, &SimOptions::default()).unwrap();
+            assert!(
+                (t.time_s - (1e-6 + 1000.0 / 1e9)).abs() < 1e-15,
+                "{mode:?} {t:?}"
+            );
+            assert_eq!(t.link_bytes, [1000, 0, 0, 1000]);
+        }
+    }
+
+    #[test]
+    fn rendezvous_waits_for_the_later_end() {
+        // Rank 1 first receives 1000 bytes from rank 2 (2 us), then from rank 0.
+        let plans = [
+            plan(vec![vec![send(1, 250)]]),
+            plan(vec![vec![recv(2, 250)], vec![recv(0, 250)]]),
+            plan(vec![vec![send(1, 250)]]),
+        ];
+        let t = run(&plans, 4, &net(3), Mode::Ideal, &SimOptions::default()).unwrap();
+        assert!((t.time_s - 4e-6).abs() < 1e-15, "{t:?}");
+    }
+
+    #[test]
+    fn plans_that_do_not_fit_are_errors() {
+        let opts = SimOptions::default();
+        let lonely = [plan(vec![vec![send(1, 1)]]), plan(vec![])];
+        let e = run(&lonely, 4, &net(2), Mode::Ideal, &opts).unwrap_err();
+        assert!(e.contains("never received"), "{e}");
+        let waiting = [plan(vec![]), plan(vec![vec![recv(0, 1)]])];
+        let e = run(&waiting, 4, &net(2), Mode::Ideal, &opts).unwrap_err();
+        assert!(e.contains("never sent"), "{e}");
+        let sizes = [plan(vec![vec![send(1, 2)]]), plan(vec![vec![recv(0, 1)]])];
+        let e = run(&sizes, 4, &net(2), Mode::Ideal, &opts).unwrap_err();
+        assert!(e.contains("bytes"), "{e}");
+        // Each waits for the other's second round first.
+        let crossed = [
+            plan(vec![vec![recv(1, 1)], vec![send(1, 1)]]),
+            plan(vec![vec![recv(0, 1)], vec![send(0, 1)]]),
+        ];
+        let e = run(&crossed, 4, &net(2), Mode::Contention, &opts).unwrap_err();
+        assert!(e.contains("deadlock"), "{e}");
+        let e = run(&crossed, 4, &net(3), Mode::Ideal, &opts).unwrap_err();
+        assert!(e.contains("network of 3"), "{e}");
+        let outside = [plan(vec![vec![send(5, 1)]]), plan(vec![])];
+        assert!(run(&outside, 4, &net(2), Mode::Ideal, &opts).is_err());
+    }
+}
