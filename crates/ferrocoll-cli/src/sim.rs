@@ -1,5 +1,7 @@
 //! `ferrocoll sim`: run a collective's plans on a modelled cluster
-//! (crates/ferrocoll-sim) and report time, bandwidth, link load and energy.
+//! (crates/ferrocoll-sim) and report time, bandwidth, link load and energy;
+//! optionally with stragglers and slow or failed links, and with an SVG plot
+//! of the link utilization over time.
 
 use std::io::Write;
 use std::time::Instant;
@@ -7,7 +9,7 @@ use std::time::Instant;
 use clap::Args;
 use ferrocoll::cost::{self, LinkParams, Profile, Shape};
 use ferrocoll::{Algorithm, Collective};
-use ferrocoll_sim::{Mode, TopologySpec};
+use ferrocoll_sim::{Mode, SimOptions, TopologySpec};
 
 use crate::error::CliError;
 
@@ -36,12 +38,27 @@ pub struct SimArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Write the link utilization over time (one line per link class, 200
+    /// time buckets) to this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<std::path::PathBuf>,
+    /// A straggler: rank RANK starts its plan SECONDS late (a number of
+    /// seconds, or with ms/us/ns/s). Repeatable.
+    #[arg(long, value_name = "RANK:SECONDS")]
+    pub straggler: Vec<String>,
+    /// A slow link: every link named NAME (as the hottest link is printed,
+    /// e.g. `leaf-up[0]`) or of class NAME (`nic-up`) runs at its bandwidth
+    /// divided by FACTOR; `inf` (or `fail`) makes it a failed link, and a
+    /// message that needs it an error. Repeatable.
+    #[arg(long, value_name = "NAME:FACTOR")]
+    pub slow_link: Vec<String>,
 }
 
 /// Energy per bit by link class, in picojoules (the seeds' figure: NVLink
 /// 100 pJ/bit, InfiniBand 1000 pJ/bit); a class not named here counts as
-/// the network tier. Only the upward classes are counted: every bit that
-/// goes up a tier comes down it again, and the figure is per bit moved.
+/// the network tier. Downward classes are not counted: every bit that goes
+/// up to a switch comes down again, and the figure is per bit moved; on
+/// switchless links (ring, torus) every hop counts.
 fn picojoules_per_bit(class: &str) -> f64 {
     if class.starts_with("nvlink") {
         100.0
@@ -76,32 +93,53 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("--bytes {s:?} is too large"))
 }
 
+/// `RANK:SECONDS` of `--straggler`; the delay is in seconds unless it
+/// ends in `s`, `ms`, `us` or `ns`.
+fn parse_straggler(s: &str) -> Result<(usize, f64), String> {
+    let bad = || format!("--straggler {s:?}: expected RANK:SECONDS, e.g. 3:1ms or 3:0.001");
+    let (rank, delay) = s.split_once(':').ok_or_else(bad)?;
+    let rank = rank.trim().parse().map_err(|_| bad())?;
+    let d = delay.trim();
+    let (num, scale) = [("ns", 1e-9), ("us", 1e-6), ("ms", 1e-3), ("s", 1.0)]
+        .iter()
+        .find_map(|&(unit, scale)| d.strip_suffix(unit).map(|n| (n, scale)))
+        .unwrap_or((d, 1.0));
+    let v: f64 = num.trim().parse().map_err(|_| bad())?;
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(format!("--straggler {s:?}: the delay must be at least 0"));
+    }
+    Ok((rank, v * scale))
+}
+
+/// `NAME:FACTOR` of `--slow-link`; `inf` or `fail` is a failed link.
+fn parse_slow_link(s: &str) -> Result<(String, f64), String> {
+    let bad =
+        || format!("--slow-link {s:?}: expected NAME:FACTOR, e.g. leaf-up[0]:4 or nic-up[3]:inf");
+    let (name, factor) = s.rsplit_once(':').ok_or_else(bad)?;
+    let f = match factor.trim() {
+        "inf" | "fail" | "failed" => f64::INFINITY,
+        f => f.parse::<f64>().map_err(|_| bad())?,
+    };
+    if name.trim().is_empty() || f.is_nan() || f <= 0.0 {
+        return Err(bad());
+    }
+    Ok((name.trim().to_string(), f))
+}
+
 /// The cost-model profile of a modelled cluster: its rank ports as the
-/// intra-node links and its network ports as the inter-node ones.
+/// intra-node links and its network ports as the inter-node ones (see
+/// [`TopologySpec::cost_links`]).
 fn profile_of(topo: &TopologySpec) -> Profile {
-    let link = |bw: f64, lat: f64| LinkParams {
-        alpha: lat,
-        beta: bw,
+    let link = |l: ferrocoll_sim::LinkSpec| LinkParams {
+        alpha: l.lat,
+        beta: l.bw,
         overhead: 0.0,
     };
-    match topo {
-        TopologySpec::Switch { link: l, .. } => Profile {
-            intra: link(l.bw, l.lat),
-            inter: link(l.bw, l.lat),
-            gamma: 0.0,
-        },
-        TopologySpec::TwoLevel { intra, inter, .. } => Profile {
-            intra: link(intra.bw, intra.lat),
-            inter: link(inter.bw, inter.lat),
-            gamma: 0.0,
-        },
-        TopologySpec::FatTree {
-            link: l, oversub, ..
-        } => Profile {
-            intra: link(l.bw, l.lat),
-            inter: link(l.bw / oversub.max(1.0), 3.0 * l.lat),
-            gamma: 0.0,
-        },
+    let (intra, inter) = topo.cost_links();
+    Profile {
+        intra: link(intra),
+        inter: link(inter),
+        gamma: 0.0,
     }
 }
 
@@ -130,13 +168,37 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         Algorithm::from_name(&args.algo)
             .ok_or_else(|| CliError::Usage(format!("unknown algorithm {:?}", args.algo)))?
     };
+    let opts = SimOptions {
+        start_delay: args
+            .straggler
+            .iter()
+            .map(|s| parse_straggler(s))
+            .collect::<Result<_, _>>()
+            .map_err(CliError::Usage)?,
+        slow_links: args
+            .slow_link
+            .iter()
+            .map(|s| parse_slow_link(s))
+            .collect::<Result<_, _>>()
+            .map_err(CliError::Usage)?,
+        ..SimOptions::default()
+    };
     let start = Instant::now();
-    let r = ferrocoll_sim::simulate(coll, algo, bytes, &topo, mode).map_err(CliError::Run)?;
+    let r = ferrocoll_sim::simulate_with(coll, algo, bytes, &topo, mode, &opts)
+        .map_err(CliError::Run)?;
     let wall = start.elapsed().as_secs_f64();
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "{coll} {algo} {bytes} B on {}, {} mode",
+            args.topology, args.mode
+        );
+        std::fs::write(path, ferrocoll_sim::plot::svg(&r, &title))
+            .map_err(|e| CliError::Run(format!("--plot {}: {e}", path.display())))?;
+    }
     let energy: f64 = r
         .per_class
         .iter()
-        .filter(|c| c.class.ends_with("up"))
+        .filter(|c| !c.class.ends_with("down"))
         .map(|c| c.bytes as f64 * 8.0 * picojoules_per_bit(&c.class) * 1e-12)
         .sum();
     // The simulator reports bytes per second; print GB/s as bench does.
@@ -152,6 +214,7 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
             "coll": coll.name(), "ranks": n, "bytes": bytes, "algo": algo.name(), "mode": args.mode,
             "time_us": r.time_s * 1e6, "algbw": algbw, "busbw": busbw, "energy_j": energy,
             "wall_s": wall, "hottest_link": r.hottest_link, "events": r.events, "links": links,
+            "timeline_buckets": ferrocoll_sim::TIMELINE_BUCKETS,
         });
         writeln!(out, "{json}")?;
         return Ok(());
@@ -193,5 +256,25 @@ mod tests {
         assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
         assert_eq!(parse_bytes("2GB").unwrap(), 2_000_000_000);
         assert!(parse_bytes("3 parsecs").is_err());
+    }
+
+    #[test]
+    fn scenarios_parse() {
+        assert_eq!(parse_straggler("3:0.001").unwrap(), (3, 0.001));
+        let (r, d) = parse_straggler("5:250us").unwrap();
+        assert!(r == 5 && (d - 250e-6).abs() < 1e-18);
+        assert_eq!(parse_straggler("0:2ms").unwrap().0, 0);
+        assert!(parse_straggler("3").is_err());
+        assert!(parse_straggler("x:1").is_err());
+        assert!(parse_straggler("3:-1").is_err());
+        assert_eq!(
+            parse_slow_link("leaf-up[0]:4").unwrap(),
+            ("leaf-up[0]".to_string(), 4.0)
+        );
+        assert_eq!(parse_slow_link("nic-up:inf").unwrap().1, f64::INFINITY);
+        assert_eq!(parse_slow_link("up[3]:fail").unwrap().1, f64::INFINITY);
+        assert!(parse_slow_link("up[3]").is_err());
+        assert!(parse_slow_link("up[3]:0").is_err());
+        assert!(parse_slow_link(":2").is_err());
     }
 }

@@ -50,7 +50,50 @@
 //!   interleave finely on shared links. A rank's own messages leave its port
 //!   one after the other (the first message's chunks first), which is
 //!   throughput-equivalent to interleaving them.
+//!
+//! # Scenarios
+//!
+//! [`SimOptions`] can perturb a run: a rank that starts its plan late
+//! ([`SimOptions::start_delay`]), a rank that reduces slowly
+//! ([`SimOptions::compute_slowdown`], a factor on gamma), and links that
+//! run below their bandwidth or have failed ([`SimOptions::slow_links`]).
+//! A failed link is checked before the run starts: if any message of the
+//! plans crosses it, the run is an error naming the link (a message that
+//! can never be delivered would otherwise hang its ranks).
+//!
+//! # Several groups at once
+//!
+//! [`run_groups`] runs the plans of several groups of ranks together on one
+//! network ([`Group`]: group rank i is physical rank `ranks[i]`). Each group
+//! advances through its own plans (as separate communicators on separate
+//! streams would); the groups interact only through what they share: the
+//! links (each a FIFO queue in both modes, the ports in the ideal mode) and
+//! the reduction unit of a physical rank (one reduction at a time per
+//! physical rank, whichever group it belongs to: a pessimistic model of two
+//! reduction kernels on one GPU). Traffic, busy time and timelines are
+//! recorded per group; the event count is the whole run's.
+//!
+//! # Timeline
+//!
+//! Every time a link transmits (for B / bandwidth seconds: a chunk in the
+//! contention mode, a message in the ideal mode) the interval is added to a
+//! histogram per link class. The histogram has [`TIMELINE_BUCKETS`] · 16
+//! fine bins whose width doubles (merging neighbours) whenever a run
+//! outgrows them, so its size is fixed however long the run is; at the end
+//! it is folded into [`TIMELINE_BUCKETS`] buckets of equal width spanning
+//! `[0, time_s]` (a fine bin that straddles two buckets is split in
+//! proportion to its overlap, i.e. its busy time is taken as spread evenly
+//! over it). A bucket's value is the busy time of the class's links in it
+//! over the bucket's width times the number of links, so the buckets'
+//! mean is the class's utilization over the whole run. In the contention
+//! mode every link is a queue and the values lie in 0..=1; in the ideal mode
+//! only the first and last link of a path queue messages, and a middle link
+//! (a fat tree's leaf uplink) that is offered more than it can carry shows
+//! values above 1, as its whole-run utilization does. The ideal mode places
+//! a message's busy time on a middle link at the latest of its two port
+//! start times.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BinaryHeap};
 
@@ -69,23 +112,52 @@ pub enum Mode {
 }
 
 /// Knobs of a simulation beyond the topology.
-#[derive(Clone, Copy, Debug, PartialEq)]
+///
+/// The default is the plain run: no reduction cost, 64 KiB chunks, no
+/// scenario (every rank starts at 0 and reduces at gamma, every link at
+/// its bandwidth).
+#[derive(Clone, Debug, PartialEq)]
 pub struct SimOptions {
     /// Seconds to reduce one byte (gamma); 0 makes reductions free.
     pub gamma: f64,
     /// Chunk size of the contention mode, in bytes (at least 1).
     pub chunk_bytes: u64,
+    /// Stragglers: `(rank, d)` makes physical rank `rank` start its plan (in
+    /// every group it belongs to) `d` seconds late (finite, at least 0).
+    /// Several entries for one rank add up.
+    pub start_delay: Vec<(usize, f64)>,
+    /// Slow ranks: `(rank, f)` multiplies physical rank `rank`'s gamma (its
+    /// local and received reductions) by `f` (finite, above 0). Several
+    /// entries for one rank multiply. Has no effect while gamma is 0.
+    pub compute_slowdown: Vec<(usize, f64)>,
+    /// Slow or failed links: `(name, f)` divides the bandwidth of every link
+    /// whose display name (as in `SimResult::hottest_link`, e.g.
+    /// `nic-up[3]`, `leaf-up[0]`) or whose class (`leaf-up`) is `name` by
+    /// `f` (above 0). `f64::INFINITY` marks the links failed: a run whose
+    /// plans send a message across one is an error naming it. A name that
+    /// matches no link is an error. Several entries for one link multiply.
+    pub slow_links: Vec<(String, f64)>,
 }
 
 impl Default for SimOptions {
-    /// gamma = 0 and 64 KiB chunks.
+    /// gamma = 0, 64 KiB chunks, no scenario.
     fn default() -> SimOptions {
         SimOptions {
             gamma: 0.0,
             chunk_bytes: 64 << 10,
+            start_delay: Vec::new(),
+            compute_slowdown: Vec::new(),
+            slow_links: Vec::new(),
         }
     }
 }
+
+/// Number of equal time buckets of [`Trace::timeline`] (and of
+/// `SimResult::timeline`), spanning the run from 0 to its end.
+pub const TIMELINE_BUCKETS: usize = 200;
+
+/// Fine bins of the timeline histogram per class (see the module docs).
+const FINE: usize = TIMELINE_BUCKETS * 16;
 
 /// What a run measured, per link.
 #[derive(Clone, Debug, PartialEq)]
@@ -98,6 +170,21 @@ pub struct Trace {
     pub link_busy: Vec<f64>,
     /// Events processed.
     pub events: u64,
+    /// Per link class (in [`Network::classes`] order), the utilization
+    /// (busy time over time times the class's links) in each of
+    /// [`TIMELINE_BUCKETS`] equal buckets of `[0, time_s]`; all zeros when
+    /// no time passed. See the module docs.
+    pub timeline: Vec<Vec<f64>>,
+}
+
+/// The plans of one group of ranks for [`run_groups`].
+#[derive(Clone, Copy, Debug)]
+pub struct Group<'a> {
+    /// `plans[i]` is group rank i's plan; peers in it are group ranks.
+    pub plans: &'a [Plan],
+    /// `ranks[i]` is the physical rank (the network's) group rank i runs
+    /// on; as many as `plans`, distinct.
+    pub ranks: &'a [usize],
 }
 
 /// One message, matched.
@@ -180,10 +267,109 @@ impl Ord for Event {
     }
 }
 
+/// The timeline histogram of one group: per class, [`FINE`] bins of
+/// `width` seconds (0 until the first interval).
+struct Histogram {
+    width: f64,
+    bins: Vec<f64>,
+}
+
+impl Histogram {
+    fn new(classes: usize) -> Histogram {
+        Histogram {
+            width: 0.0,
+            bins: vec![0.0; classes * FINE],
+        }
+    }
+
+    /// Adds busy time over `[s, e]` to class `class`.
+    fn add(&mut self, class: usize, s: f64, e: f64) {
+        if e <= s || !e.is_finite() {
+            return;
+        }
+        if self.width == 0.0 {
+            self.width = e / FINE as f64;
+        }
+        while e > self.width * FINE as f64 {
+            // Twice as wide: merge neighbouring bins.
+            for row in self.bins.chunks_mut(FINE) {
+                for i in 0..FINE / 2 {
+                    row[i] = row[2 * i] + row[2 * i + 1];
+                }
+                row[FINE / 2..].fill(0.0);
+            }
+            self.width *= 2.0;
+        }
+        let w = self.width;
+        let row = &mut self.bins[class * FINE..(class + 1) * FINE];
+        let first = ((s / w) as usize).min(FINE - 1);
+        let last = ((e / w) as usize).min(FINE - 1);
+        if first == last {
+            row[first] += e - s;
+            return;
+        }
+        row[first] += (first + 1) as f64 * w - s;
+        for b in &mut row[first + 1..last] {
+            *b += w;
+        }
+        row[last] += e - last as f64 * w;
+    }
+
+    /// [`TIMELINE_BUCKETS`] utilizations per class over `[0, t]`;
+    /// `sizes[c]` is the number of links of class c.
+    fn finish(&self, t: f64, sizes: &[usize]) -> Vec<Vec<f64>> {
+        let nb = TIMELINE_BUCKETS;
+        let cw = t / nb as f64;
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(c, &size)| {
+                let mut out = vec![0.0; nb];
+                if t.is_nan() || t <= 0.0 || self.width == 0.0 {
+                    return out;
+                }
+                let w = self.width;
+                for (i, &v) in self.bins[c * FINE..(c + 1) * FINE].iter().enumerate() {
+                    if v == 0.0 {
+                        continue;
+                    }
+                    let (a, hi) = (i as f64 * w, ((i + 1) as f64 * w).min(t));
+                    if hi <= a {
+                        out[nb - 1] += v;
+                        continue;
+                    }
+                    let j0 = ((a / cw) as usize).min(nb - 1);
+                    let j1 = ((hi / cw) as usize).min(nb - 1);
+                    for (j, o) in out.iter_mut().enumerate().take(j1 + 1).skip(j0) {
+                        let lo = a.max(j as f64 * cw);
+                        let up = if j == nb - 1 {
+                            hi
+                        } else {
+                            hi.min((j + 1) as f64 * cw)
+                        };
+                        if up > lo {
+                            *o += v * (up - lo) / (hi - a);
+                        }
+                    }
+                }
+                let cap = cw * size.max(1) as f64;
+                // Rounding leaves a full bucket a few ulps above 1.
+                out.iter_mut().for_each(|o| {
+                    *o /= cap;
+                    if *o > 1.0 && *o < 1.0 + 1e-9 {
+                        *o = 1.0;
+                    }
+                });
+                out
+            })
+            .collect()
+    }
+}
+
 struct Engine<'a> {
-    net: &'a Network,
+    net: Cow<'a, Network>,
     mode: Mode,
-    opts: SimOptions,
+    chunk_bytes: u64,
     msgs: Vec<Msg>,
     rounds: Vec<RoundInfo>,
     /// rank -> index of its first round in `rounds`; n + 1 entries.
@@ -193,11 +379,24 @@ struct Engine<'a> {
     /// Per rank: index of the current round in `rounds`.
     cur: Vec<usize>,
     pending: Vec<u32>,
+    /// Engine ranks (the groups' ranks one after the other) -> physical rank.
+    phys: Vec<u32>,
+    /// Engine rank -> its group.
+    group_of: Vec<u32>,
+    /// Group -> its first engine rank; groups + 1 entries.
+    group_first: Vec<usize>,
+    /// Per engine rank: seconds per reduced byte.
+    gamma: Vec<f64>,
+    /// Per engine rank: when it starts its plan.
+    start_at: Vec<f64>,
+    /// Per physical rank: when its reduction unit is free.
     compute_free: Vec<f64>,
     finish: Vec<f64>,
     link_free: Vec<f64>,
+    /// Per group, per link (group * links + link).
     link_bytes: Vec<u64>,
     link_busy: Vec<f64>,
+    hist: Vec<Histogram>,
     heap: BinaryHeap<Event>,
     seq: u64,
 }
@@ -205,7 +404,8 @@ struct Engine<'a> {
 /// Runs `plans` (`plans[r]` is rank r's) with elements of `elem_size` bytes
 /// on `net`. Fails when the plans do not fit together (a message sent and
 /// never received or the reverse, sizes that differ, a peer outside the
-/// group, a deadlock) or do not match the network's size.
+/// group, a deadlock), do not match the network's size, or `opts` is
+/// invalid or sends a message over a failed link.
 pub fn run(
     plans: &[Plan],
     elem_size: usize,
@@ -217,6 +417,27 @@ pub fn run(
     if n != net.ranks() {
         return Err(format!("{n} plans for a network of {} ranks", net.ranks()));
     }
+    let ranks: Vec<usize> = (0..n).collect();
+    let group = Group {
+        plans,
+        ranks: &ranks,
+    };
+    let mut traces = run_groups(&[group], elem_size, net, mode, opts)?;
+    Ok(traces.remove(0))
+}
+
+/// Runs the plans of several groups together on `net`, all from t = 0,
+/// sharing its links (see the module docs); one [`Trace`] per group with
+/// its own finish time, traffic and timeline (the event count is the whole
+/// run's). Fails like [`run`], or when a group's ranks are not distinct
+/// physical ranks of the network, one per plan.
+pub fn run_groups(
+    groups: &[Group<'_>],
+    elem_size: usize,
+    net: &Network,
+    mode: Mode,
+    opts: &SimOptions,
+) -> Result<Vec<Trace>, String> {
     if opts.chunk_bytes == 0 || opts.chunk_bytes > u64::from(u32::MAX) {
         return Err(format!(
             "chunk size {} is not between 1 byte and 4 GiB",
@@ -226,20 +447,124 @@ pub fn run(
     if !(opts.gamma.is_finite() && opts.gamma >= 0.0) {
         return Err(format!("gamma {} is not a time per byte", opts.gamma));
     }
-    let mut e = Engine::new(plans, elem_size, net, mode, *opts)?;
+    let p = net.ranks();
+    for (g, group) in groups.iter().enumerate() {
+        if group.plans.len() != group.ranks.len() {
+            return Err(format!(
+                "group {g} has {} plans for {} ranks",
+                group.plans.len(),
+                group.ranks.len()
+            ));
+        }
+        let mut seen = vec![false; p];
+        for &r in group.ranks {
+            if r >= p {
+                return Err(format!(
+                    "group {g} names rank {r} outside the network of {p} ranks"
+                ));
+            }
+            if std::mem::replace(&mut seen[r], true) {
+                return Err(format!("group {g} names rank {r} twice"));
+            }
+        }
+    }
+    let mut delay = vec![0.0f64; p];
+    for &(r, d) in &opts.start_delay {
+        if r >= p || !(d.is_finite() && d >= 0.0) {
+            return Err(format!(
+                "start delay ({r}, {d}): need a rank below {p} and a finite delay of at least 0 s"
+            ));
+        }
+        delay[r] += d;
+    }
+    let mut slow = vec![1.0f64; p];
+    for &(r, f) in &opts.compute_slowdown {
+        if r >= p || !(f.is_finite() && f > 0.0) {
+            return Err(format!(
+                "compute slowdown ({r}, {f}): need a rank below {p} and a finite factor above 0"
+            ));
+        }
+        slow[r] *= f;
+    }
+    let (net, failed) = degrade(net, &opts.slow_links)?;
+    let mut e = Engine::new(groups, elem_size, net, mode, opts, &delay, &slow)?;
+    if !failed.is_empty() {
+        e.check_failed(&failed)?;
+    }
     e.run()
+}
+
+/// `net` with `slow` applied, and which links have failed (empty when
+/// none).
+fn degrade<'a>(
+    net: &'a Network,
+    slow: &[(String, f64)],
+) -> Result<(Cow<'a, Network>, Vec<bool>), String> {
+    if slow.is_empty() {
+        return Ok((Cow::Borrowed(net), Vec::new()));
+    }
+    let mut owned = net.clone();
+    let mut failed = vec![false; net.links.len()];
+    let names: Vec<String> = (0..net.links.len()).map(|i| net.link_name(i)).collect();
+    for (name, f) in slow {
+        if f.is_nan() || *f <= 0.0 {
+            return Err(format!(
+                "slow link {name}: factor {f} must be above 0 (inf for a failed link)"
+            ));
+        }
+        let mut any = false;
+        for (i, link) in owned.links.iter_mut().enumerate() {
+            if names[i] == *name || net.classes[link.class] == *name {
+                any = true;
+                if f.is_infinite() {
+                    failed[i] = true;
+                } else {
+                    link.bw /= f;
+                }
+            }
+        }
+        if !any {
+            return Err(format!(
+                "slow link {name}: no link or link class of that name (classes: {}; links are named like {})",
+                net.classes.join(", "),
+                names.first().map_or("up[0]", String::as_str)
+            ));
+        }
+    }
+    Ok((Cow::Owned(owned), failed))
 }
 
 impl<'a> Engine<'a> {
     fn new(
-        plans: &[Plan],
+        groups: &[Group<'_>],
         elem_size: usize,
-        net: &'a Network,
+        net: Cow<'a, Network>,
         mode: Mode,
-        opts: SimOptions,
+        opts: &SimOptions,
+        delay: &[f64],
+        slow: &[f64],
     ) -> Result<Engine<'a>, String> {
-        let n = plans.len();
         let elem = elem_size as u64;
+        let mut phys = Vec::new();
+        let mut group_of = Vec::new();
+        let mut group_first = vec![0];
+        for (g, group) in groups.iter().enumerate() {
+            phys.extend(group.ranks.iter().map(|&r| r as u32));
+            group_of.extend(group.ranks.iter().map(|_| g as u32));
+            group_first.push(phys.len());
+        }
+        let n = phys.len();
+        let single = groups.len() == 1;
+        // How errors name an engine rank: by its rank in its group.
+        let who = |v: usize| {
+            let g = group_of[v] as usize;
+            let r = v - group_first[g];
+            if single {
+                format!("rank {r}")
+            } else {
+                format!("group {g} rank {r}")
+            }
+        };
         let mut msgs: Vec<Msg> = Vec::new();
         let mut rounds = Vec::new();
         let mut first_round = Vec::with_capacity(n + 1);
@@ -248,71 +573,77 @@ impl<'a> Engine<'a> {
         // (src, dst) -> sends in plan order / (recv slot, bytes, reduce) in plan order.
         let mut pair_sends: BTreeMap<(u32, u32), Vec<u32>> = BTreeMap::new();
         let mut pair_recvs: BTreeMap<(u32, u32), Vec<PendingRecv>> = BTreeMap::new();
-        let check_peer = |rank: usize, peer: usize| {
-            if peer >= n {
-                Err(format!(
-                    "rank {rank} names peer {peer} outside the group of {n}"
-                ))
-            } else {
-                Ok(peer as u32)
-            }
-        };
-        for (rank, plan) in plans.iter().enumerate() {
-            first_round.push(rounds.len());
-            for round in &plan.rounds {
-                let (s0, r0) = (send_ids.len() as u32, recv_ids.len() as u32);
-                let mut local_reduce = 0u64;
-                for op in &round.ops {
-                    match *op {
-                        Op::Send { peer, src } => {
-                            let peer = check_peer(rank, peer)?;
-                            let id = u32::try_from(msgs.len())
-                                .map_err(|_| "more than 2^32 messages".to_string())?;
-                            msgs.push(Msg {
-                                src: rank as u32,
-                                dst: peer,
-                                bytes: src.len as u64 * elem,
-                                reduce: false,
-                                posted: 0,
-                                chunks_left: 0,
-                                done: 0.0,
-                            });
-                            pair_sends.entry((rank as u32, peer)).or_default().push(id);
-                            send_ids.push(id);
-                        }
-                        Op::Recv { peer, dst } | Op::RecvReduce { peer, dst, .. } => {
-                            let peer = check_peer(rank, peer)?;
-                            let reduce = matches!(op, Op::RecvReduce { .. });
-                            pair_recvs.entry((peer, rank as u32)).or_default().push((
-                                recv_ids.len() as u32,
-                                dst.len as u64 * elem,
-                                reduce,
-                            ));
-                            recv_ids.push(u32::MAX);
-                        }
-                        Op::Reduce { dst, .. } => local_reduce += dst.len as u64 * elem,
-                        Op::Copy { .. } => {}
-                    }
+        for (g, group) in groups.iter().enumerate() {
+            let (base, size) = (group_first[g], group.plans.len());
+            let check_peer = |rank: usize, peer: usize| {
+                if peer >= size {
+                    Err(format!(
+                        "{} names peer {peer} outside the group of {size}",
+                        who(base + rank)
+                    ))
+                } else {
+                    Ok((base + peer) as u32)
                 }
-                rounds.push(RoundInfo {
-                    sends: (s0, send_ids.len() as u32),
-                    recvs: (r0, recv_ids.len() as u32),
-                    local_reduce,
-                });
+            };
+            for (local, plan) in group.plans.iter().enumerate() {
+                let rank = base + local;
+                first_round.push(rounds.len());
+                for round in &plan.rounds {
+                    let (s0, r0) = (send_ids.len() as u32, recv_ids.len() as u32);
+                    let mut local_reduce = 0u64;
+                    for op in &round.ops {
+                        match *op {
+                            Op::Send { peer, src } => {
+                                let peer = check_peer(local, peer)?;
+                                let id = u32::try_from(msgs.len())
+                                    .map_err(|_| "more than 2^32 messages".to_string())?;
+                                msgs.push(Msg {
+                                    src: rank as u32,
+                                    dst: peer,
+                                    bytes: src.len as u64 * elem,
+                                    reduce: false,
+                                    posted: 0,
+                                    chunks_left: 0,
+                                    done: 0.0,
+                                });
+                                pair_sends.entry((rank as u32, peer)).or_default().push(id);
+                                send_ids.push(id);
+                            }
+                            Op::Recv { peer, dst } | Op::RecvReduce { peer, dst, .. } => {
+                                let peer = check_peer(local, peer)?;
+                                let reduce = matches!(op, Op::RecvReduce { .. });
+                                pair_recvs.entry((peer, rank as u32)).or_default().push((
+                                    recv_ids.len() as u32,
+                                    dst.len as u64 * elem,
+                                    reduce,
+                                ));
+                                recv_ids.push(u32::MAX);
+                            }
+                            Op::Reduce { dst, .. } => local_reduce += dst.len as u64 * elem,
+                            Op::Copy { .. } => {}
+                        }
+                    }
+                    rounds.push(RoundInfo {
+                        sends: (s0, send_ids.len() as u32),
+                        recvs: (r0, recv_ids.len() as u32),
+                        local_reduce,
+                    });
+                }
             }
         }
         first_round.push(rounds.len());
         for ((src, dst), sends) in &pair_sends {
+            let (s, d) = (who(*src as usize), who(*dst as usize));
             let recvs = pair_recvs.remove(&(*src, *dst)).unwrap_or_default();
             if recvs.len() < sends.len() {
                 return Err(format!(
-                    "rank {src} sends message #{} to rank {dst} that is never received",
+                    "{s} sends message #{} to {d} that is never received",
                     recvs.len()
                 ));
             }
             if recvs.len() > sends.len() {
                 return Err(format!(
-                    "rank {dst} waits for message #{} from rank {src} that is never sent",
+                    "{d} waits for message #{} from {s} that is never sent",
                     sends.len()
                 ));
             }
@@ -320,7 +651,7 @@ impl<'a> Engine<'a> {
                 let m = &mut msgs[id as usize];
                 if m.bytes != bytes {
                     return Err(format!(
-                        "message #{k} from rank {src} to rank {dst} has {} bytes but is received into {bytes}",
+                        "message #{k} from {s} to {d} has {} bytes but is received into {bytes}",
                         m.bytes
                     ));
                 }
@@ -330,14 +661,21 @@ impl<'a> Engine<'a> {
         }
         if let Some(((src, dst), _)) = pair_recvs.into_iter().next() {
             return Err(format!(
-                "rank {dst} waits for message #0 from rank {src} that is never sent"
+                "{} waits for message #0 from {} that is never sent",
+                who(dst as usize),
+                who(src as usize)
             ));
         }
         let links = net.links.len();
+        let classes = net.classes.len();
+        let gamma = phys
+            .iter()
+            .map(|&r| opts.gamma * slow[r as usize])
+            .collect();
+        let start_at = phys.iter().map(|&r| delay[r as usize]).collect();
         Ok(Engine {
-            net,
             mode,
-            opts,
+            chunk_bytes: opts.chunk_bytes,
             msgs,
             cur: first_round[..n].to_vec(),
             rounds,
@@ -345,14 +683,49 @@ impl<'a> Engine<'a> {
             send_ids,
             recv_ids,
             pending: vec![0; n],
-            compute_free: vec![0.0; n],
+            compute_free: vec![0.0; net.ranks()],
             finish: vec![0.0; n],
             link_free: vec![0.0; links],
-            link_bytes: vec![0; links],
-            link_busy: vec![0.0; links],
+            link_bytes: vec![0; links * groups.len()],
+            link_busy: vec![0.0; links * groups.len()],
+            hist: (0..groups.len()).map(|_| Histogram::new(classes)).collect(),
             heap: BinaryHeap::new(),
             seq: 0,
+            phys,
+            group_of,
+            group_first,
+            gamma,
+            start_at,
+            net,
         })
+    }
+
+    /// Fails naming the first failed link (in message order) that a
+    /// message needs.
+    fn check_failed(&self, failed: &[bool]) -> Result<(), String> {
+        for m in &self.msgs {
+            let (a, b) = (self.phys[m.src as usize], self.phys[m.dst as usize]);
+            let path = self.net.path(a as usize, b as usize);
+            if let Some(&l) = path.links().iter().find(|&&l| failed[l as usize]) {
+                return Err(format!(
+                    "link {} has failed: rank {a} sends {} bytes to rank {b} across it",
+                    self.net.link_name(l as usize),
+                    m.bytes
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Charges `busy` seconds and `bytes` on link `link` from `start` to
+    /// the group of engine rank `rank`.
+    fn account(&mut self, rank: usize, link: usize, start: f64, busy: f64, bytes: u64) {
+        let g = self.group_of[rank] as usize;
+        let i = g * self.net.links.len() + link;
+        self.link_bytes[i] += bytes;
+        self.link_busy[i] += busy;
+        let class = self.net.links[link].class;
+        self.hist[g].add(class, start, start + busy);
     }
 
     fn push(&mut self, time: f64, kind: Kind) {
@@ -371,10 +744,10 @@ impl<'a> Engine<'a> {
         });
     }
 
-    fn run(&mut self) -> Result<Trace, String> {
+    fn run(&mut self) -> Result<Vec<Trace>, String> {
         let n = self.first_round.len() - 1;
         for rank in 0..n {
-            self.enter_round(rank, 0.0);
+            self.enter_round(rank, self.start_at[rank]);
         }
         let mut events = 0u64;
         while let Some(ev) = self.heap.pop() {
@@ -395,10 +768,11 @@ impl<'a> Engine<'a> {
                         (m.src as usize, m.dst as usize, m.bytes, m.reduce)
                     };
                     self.complete_one(src, now);
-                    if reduce && self.opts.gamma > 0.0 && bytes > 0 {
-                        let start = now.max(self.compute_free[dst]);
-                        let end = start + self.opts.gamma * bytes as f64;
-                        self.compute_free[dst] = end;
+                    let (gamma, unit) = (self.gamma[dst], self.phys[dst] as usize);
+                    if reduce && gamma > 0.0 && bytes > 0 {
+                        let start = now.max(self.compute_free[unit]);
+                        let end = start + gamma * bytes as f64;
+                        self.compute_free[unit] = end;
                         self.push(end, Kind::Reduced { msg });
                     } else {
                         self.complete_one(dst, now);
@@ -410,18 +784,37 @@ impl<'a> Engine<'a> {
                 }
             }
         }
+        let groups = self.group_first.len() - 1;
         if let Some(rank) = (0..n).find(|&r| self.cur[r] < self.first_round[r + 1]) {
+            let g = self.group_of[rank] as usize;
+            let prefix = if groups == 1 {
+                String::new()
+            } else {
+                format!("group {g} ")
+            };
             return Err(format!(
-                "deadlock: rank {rank} never finishes round {} of its plan",
+                "deadlock: {prefix}rank {} never finishes round {} of its plan",
+                rank - self.group_first[g],
                 self.cur[rank] - self.first_round[rank]
             ));
         }
-        Ok(Trace {
-            time_s: self.finish.iter().copied().fold(0.0, f64::max),
-            link_bytes: std::mem::take(&mut self.link_bytes),
-            link_busy: std::mem::take(&mut self.link_busy),
-            events,
-        })
+        let links = self.net.links.len();
+        let sizes: Vec<usize> = (0..self.net.classes.len())
+            .map(|c| self.net.class_size(c))
+            .collect();
+        Ok((0..groups)
+            .map(|g| {
+                let ranks = self.group_first[g]..self.group_first[g + 1];
+                let time_s = self.finish[ranks].iter().copied().fold(0.0, f64::max);
+                Trace {
+                    time_s,
+                    link_bytes: self.link_bytes[g * links..(g + 1) * links].to_vec(),
+                    link_busy: self.link_busy[g * links..(g + 1) * links].to_vec(),
+                    events,
+                    timeline: self.hist[g].finish(time_s, &sizes),
+                }
+            })
+            .collect())
     }
 
     /// Rank `rank` starts round `self.cur[rank]` (or finishes) at `now`.
@@ -432,10 +825,11 @@ impl<'a> Engine<'a> {
             return;
         }
         let local = self.rounds[k].local_reduce;
+        let (gamma, unit) = (self.gamma[rank], self.phys[rank] as usize);
         let mut t = now;
-        if local > 0 && self.opts.gamma > 0.0 {
-            t = now.max(self.compute_free[rank]) + self.opts.gamma * local as f64;
-            self.compute_free[rank] = t;
+        if local > 0 && gamma > 0.0 {
+            t = now.max(self.compute_free[unit]) + gamma * local as f64;
+            self.compute_free[unit] = t;
         }
         self.push(t, Kind::Post { rank: rank as u32 });
     }
@@ -482,7 +876,9 @@ impl<'a> Engine<'a> {
             let m = &self.msgs[id as usize];
             (m.src as usize, m.dst as usize, m.bytes)
         };
-        let path = self.net.path(src, dst);
+        let path = self
+            .net
+            .path(self.phys[src] as usize, self.phys[dst] as usize);
         let links = path.links();
         if links.is_empty() {
             self.push(now, Kind::Delivered { msg: id });
@@ -496,19 +892,34 @@ impl<'a> Engine<'a> {
                     let link = &self.net.links[l as usize];
                     bw = bw.min(link.bw);
                     lat += link.lat;
-                    self.link_bytes[l as usize] += bytes;
-                    self.link_busy[l as usize] += bytes as f64 / link.bw;
                 }
                 let dur = bytes as f64 / bw;
                 let (first, last) = (links[0] as usize, links[links.len() - 1] as usize);
                 let end_out = now.max(self.link_free[first]) + dur;
                 self.link_free[first] = end_out;
-                let end_in = now.max(self.link_free[last]) + dur;
+                // A one-link path (neighbours on a ring) has one queue.
+                let end_in = if last == first {
+                    end_out
+                } else {
+                    now.max(self.link_free[last]) + dur
+                };
                 self.link_free[last] = end_in;
+                let mid = end_out.max(end_in) - dur;
+                for (k, &l) in links.iter().enumerate() {
+                    let at = if k == 0 {
+                        end_out - dur
+                    } else if k + 1 == links.len() {
+                        end_in - dur
+                    } else {
+                        mid
+                    };
+                    let busy = bytes as f64 / self.net.links[l as usize].bw;
+                    self.account(src, l as usize, at, busy, bytes);
+                }
                 self.push(end_out.max(end_in) + lat, Kind::Delivered { msg: id });
             }
             Mode::Contention => {
-                let chunk = self.opts.chunk_bytes;
+                let chunk = self.chunk_bytes;
                 let nchunks = bytes.div_ceil(chunk).max(1);
                 {
                     let m = &mut self.msgs[id as usize];
@@ -526,8 +937,7 @@ impl<'a> Engine<'a> {
                     let start = now.max(self.link_free[l0]);
                     let end = start + cb as f64 / bw;
                     self.link_free[l0] = end;
-                    self.link_bytes[l0] += cb;
-                    self.link_busy[l0] += cb as f64 / bw;
+                    self.account(src, l0, start, cb as f64 / bw, cb);
                     if links.len() == 1 {
                         self.arrive(id, end + lat);
                     } else {
@@ -549,8 +959,11 @@ impl<'a> Engine<'a> {
 
     /// A chunk of `bytes` of message `id` reaches hop `hop` at `now`.
     fn hop(&mut self, id: u32, hop: usize, bytes: u64, prev_end: f64, now: f64) {
-        let m = &self.msgs[id as usize];
-        let path = self.net.path(m.src as usize, m.dst as usize);
+        let src = self.msgs[id as usize].src as usize;
+        let dst = self.msgs[id as usize].dst as usize;
+        let path = self
+            .net
+            .path(self.phys[src] as usize, self.phys[dst] as usize);
         let links = path.links();
         let (prev, l) = (links[hop - 1] as usize, links[hop] as usize);
         let link = &self.net.links[l];
@@ -559,8 +972,7 @@ impl<'a> Engine<'a> {
         // Cut-through: the tail cannot leave before it has come in.
         let end = (start + bytes as f64 / bw).max(prev_end + self.net.links[prev].lat);
         self.link_free[l] = end;
-        self.link_bytes[l] += bytes;
-        self.link_busy[l] += bytes as f64 / bw;
+        self.account(src, l, start, bytes as f64 / bw, bytes);
         if hop + 1 == links.len() {
             self.arrive(id, end + lat);
         } else {
@@ -645,6 +1057,27 @@ mod tests {
                 "{mode:?} {t:?}"
             );
             assert_eq!(t.link_bytes, [1000, 0, 0, 1000]);
+        }
+    }
+
+    #[test]
+    fn a_one_link_path_is_charged_once() {
+        // Neighbours on a physical ring share one link: no separate ports.
+        let ring = TopologySpec::parse("ring:ranks=4,bw=1GB/s,lat=1us").unwrap();
+        let net = Network::new(&ring);
+        assert_eq!(net.path(0, 1).links().len(), 1);
+        let plans = [
+            plan(vec![vec![send(1, 250)]]),
+            plan(vec![vec![recv(0, 250)]]),
+            plan(vec![]),
+            plan(vec![]),
+        ];
+        for mode in [Mode::Ideal, Mode::Contention] {
+            let t = run(&plans, 4, &net, mode, &SimOptions::default()).unwrap();
+            assert!(
+                (t.time_s - (1e-6 + 1000.0 / 1e9)).abs() < 1e-15,
+                "{mode:?} {t:?}"
+            );
         }
     }
 

@@ -3,11 +3,17 @@
 //!
 //! [`simulate`] builds the plan of every rank with [`ferrocoll::plan::build`]
 //! and replays all of them, message by message, on a [`TopologySpec`]
-//! (`switch`, `two-level`, `fat-tree`), either without contention
+//! (`switch`, `two-level`, `rail`, `fat-tree`, `ring`, `torus`, with a rank
+//! placement), either without contention
 //! ([`Mode::Ideal`], which agrees with the alpha-beta cost model
 //! `ferrocoll::cost::predict`) or with every link a FIFO queue of chunks
 //! ([`Mode::Contention`]). See [`engine`] for the execution model,
 //! [`network`] for the links and routes, [`topology`] for the strings.
+//!
+//! [`SimOptions`] adds scenarios (stragglers, slow ranks, slow or failed
+//! links), [`simulate_jobs`] runs several collectives at once on one fabric,
+//! every [`SimResult`] carries a per-class link utilization
+//! [`timeline`](SimResult::timeline), and [`plot::svg`] draws it.
 //!
 //! ```
 //! use ferrocoll::{Algorithm, Collective};
@@ -24,9 +30,10 @@
 
 pub mod engine;
 pub mod network;
+pub mod plot;
 pub mod topology;
 
-pub use engine::{Mode, SimOptions};
+pub use engine::{Mode, SimOptions, TIMELINE_BUCKETS};
 pub use network::Network;
 pub use topology::{LinkSpec, TopologySpec};
 
@@ -61,8 +68,32 @@ pub struct SimResult {
     pub per_class: Vec<LinkClassStats>,
     /// The link busy longest, e.g. `leaf-up[2]` (empty when nothing moved).
     pub hottest_link: String,
-    /// Events the engine processed.
+    /// Events the engine processed (with [`simulate_jobs`], those of the
+    /// whole run, all jobs together).
     pub events: u64,
+    /// Link utilization over time: per link class (in `per_class` order),
+    /// the busy time of the class's links in each of [`TIMELINE_BUCKETS`]
+    /// (200) equal buckets spanning `[0, time_s]`, over the bucket's width
+    /// times the number of links. The mean of a class's buckets is its
+    /// `per_class` utilization; values lie in 0..=1 in the contention mode
+    /// (see [`engine`] for the ideal mode's middle links). All zeros when
+    /// no time passed.
+    pub timeline: Vec<(String, Vec<f64>)>,
+}
+
+/// One collective of [`simulate_jobs`]: `coll` with `algo` on the group
+/// made of the physical ranks `ranks` (group rank i runs on `ranks[i]`),
+/// `bytes` as for [`simulate`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Job {
+    /// The collective.
+    pub coll: Collective,
+    /// Its algorithm.
+    pub algo: Algorithm,
+    /// Size of the call as nccl-tests counts it (see [`simulate`]).
+    pub bytes: usize,
+    /// The physical ranks of the group, distinct, in group rank order.
+    pub ranks: Vec<usize>,
 }
 
 /// Simulates `coll` with `algo` on `topo`: `bytes` is the size nccl-tests
@@ -88,12 +119,72 @@ pub fn simulate_with(
     mode: Mode,
     opts: &SimOptions,
 ) -> Result<SimResult, String> {
+    let job = Job {
+        coll,
+        algo,
+        bytes,
+        ranks: (0..topo.ranks()).collect(),
+    };
+    let mut results = simulate_jobs(&[job], topo, mode, opts)?;
+    Ok(results.remove(0))
+}
+
+/// Runs several collectives at once on one fabric: every job's plans start
+/// at t = 0 and share the links (and the reduction unit of a rank that is
+/// in several jobs; see [`engine`]). One result per job, in order, each
+/// with its own completion time and its own traffic (`per_class`,
+/// `hottest_link`, `timeline` count only that job's bytes, over its own
+/// time); `events` is the whole run's.
+///
+/// A job's plans see its group as flat (no node structure) unless its ranks
+/// are the whole cluster in order, in which case they see the topology's
+/// node structure as [`simulate`] does; a single such job is exactly
+/// [`simulate_with`].
+pub fn simulate_jobs(
+    jobs: &[Job],
+    topo: &TopologySpec,
+    mode: Mode,
+    opts: &SimOptions,
+) -> Result<Vec<SimResult>, String> {
     const ELEM: usize = 4;
-    let n = topo.ranks();
-    let plans = build_plans(coll, algo, n, element_count(coll, n, bytes, ELEM), topo)?;
+    let all = topo.ranks();
+    let mut plans = Vec::with_capacity(jobs.len());
+    for (j, job) in jobs.iter().enumerate() {
+        let n = job.ranks.len();
+        if n == 0 {
+            return Err(format!("job {j} has no ranks"));
+        }
+        let whole = n == all && job.ranks.iter().enumerate().all(|(i, &r)| i == r);
+        let topology = if whole {
+            topo.plan_topology()
+        } else {
+            ferrocoll::Topology::flat(n)
+        };
+        let count = element_count(job.coll, n, job.bytes, ELEM);
+        let p = plans_on(job.coll, job.algo, n, count, &topology).map_err(|e| {
+            if jobs.len() == 1 {
+                e
+            } else {
+                format!("job {j}: {e}")
+            }
+        })?;
+        plans.push(p);
+    }
+    let groups: Vec<engine::Group<'_>> = jobs
+        .iter()
+        .zip(&plans)
+        .map(|(job, plans)| engine::Group {
+            plans,
+            ranks: &job.ranks,
+        })
+        .collect();
     let net = Network::new(topo);
-    let trace = engine::run(&plans, ELEM, &net, mode, opts)?;
-    Ok(summarize(coll, n, bytes, &net, &trace))
+    let traces = engine::run_groups(&groups, ELEM, &net, mode, opts)?;
+    Ok(jobs
+        .iter()
+        .zip(&traces)
+        .map(|(job, trace)| summarize(job.coll, job.ranks.len(), job.bytes, &net, trace))
+        .collect())
 }
 
 /// The element count [`PlanRequest::count`] takes for a call of `bytes`
@@ -116,7 +207,17 @@ pub fn build_plans(
     count: usize,
     topo: &TopologySpec,
 ) -> Result<Vec<Plan>, String> {
-    let topology = topo.plan_topology();
+    plans_on(coll, algo, n, count, &topo.plan_topology())
+}
+
+/// [`build_plans`] on an explicit plan topology.
+fn plans_on(
+    coll: Collective,
+    algo: Algorithm,
+    n: usize,
+    count: usize,
+    topology: &ferrocoll::Topology,
+) -> Result<Vec<Plan>, String> {
     (0..n)
         .map(|rank| {
             let mut req = PlanRequest::new(coll, n, rank, count).with_topology(topology.clone());
@@ -178,6 +279,12 @@ fn summarize(
         per_class,
         hottest_link: hottest.map(|(i, _)| net.link_name(i)).unwrap_or_default(),
         events: trace.events,
+        timeline: net
+            .classes
+            .iter()
+            .cloned()
+            .zip(trace.timeline.iter().cloned())
+            .collect(),
     }
 }
 

@@ -2,19 +2,41 @@
 //!
 //! Every link is one direction of one port (a rank's port into its switch,
 //! the switch's port down to the rank, a leaf's aggregate uplink to the
-//! spine, ...), with a bandwidth and a latency. Latency is paid on entering a
-//! switch: it sits on the links whose far end is a switch, so a path's
-//! latency is the number of switches it crosses times their latency (one for
-//! `switch` and inside a `two-level` node or a leaf, three between leaves of a
-//! `fat-tree`), and the links down to a rank have none.
+//! spine, a ring or torus link from one station to its neighbour, ...), with
+//! a bandwidth and a latency. Latency is paid on entering a switch: it sits
+//! on the links whose far end is a switch, so a path's latency is the number
+//! of switches it crosses times their latency (one for `switch` and inside a
+//! `two-level` or `rail` node or a leaf, three between leaves of a
+//! `fat-tree`, NVSwitch plus rail switch for a `rail` PXN path), and the
+//! links down to a rank have none. On `ring` and `torus` every link ends at a
+//! station that forwards, so every hop pays the link's latency.
 //!
-//! Link layout (n ranks, l leaves):
+//! Links belong to physical positions; [`Network::new`] applies the
+//! topology's [`Placement`](crate::topology::Placement), so
+//! [`Network::path`] takes ranks and routes between their positions. Link
+//! names (`up[p]`, `nic-up[p]`, ...) carry the position.
+//!
+//! Link layout (n positions, l leaves, g GPUs per node):
 //!
 //! | kind      | links                                                                 |
 //! |-----------|-----------------------------------------------------------------------|
-//! | switch    | `up[r]` = r, `down[r]` = n + r                                        |
-//! | two-level | `nvlink-up[r]`, `nvlink-down[r]`, `nic-up[r]`, `nic-down[r]`: k·n + r |
-//! | fat-tree  | `up[r]`, `down[r]`, then `leaf-up[j]` = 2n + j, `leaf-down[j]` = 2n + l + j |
+//! | switch    | `up[p]` = p, `down[p]` = n + p                                        |
+//! | two-level | `nvlink-up[p]`, `nvlink-down[p]`, `nic-up[p]`, `nic-down[p]`: k·n + p |
+//! | fat-tree  | `up[p]`, `down[p]`, then `leaf-up[j]` = 2n + j, `leaf-down[j]` = 2n + l + j |
+//! | rail      | as two-level; `nic-up[p]` enters, `nic-down[p]` leaves rail switch p % g |
+//! | ring      | `cw[p]` = p (p to p+1), `ccw[p]` = n + p (p to p-1)                   |
+//! | torus     | `x+[p]`, `x-[p]`, `y+[p]`, `y-[p]` (, `z+[p]`, `z-[p]`): k·n + p      |
+//!
+//! Routes:
+//!
+//! * `rail`, between nodes from GPU `i` to GPU `j`: `nic-up[src]`,
+//!   `nic-down[dst]` when `i == j`; otherwise (PXN) `nvlink-up[src]`,
+//!   `nvlink-down[q]`, `nic-up[q]`, `nic-down[dst]` with `q` GPU `j` of the
+//!   source node.
+//! * `ring`: the `cw` links from `src` to `dst` when that is at most half
+//!   way round, else the `ccw` links.
+//! * `torus`: dimension order, x then y then z, in each the shorter way
+//!   round (`+` on a tie).
 
 use crate::topology::TopologySpec;
 
@@ -29,37 +51,78 @@ pub struct Link {
     pub lat: f64,
 }
 
-/// The route of one message: up to four link ids.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Links a [`Path`] holds without allocating.
+const INLINE: usize = 6;
+
+/// The route of one message: the link ids it crosses (up to six held
+/// inline, longer ring and torus routes on the heap).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Path {
-    links: [u32; 4],
+    inline: [u32; INLINE],
     len: u8,
+    spill: Vec<u32>,
 }
 
 impl Path {
-    fn of(ids: &[usize]) -> Path {
-        let mut links = [0u32; 4];
-        for (slot, &id) in links.iter_mut().zip(ids) {
-            *slot = id as u32;
-        }
+    fn new() -> Path {
         Path {
-            links,
-            len: ids.len() as u8,
+            inline: [0; INLINE],
+            len: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    fn of(ids: &[usize]) -> Path {
+        let mut p = Path::new();
+        for &id in ids {
+            p.push(id);
+        }
+        p
+    }
+
+    fn push(&mut self, id: usize) {
+        let id = id as u32;
+        let len = usize::from(self.len);
+        if self.spill.is_empty() && len < INLINE {
+            self.inline[len] = id;
+            self.len += 1;
+        } else {
+            if self.spill.is_empty() {
+                self.spill.extend_from_slice(&self.inline[..len]);
+            }
+            self.spill.push(id);
         }
     }
 
     /// The link ids, from the sender's port to the receiver's.
     pub fn links(&self) -> &[u32] {
-        &self.links[..usize::from(self.len)]
+        if self.spill.is_empty() {
+            &self.inline[..usize::from(self.len)]
+        } else {
+            &self.spill
+        }
     }
 }
 
-/// How ranks are wired, for routing.
+/// How positions are wired, for routing.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Wiring {
     Switch,
-    TwoLevel { gpus: usize },
-    FatTree { leaf: usize, leaves: usize },
+    TwoLevel {
+        gpus: usize,
+    },
+    FatTree {
+        leaf: usize,
+        leaves: usize,
+    },
+    Rail {
+        gpus: usize,
+    },
+    Ring,
+    /// Dimension sizes, x first; unused ones are 1.
+    Torus {
+        dims: [usize; 3],
+    },
 }
 
 /// The links of a cluster and its routing.
@@ -71,10 +134,13 @@ pub struct Network {
     pub classes: Vec<String>,
     ranks: usize,
     wiring: Wiring,
+    /// Rank to physical position.
+    pos: Vec<usize>,
 }
 
 impl Network {
-    /// The links of `spec` (see the module docs for the layout).
+    /// The links of `spec` (see the module docs for the layout), with its
+    /// placement applied to routing.
     pub fn new(spec: &TopologySpec) -> Network {
         let n = spec.ranks();
         let mut links = Vec::new();
@@ -84,7 +150,7 @@ impl Network {
             classes.push(name.to_string());
             links.extend((0..count).map(|_| Link { class: c, bw, lat }));
         };
-        let wiring = match *spec {
+        let wiring = match spec {
             TopologySpec::Switch { link, .. } => {
                 class("up", n, link.bw, link.lat, &mut links);
                 class("down", n, link.bw, 0.0, &mut links);
@@ -92,12 +158,19 @@ impl Network {
             }
             TopologySpec::TwoLevel {
                 gpus, intra, inter, ..
+            }
+            | TopologySpec::Rail {
+                gpus, intra, inter, ..
             } => {
                 class("nvlink-up", n, intra.bw, intra.lat, &mut links);
                 class("nvlink-down", n, intra.bw, 0.0, &mut links);
                 class("nic-up", n, inter.bw, inter.lat, &mut links);
                 class("nic-down", n, inter.bw, 0.0, &mut links);
-                Wiring::TwoLevel { gpus }
+                if matches!(spec, TopologySpec::Rail { .. }) {
+                    Wiring::Rail { gpus: *gpus }
+                } else {
+                    Wiring::TwoLevel { gpus: *gpus }
+                }
             }
             TopologySpec::FatTree {
                 leaf,
@@ -106,12 +179,31 @@ impl Network {
                 ..
             } => {
                 let leaves = n / leaf;
-                let agg = leaf as f64 * link.bw / oversub;
+                let agg = *leaf as f64 * link.bw / oversub;
                 class("up", n, link.bw, link.lat, &mut links);
                 class("down", n, link.bw, 0.0, &mut links);
                 class("leaf-up", leaves, agg, link.lat, &mut links);
                 class("leaf-down", leaves, agg, link.lat, &mut links);
-                Wiring::FatTree { leaf, leaves }
+                Wiring::FatTree {
+                    leaf: *leaf,
+                    leaves,
+                }
+            }
+            TopologySpec::Ring { link, .. } => {
+                class("cw", n, link.bw, link.lat, &mut links);
+                class("ccw", n, link.bw, link.lat, &mut links);
+                Wiring::Ring
+            }
+            TopologySpec::Torus { dims, link, .. } => {
+                let mut d = [1; 3];
+                for (k, &size) in dims.iter().take(3).enumerate() {
+                    d[k] = size;
+                    for dir in ["+", "-"] {
+                        let name = format!("{}{dir}", ["x", "y", "z"][k]);
+                        class(&name, n, link.bw, link.lat, &mut links);
+                    }
+                }
+                Wiring::Torus { dims: d }
             }
         };
         Network {
@@ -119,6 +211,7 @@ impl Network {
             classes,
             ranks: n,
             wiring,
+            pos: spec.positions(),
         }
     }
 
@@ -127,14 +220,21 @@ impl Network {
         self.ranks
     }
 
-    /// The links a message from `src` to `dst` crosses, in order; empty when
-    /// `src == dst`. The first link is always `src`'s own port and the last
-    /// `dst`'s, which is what the ideal mode serializes on.
+    /// The physical position of rank `rank` (see
+    /// [`TopologySpec::positions`]).
+    pub fn position(&self, rank: usize) -> usize {
+        self.pos[rank]
+    }
+
+    /// The links a message from rank `src` to rank `dst` crosses, in order;
+    /// empty when `src == dst`. The first link is always `src`'s own port
+    /// and the last `dst`'s, which is what the ideal mode serializes on.
     pub fn path(&self, src: usize, dst: usize) -> Path {
         let n = self.ranks;
         if src == dst {
-            return Path::of(&[]);
+            return Path::new();
         }
+        let (src, dst) = (self.pos[src], self.pos[dst]);
         match self.wiring {
             Wiring::Switch => Path::of(&[src, n + dst]),
             Wiring::TwoLevel { gpus } => {
@@ -151,6 +251,55 @@ impl Network {
                 } else {
                     Path::of(&[src, 2 * n + a, 2 * n + leaves + b, n + dst])
                 }
+            }
+            Wiring::Rail { gpus } => {
+                let (node, j) = (src / gpus, dst % gpus);
+                if node == dst / gpus {
+                    Path::of(&[src, n + dst])
+                } else if src % gpus == j {
+                    Path::of(&[2 * n + src, 3 * n + dst])
+                } else {
+                    // PXN: over NVLink to GPU j of this node, then rail j.
+                    let proxy = node * gpus + j;
+                    Path::of(&[src, n + proxy, 2 * n + proxy, 3 * n + dst])
+                }
+            }
+            Wiring::Ring => {
+                let cw = (dst + n - src) % n;
+                let mut path = Path::new();
+                if cw <= n - cw {
+                    for k in 0..cw {
+                        path.push((src + k) % n);
+                    }
+                } else {
+                    for k in 0..n - cw {
+                        path.push(n + (src + n - k) % n);
+                    }
+                }
+                path
+            }
+            Wiring::Torus { dims } => {
+                let mut path = Path::new();
+                let mut at = src;
+                let mut stride = 1;
+                for (k, &d) in dims.iter().enumerate() {
+                    let coord = |p: usize| p / stride % d;
+                    let delta = (coord(dst) + d - coord(at)) % d;
+                    let (steps, class, step): (usize, usize, isize) = if delta <= d - delta {
+                        (delta, 2 * k, 1)
+                    } else {
+                        (d - delta, 2 * k + 1, -1)
+                    };
+                    for _ in 0..steps {
+                        path.push(class * n + at);
+                        let c = coord(at);
+                        let next = (c as isize + step).rem_euclid(d as isize) as usize;
+                        at = at - c * stride + next * stride;
+                    }
+                    stride *= d;
+                }
+                debug_assert_eq!(at, dst);
+                path
             }
         }
     }
@@ -209,5 +358,75 @@ mod tests {
         let s = net("switch:ranks=4,bw=50GB/s,lat=2us");
         assert_eq!(s.path(2, 1).links(), &[2, 5]);
         assert_eq!(s.classes, ["up", "down"]);
+    }
+
+    #[test]
+    fn rail_crosses_nvlink_only_between_rails() {
+        let r = net("rail:nodes=2,gpus=4,intra=450GB/s@1us,inter=50GB/s@2us");
+        assert_eq!(
+            r.classes,
+            ["nvlink-up", "nvlink-down", "nic-up", "nic-down"]
+        );
+        assert_eq!(r.path(1, 2).links(), &[1, 8 + 2]);
+        assert_eq!(r.path(1, 5).links(), &[16 + 1, 24 + 5]);
+        // GPU 1 of node 0 to GPU 2 of node 1: NVLink to GPU 2, then rail 2.
+        assert_eq!(r.path(1, 6).links(), &[1, 8 + 2, 16 + 2, 24 + 6]);
+        let lat: f64 = r
+            .path(1, 6)
+            .links()
+            .iter()
+            .map(|&l| r.links[l as usize].lat)
+            .sum();
+        assert!((lat - 3e-6).abs() < 1e-15);
+    }
+
+    #[test]
+    fn ring_takes_the_shorter_way() {
+        let r = net("ring:ranks=8,bw=50GB/s,lat=1us");
+        assert_eq!(r.classes, ["cw", "ccw"]);
+        assert_eq!(r.path(1, 3).links(), &[1, 2]);
+        assert_eq!(r.path(1, 6).links(), &[8 + 1, 8, 8 + 7]);
+        assert_eq!(r.path(0, 4).links(), &[0, 1, 2, 3]);
+        assert_eq!(r.path(7, 0).links(), &[7]);
+        assert_eq!(r.link_name(8 + 7), "ccw[7]");
+        let long = net("ring:ranks=20,bw=50GB/s,lat=1us");
+        assert_eq!(long.path(3, 13).links(), &[3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+        assert_eq!(long.path(3, 14).links().len(), 9);
+        assert_eq!(long.path(3, 14).links()[0], 20 + 3);
+    }
+
+    #[test]
+    fn torus_routes_x_then_y_then_z() {
+        let t = net("torus:dims=4x4,bw=50GB/s,lat=1us");
+        assert_eq!(t.classes, ["x+", "x-", "y+", "y-"]);
+        assert_eq!(t.links.len(), 4 * 16);
+        // (0,0) -> (1,1): x+ from 0, then y+ from (1,0).
+        assert_eq!(t.path(0, 5).links(), &[0, 2 * 16 + 1]);
+        // (0,0) -> (3,3): one hop back in each dimension.
+        assert_eq!(t.path(0, 15).links(), &[16, 3 * 16 + 3]);
+        // (0,0) -> (2,2): ties go +.
+        assert_eq!(t.path(0, 10).links(), &[0, 1, 32 + 2, 32 + 6]);
+        let t3 = net("torus:dims=4x4x4,bw=50GB/s,lat=1us");
+        assert_eq!(t3.classes.len(), 6);
+        // (0,0,0) -> (2,2,2): six hops, x first.
+        let p = t3.path(0, 42);
+        assert_eq!(p.links(), &[0, 1, 128 + 2, 128 + 6, 256 + 10, 256 + 26]);
+        assert_eq!(t3.link_name(256 + 26), "z+[26]");
+    }
+
+    #[test]
+    fn placement_moves_ranks() {
+        let s = net("switch:ranks=4,bw=50GB/s,lat=2us,placement=list:3,1,0,2");
+        assert_eq!(s.path(0, 1).links(), &[3, 4 + 1]);
+        assert_eq!(s.position(3), 2);
+        // Round robin on 2 nodes of 4: rank r on node r % 2, slot r / 2.
+        let t =
+            net("two-level:nodes=2,gpus=4,intra=450GB/s@1us,inter=25GB/s@2us,placement=roundrobin");
+        assert_eq!(
+            (0..8).map(|r| t.position(r)).collect::<Vec<_>>(),
+            [0, 4, 1, 5, 2, 6, 3, 7]
+        );
+        assert_eq!(t.path(0, 1).links(), &[16, 24 + 4]);
+        assert_eq!(t.path(0, 2).links(), &[0, 8 + 1]);
     }
 }

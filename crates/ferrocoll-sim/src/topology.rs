@@ -5,6 +5,10 @@
 //! switch:ranks=64,bw=50GB/s,lat=2us
 //! two-level:nodes=4,gpus=8,intra=450GB/s@1us,inter=25GB/s@2us
 //! fat-tree:ranks=64,leaf=8,bw=50GB/s,lat=1us,oversub=2
+//! rail:nodes=4,gpus=8,intra=450GB/s@1us,inter=50GB/s@2us
+//! ring:ranks=16,bw=50GB/s,lat=1us
+//! torus:dims=4x4,bw=50GB/s,lat=1us
+//! torus:dims=4x4x4,bw=50GB/s,lat=1us,placement=random:7
 //! ```
 //!
 //! Bandwidths take a decimal prefix (`K`, `M`, `G`, `T`) and `B/s` (bytes)
@@ -12,6 +16,12 @@
 //! Latencies take `s`, `ms`, `us` or `ns`. What each kind means (which links
 //! exist, where latency is paid) is documented on [`TopologySpec`] and in
 //! [`crate::network`].
+//!
+//! Every kind also takes an optional `placement=` field, the [`Placement`] of
+//! the plan's ranks on the physical positions: `block` (the default),
+//! `roundrobin`, `random:SEED` or `list:P0,P1,...` (the list's commas belong
+//! to it: every comma-separated item without `=` after `placement=list:` is
+//! one more entry).
 
 use std::fmt;
 
@@ -24,9 +34,161 @@ pub struct LinkSpec {
     pub lat: f64,
 }
 
-/// A modelled cluster. Ranks are numbered in blocks: in `two-level` rank `r`
-/// is GPU `r % gpus` of node `r / gpus`, in `fat-tree` it hangs off leaf
-/// switch `r / leaf`.
+/// Where the ranks of a plan sit on the cluster: rank `r` runs at physical
+/// position `p(r)` (see [`Placement::positions`]). The topology's own
+/// numbering of positions is the block one documented on [`TopologySpec`];
+/// the plans are always told that block structure
+/// ([`TopologySpec::plan_topology`]), so any other placement shows what a
+/// launcher that places ranks differently from what the algorithms assume
+/// costs (the rank-mapping pitfall of `ferrocoll::plan::hier`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// `block`: rank `r` at position `r` (the default).
+    #[default]
+    Block,
+    /// `roundrobin`: ranks dealt over the groups of the outermost level of
+    /// the plan topology (nodes of `two-level` and `rail`, leaves of
+    /// `fat-tree`, rows of a 2-D torus, planes of a 3-D one): with `G` groups
+    /// of `S` positions, rank `r` goes to group `r % G`, slot `r / G`, i.e.
+    /// position `(r % G)·S + r / G`. The identity on `switch` and `ring`
+    /// (no groups).
+    RoundRobin,
+    /// `random:SEED`: a Fisher-Yates shuffle driven by a xorshift64
+    /// generator seeded with `SEED`; the same seed always gives the same
+    /// placement.
+    Random(u64),
+    /// `list:P0,P1,...`: rank `r` at position `Pr`; must be a permutation of
+    /// `0..ranks`.
+    List(Vec<usize>),
+}
+
+impl Placement {
+    /// The physical position of every rank (`v[r] = p(r)`, a permutation of
+    /// `0..n`) for `n` ranks whose outermost plan level has `groups` groups
+    /// (a divisor of `n`; `n` or 1 for a flat cluster). A [`Placement::List`]
+    /// of the wrong length or that is no permutation yields the identity;
+    /// [`TopologySpec::parse`] rejects those.
+    pub fn positions(&self, n: usize, groups: usize) -> Vec<usize> {
+        let identity = || (0..n).collect::<Vec<_>>();
+        match self {
+            Placement::Block => identity(),
+            Placement::RoundRobin => {
+                if groups == 0 || n % groups != 0 {
+                    return identity();
+                }
+                let slots = n / groups;
+                (0..n).map(|r| (r % groups) * slots + r / groups).collect()
+            }
+            Placement::Random(seed) => {
+                // xorshift64; the constant keeps seed 0 off the fixed point.
+                let mut s = seed ^ 0x9E37_79B9_7F4A_7C15;
+                if s == 0 {
+                    s = 0x9E37_79B9_7F4A_7C15;
+                }
+                let mut v = identity();
+                for i in (1..n).rev() {
+                    s ^= s << 13;
+                    s ^= s >> 7;
+                    s ^= s << 17;
+                    v.swap(i, (s % (i as u64 + 1)) as usize);
+                }
+                v
+            }
+            Placement::List(list) => {
+                if check_permutation(list, n).is_ok() {
+                    list.clone()
+                } else {
+                    identity()
+                }
+            }
+        }
+    }
+
+    fn parse(v: &str) -> Result<Placement, String> {
+        match v {
+            "block" => Ok(Placement::Block),
+            "roundrobin" => Ok(Placement::RoundRobin),
+            _ => {
+                if let Some(seed) = v.strip_prefix("random:") {
+                    seed.trim()
+                        .parse::<u64>()
+                        .map(Placement::Random)
+                        .map_err(|_| {
+                            format!("`{v}`: the seed is not a whole number (e.g. random:42)")
+                        })
+                } else if let Some(list) = v.strip_prefix("list:") {
+                    list.split(',')
+                        .map(|p| p.trim().parse::<usize>())
+                        .collect::<Result<Vec<_>, _>>()
+                        .map(Placement::List)
+                        .map_err(|_| {
+                            format!("`{v}`: expected comma-separated positions (e.g. list:3,1,0,2)")
+                        })
+                } else {
+                    Err(format!(
+                        "`{v}` is not block, roundrobin, random:SEED or list:P0,P1,..."
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// `Ok` when `list` holds every one of `0..n` once.
+fn check_permutation(list: &[usize], n: usize) -> Result<(), String> {
+    if list.len() != n {
+        return Err(format!(
+            "the list has {} positions but the topology has {n} ranks",
+            list.len()
+        ));
+    }
+    let mut seen = vec![false; n];
+    for &p in list {
+        if p >= n {
+            return Err(format!(
+                "position {p} is outside 0..{n}; the list must be a permutation of 0..{n}"
+            ));
+        }
+        if std::mem::replace(&mut seen[p], true) {
+            return Err(format!(
+                "position {p} appears twice; the list must be a permutation of 0..{n}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl fmt::Display for Placement {
+    /// `block`, `roundrobin`, `random:SEED` or `list:P0,P1,...`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Placement::Block => f.write_str("block"),
+            Placement::RoundRobin => f.write_str("roundrobin"),
+            Placement::Random(seed) => write!(f, "random:{seed}"),
+            Placement::List(list) => {
+                f.write_str("list:")?;
+                for (i, p) in list.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{p}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The most links one route may cross (the engine counts hops in a `u8`).
+pub const MAX_HOPS: usize = 255;
+
+/// A modelled cluster. Physical positions are numbered in blocks: in
+/// `two-level` and `rail` position `p` is GPU `p % gpus` of node `p / gpus`,
+/// in `fat-tree` it hangs off leaf switch `p / leaf`, on a `ring` it is the
+/// `p`-th station, on a `torus` it has coordinates `x = p % X`,
+/// `y = p / X % Y`, `z = p / (X·Y)`. Rank `r` of the plans sits at position
+/// `p(r)` given by the variant's [`Placement`] (`block`, the identity, by
+/// default).
 #[derive(Clone, Debug, PartialEq)]
 pub enum TopologySpec {
     /// One full-bisection switch: every rank has one up port (rank to
@@ -37,6 +199,8 @@ pub enum TopologySpec {
         ranks: usize,
         /// The rank ports.
         link: LinkSpec,
+        /// Rank to position.
+        placement: Placement,
     },
     /// Nodes of GPUs. Inside a node every GPU has an up and a down port into
     /// a non-blocking NVSwitch (`intra`); between nodes a message leaves
@@ -51,6 +215,8 @@ pub enum TopologySpec {
         intra: LinkSpec,
         /// The NIC ports and the network switch's latency.
         inter: LinkSpec,
+        /// Rank to position.
+        placement: Placement,
     },
     /// Two-tier fat tree: leaf switches of `leaf` ranks (rank ports of
     /// `link.bw`), each joined to the spine by one aggregate uplink and one
@@ -66,6 +232,58 @@ pub enum TopologySpec {
         link: LinkSpec,
         /// Oversubscription of the leaf uplinks (1 = full bisection).
         oversub: f64,
+        /// Rank to position.
+        placement: Placement,
+    },
+    /// Rail-optimized nodes of GPUs (`rail:nodes=4,gpus=8,intra=..,inter=..`).
+    /// Inside a node as `two-level` (NVSwitch ports of `intra`). Between
+    /// nodes there is no common switch: NIC `i` of every node (the NIC of GPU
+    /// `i`, `inter`) connects to rail switch `i` only. A message from GPU
+    /// `i` of one node to GPU `j` of another goes NIC-up `i`, rail switch
+    /// `i`, NIC-down `j` when `i == j` (one switch, `inter.lat`); when
+    /// `i != j` it first crosses the NVSwitch of the source node to GPU `j`
+    /// there and leaves by that GPU's NIC on rail `j` (PXN, NCCL's PCI x
+    /// NVLink forwarding): `intra.lat + inter.lat`, and it loads the NVLink
+    /// ports and a NIC that is not the sender's.
+    Rail {
+        /// Number of nodes.
+        nodes: usize,
+        /// GPUs (ranks, NICs, rails) per node.
+        gpus: usize,
+        /// The NVLink ports and the NVSwitch's latency.
+        intra: LinkSpec,
+        /// The NIC ports and the rail switches' latency.
+        inter: LinkSpec,
+        /// Rank to position.
+        placement: Placement,
+    },
+    /// A physical bidirectional ring (`ring:ranks=16,bw=..,lat=..`): station
+    /// `p` has one link to `p+1` and one to `p-1` (mod `ranks`), each of
+    /// `link.bw`, each hop paying `link.lat`. A message takes the shorter
+    /// way round (clockwise, towards `p+1`, on a tie), hop by hop through
+    /// the stations between. At most 511 ranks (255 hops).
+    Ring {
+        /// Number of ranks (stations).
+        ranks: usize,
+        /// Every link and every hop's latency.
+        link: LinkSpec,
+        /// Rank to position.
+        placement: Placement,
+    },
+    /// A wrap-around torus of two or three dimensions
+    /// (`torus:dims=4x4,bw=..,lat=..`, `dims=XxYxZ`): every position has one
+    /// link per direction per dimension to its neighbour (mod the
+    /// dimension's size), each of `link.bw`, each hop paying `link.lat`.
+    /// Dimension-order routing: first along x, then y, then z, the shorter
+    /// way in each (the + direction on a tie). The plans see the dimensions
+    /// as levels, x innermost: `4x4` is planned as 4 nodes (rows) of 4.
+    Torus {
+        /// Sizes of the dimensions, x first (two or three, each at least 1).
+        dims: Vec<usize>,
+        /// Every link and every hop's latency.
+        link: LinkSpec,
+        /// Rank to position.
+        placement: Placement,
     },
 }
 
@@ -82,9 +300,10 @@ impl TopologySpec {
         })?;
         let kind = kind.trim();
         let allowed: &[&str] = match kind {
-            "switch" => &["ranks", "bw", "lat"],
-            "two-level" => &["nodes", "gpus", "intra", "inter"],
-            "fat-tree" => &["ranks", "leaf", "bw", "lat", "oversub"],
+            "switch" | "ring" => &["ranks", "bw", "lat", "placement"],
+            "two-level" | "rail" => &["nodes", "gpus", "intra", "inter", "placement"],
+            "fat-tree" => &["ranks", "leaf", "bw", "lat", "oversub", "placement"],
+            "torus" => &["dims", "bw", "lat", "placement"],
             _ => {
                 return Err(format!(
                     "topology kind `{kind}` is unknown; use one of {KINDS}"
@@ -92,20 +311,75 @@ impl TopologySpec {
             }
         };
         let f = Fields::parse(kind, rest, allowed)?;
+        let placement = match f.get("placement") {
+            None => Placement::Block,
+            Some(v) => Placement::parse(v).map_err(|e| format!("{kind}: placement: {e}"))?,
+        };
+        let simple = |f: &Fields| -> Result<LinkSpec, String> {
+            Ok(LinkSpec {
+                bw: f.bandwidth("bw")?,
+                lat: f.latency("lat")?,
+            })
+        };
         let spec = match kind {
             "switch" => TopologySpec::Switch {
                 ranks: f.count("ranks")?,
-                link: LinkSpec {
-                    bw: f.bandwidth("bw")?,
-                    lat: f.latency("lat")?,
-                },
+                link: simple(&f)?,
+                placement,
             },
             "two-level" => TopologySpec::TwoLevel {
                 nodes: f.count("nodes")?,
                 gpus: f.count("gpus")?,
                 intra: f.link("intra")?,
                 inter: f.link("inter")?,
+                placement,
             },
+            "rail" => TopologySpec::Rail {
+                nodes: f.count("nodes")?,
+                gpus: f.count("gpus")?,
+                intra: f.link("intra")?,
+                inter: f.link("inter")?,
+                placement,
+            },
+            "ring" => {
+                let ranks = f.count("ranks")?;
+                if ranks / 2 > MAX_HOPS {
+                    return Err(format!(
+                        "ring: ranks: {ranks} gives routes of more than {MAX_HOPS} hops; \
+                         use at most {} ranks",
+                        2 * MAX_HOPS + 1
+                    ));
+                }
+                TopologySpec::Ring {
+                    ranks,
+                    link: simple(&f)?,
+                    placement,
+                }
+            }
+            "torus" => {
+                let v = f.required("dims")?;
+                let dims = v
+                    .split('x')
+                    .map(|d| d.trim().parse::<usize>().ok().filter(|&d| d >= 1))
+                    .collect::<Option<Vec<_>>>()
+                    .filter(|d| d.len() == 2 || d.len() == 3)
+                    .ok_or_else(|| {
+                        format!(
+                            "torus: dims: `{v}` is not two or three positive sizes \
+                             joined by x (e.g. 4x4 or 4x4x4)"
+                        )
+                    })?;
+                if dims.iter().map(|d| d / 2).sum::<usize>() > MAX_HOPS {
+                    return Err(format!(
+                        "torus: dims: `{v}` gives routes of more than {MAX_HOPS} hops"
+                    ));
+                }
+                TopologySpec::Torus {
+                    dims,
+                    link: simple(&f)?,
+                    placement,
+                }
+            }
             _ => {
                 let ranks = f.count("ranks")?;
                 let leaf = f.count("leaf")?;
@@ -129,39 +403,100 @@ impl TopologySpec {
                 TopologySpec::FatTree {
                     ranks,
                     leaf,
-                    link: LinkSpec {
-                        bw: f.bandwidth("bw")?,
-                        lat: f.latency("lat")?,
-                    },
+                    link: simple(&f)?,
                     oversub,
+                    placement,
                 }
             }
         };
+        if let Placement::List(list) = spec.placement() {
+            check_permutation(list, spec.ranks()).map_err(|e| format!("{kind}: placement: {e}"))?;
+        }
         Ok(spec)
     }
 
     /// Number of ranks of the cluster.
     pub fn ranks(&self) -> usize {
-        match *self {
-            TopologySpec::Switch { ranks, .. } | TopologySpec::FatTree { ranks, .. } => ranks,
-            TopologySpec::TwoLevel { nodes, gpus, .. } => nodes * gpus,
+        match self {
+            TopologySpec::Switch { ranks, .. }
+            | TopologySpec::FatTree { ranks, .. }
+            | TopologySpec::Ring { ranks, .. } => *ranks,
+            TopologySpec::TwoLevel { nodes, gpus, .. } | TopologySpec::Rail { nodes, gpus, .. } => {
+                nodes * gpus
+            }
+            TopologySpec::Torus { dims, .. } => dims.iter().product(),
         }
     }
 
+    /// How the plan's ranks sit on the physical positions.
+    pub fn placement(&self) -> &Placement {
+        match self {
+            TopologySpec::Switch { placement, .. }
+            | TopologySpec::TwoLevel { placement, .. }
+            | TopologySpec::FatTree { placement, .. }
+            | TopologySpec::Rail { placement, .. }
+            | TopologySpec::Ring { placement, .. }
+            | TopologySpec::Torus { placement, .. } => placement,
+        }
+    }
+
+    /// The physical position of every rank: `v[r] = p(r)`, the
+    /// [`Placement`] applied with the outermost level of
+    /// [`TopologySpec::plan_topology`] as its groups.
+    pub fn positions(&self) -> Vec<usize> {
+        let n = self.ranks();
+        let groups = self.plan_topology().levels()[0];
+        self.placement().positions(n, groups)
+    }
+
     /// The node structure the topology-aware algorithms (hier, torus2d,
-    /// mesh2d) plan for: nodes x GPUs for `two-level`, leaves x ranks per
-    /// leaf for `fat-tree` (when both exceed 1), flat otherwise.
+    /// mesh2d) plan for, whatever the placement: nodes x GPUs for
+    /// `two-level` and `rail`, leaves x ranks per leaf for `fat-tree` (when
+    /// both exceed 1), the dimensions of a `torus` outermost first (`z x y x
+    /// x`, dimensions of size 1 left out), flat otherwise.
     pub fn plan_topology(&self) -> ferrocoll::Topology {
         let flat = ferrocoll::Topology::flat(self.ranks());
-        let (outer, inner) = match *self {
-            TopologySpec::Switch { .. } => return flat,
-            TopologySpec::TwoLevel { nodes, gpus, .. } => (nodes, gpus),
-            TopologySpec::FatTree { ranks, leaf, .. } => (ranks / leaf, leaf),
+        let (outer, inner) = match self {
+            TopologySpec::Switch { .. } | TopologySpec::Ring { .. } => return flat,
+            TopologySpec::TwoLevel { nodes, gpus, .. } | TopologySpec::Rail { nodes, gpus, .. } => {
+                (*nodes, *gpus)
+            }
+            TopologySpec::FatTree { ranks, leaf, .. } => (ranks / leaf, *leaf),
+            TopologySpec::Torus { dims, .. } => {
+                let levels: Vec<usize> = dims.iter().rev().copied().filter(|&d| d > 1).collect();
+                return if levels.len() > 1 {
+                    ferrocoll::Topology::new(levels).unwrap_or(flat)
+                } else {
+                    flat
+                };
+            }
         };
         if outer > 1 && inner > 1 {
             ferrocoll::Topology::new(vec![outer, inner]).unwrap_or(flat)
         } else {
             flat
+        }
+    }
+
+    /// The (intra-node, inter-node) links an alpha-beta cost model sees: the
+    /// rank ports twice for `switch`, `ring` and `torus` (a neighbour is one
+    /// hop), the NVLink and NIC ports for `two-level` and `rail`, and for
+    /// `fat-tree` the rank ports and, between leaves, `bw / oversub` (when
+    /// oversubscribed) with three switches' latency.
+    pub fn cost_links(&self) -> (LinkSpec, LinkSpec) {
+        match self {
+            TopologySpec::Switch { link, .. }
+            | TopologySpec::Ring { link, .. }
+            | TopologySpec::Torus { link, .. } => (*link, *link),
+            TopologySpec::TwoLevel { intra, inter, .. }
+            | TopologySpec::Rail { intra, inter, .. } => (*intra, *inter),
+            TopologySpec::FatTree { link, oversub, .. } => (
+                *link,
+                LinkSpec {
+                    bw: link.bw / oversub.max(1.0),
+                    lat: 3.0 * link.lat,
+                },
+            ),
         }
     }
 }
@@ -174,44 +509,79 @@ impl std::str::FromStr for TopologySpec {
 }
 
 impl fmt::Display for TopologySpec {
-    /// The canonical string (GB/s and us), which [`TopologySpec::parse`]
-    /// reads back.
+    /// The canonical string (GB/s and us, `placement` only when not
+    /// `block`), which [`TopologySpec::parse`] reads back.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let bw = |l: &LinkSpec| format!("{}GB/s", l.bw / 1e9);
         let lat = |l: &LinkSpec| format!("{}us", l.lat * 1e6);
         match self {
-            TopologySpec::Switch { ranks, link } => {
-                write!(f, "switch:ranks={ranks},bw={},lat={}", bw(link), lat(link))
+            TopologySpec::Switch { ranks, link, .. } | TopologySpec::Ring { ranks, link, .. } => {
+                let kind = if matches!(self, TopologySpec::Ring { .. }) {
+                    "ring"
+                } else {
+                    "switch"
+                };
+                write!(f, "{kind}:ranks={ranks},bw={},lat={}", bw(link), lat(link))?
             }
             TopologySpec::TwoLevel {
                 nodes,
                 gpus,
                 intra,
                 inter,
-            } => write!(
-                f,
-                "two-level:nodes={nodes},gpus={gpus},intra={}@{},inter={}@{}",
-                bw(intra),
-                lat(intra),
-                bw(inter),
-                lat(inter)
-            ),
+                ..
+            }
+            | TopologySpec::Rail {
+                nodes,
+                gpus,
+                intra,
+                inter,
+                ..
+            } => {
+                let kind = if matches!(self, TopologySpec::Rail { .. }) {
+                    "rail"
+                } else {
+                    "two-level"
+                };
+                write!(
+                    f,
+                    "{kind}:nodes={nodes},gpus={gpus},intra={}@{},inter={}@{}",
+                    bw(intra),
+                    lat(intra),
+                    bw(inter),
+                    lat(inter)
+                )?
+            }
             TopologySpec::FatTree {
                 ranks,
                 leaf,
                 link,
                 oversub,
+                ..
             } => write!(
                 f,
                 "fat-tree:ranks={ranks},leaf={leaf},bw={},lat={},oversub={oversub}",
                 bw(link),
                 lat(link)
-            ),
+            )?,
+            TopologySpec::Torus { dims, link, .. } => {
+                let dims: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+                write!(
+                    f,
+                    "torus:dims={},bw={},lat={}",
+                    dims.join("x"),
+                    bw(link),
+                    lat(link)
+                )?
+            }
+        }
+        match self.placement() {
+            Placement::Block => Ok(()),
+            p => write!(f, ",placement={p}"),
         }
     }
 }
 
-const KINDS: &str = "switch, two-level, fat-tree";
+const KINDS: &str = "switch, two-level, fat-tree, rail, ring, torus";
 
 /// The `key=value` pairs of one topology string.
 struct Fields<'a> {
@@ -222,13 +592,29 @@ struct Fields<'a> {
 impl<'a> Fields<'a> {
     fn parse(kind: &'a str, rest: &'a str, allowed: &[&str]) -> Result<Fields<'a>, String> {
         let mut pairs: Vec<(&str, &str)> = Vec::new();
-        for item in rest.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-            let (k, v) = item.split_once('=').ok_or_else(|| {
-                format!(
+        // (start, end) in `rest` of the value of a `placement=list:` pair,
+        // which takes the following items without `=` as more entries.
+        let mut list: Option<(usize, usize)> = None;
+        let mut offset = 0;
+        for raw in rest.split(',') {
+            let start = offset;
+            offset += raw.len() + 1;
+            let item = raw.trim();
+            if item.is_empty() {
+                continue;
+            }
+            let Some((k, v)) = item.split_once('=') else {
+                if let Some((vs, ve)) = list.as_mut() {
+                    *ve = start + raw.trim_end().len();
+                    let last = pairs.last_mut().expect("the placement pair");
+                    last.1 = &rest[*vs..*ve];
+                    continue;
+                }
+                return Err(format!(
                     "{kind}: `{item}` is not key=value (fields: {})",
                     allowed.join(", ")
-                )
-            })?;
+                ));
+            };
             let (k, v) = (k.trim(), v.trim());
             if !allowed.contains(&k) {
                 return Err(format!(
@@ -238,6 +624,12 @@ impl<'a> Fields<'a> {
             }
             if pairs.iter().any(|p| p.0 == k) {
                 return Err(format!("{kind}: field `{k}` is given twice"));
+            }
+            list = None;
+            if k == "placement" && v.starts_with("list:") {
+                let vs = start + raw.find('=').expect("has =") + 1;
+                let vs = vs + (rest[vs..].len() - rest[vs..].trim_start().len());
+                list = Some((vs, vs + v.len()));
             }
             pairs.push((k, v));
         }
@@ -388,7 +780,8 @@ mod tests {
                 link: LinkSpec {
                     bw: 5e10,
                     lat: 2e-6
-                }
+                },
+                placement: Placement::Block,
             }
         );
         assert_eq!(s.ranks(), 64);
@@ -400,6 +793,7 @@ mod tests {
                 gpus,
                 intra,
                 inter,
+                ..
             } => {
                 assert_eq!((nodes, gpus), (4, 8));
                 assert!(close(intra.bw, 4.5e11) && close(intra.lat, 1e-6));
@@ -420,7 +814,8 @@ mod tests {
                     bw: 5e10,
                     lat: 1e-6
                 },
-                oversub: 2.0
+                oversub: 2.0,
+                placement: Placement::Block,
             }
         );
         // oversub defaults to 1; spaces and field order do not matter.
@@ -444,7 +839,7 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let err = |s: &str| TopologySpec::parse(s).unwrap_err();
-        assert!(err("torus:ranks=4").contains("kind `torus`"));
+        assert!(err("mesh:ranks=4").contains("kind `mesh`"));
         assert!(err("switch").contains("kind:key=value"));
         assert!(err("switch:ranks=64,bw=50GB/s").contains("missing field `lat`"));
         assert!(err("switch:ranks=64,bw=50XB/s,lat=1us").contains("bw:"));
