@@ -1,15 +1,18 @@
 //! `ferrocoll sim`: run a collective's plans on a modelled cluster
 //! (crates/ferrocoll-sim) and report time, bandwidth, link load and energy;
 //! optionally with stragglers and slow or failed links, and with an SVG plot
-//! of the link utilization over time.
+//! of the link utilization over time. Besides ferrocoll's algorithms it
+//! runs `--algo sharp`: an allreduce reduced in the network by switches
+//! that can (`sharp=1` on a `switch` or `fat-tree` topology; see
+//! `ferrocoll_sim::sharp`).
 
 use std::io::Write;
 use std::time::Instant;
 
 use clap::Args;
 use ferrocoll::cost::{self, LinkParams, Profile, Shape};
-use ferrocoll::{Algorithm, Collective};
-use ferrocoll_sim::{Mode, SimOptions, TopologySpec};
+use ferrocoll::Collective;
+use ferrocoll_sim::{Mode, SimAlgorithm, SimOptions, TopologySpec};
 
 use crate::error::CliError;
 
@@ -21,14 +24,18 @@ pub struct SimArgs {
     pub coll: String,
     /// The cluster, e.g. `switch:ranks=64,bw=50GB/s,lat=2us`,
     /// `two-level:nodes=4,gpus=8,intra=450GB/s@1us,inter=25GB/s@2us`,
-    /// `fat-tree:ranks=64,leaf=8,bw=50GB/s,lat=1us,oversub=2`.
+    /// `fat-tree:ranks=64,leaf=8,bw=50GB/s,lat=1us,oversub=2`; `sharp=1`
+    /// on `switch` or `fat-tree` makes the switches able to reduce
+    /// (`--algo sharp`).
     #[arg(long)]
     pub topology: String,
     /// Size of the call as nccl-tests counts it: bytes, or with KB/MB/GB
     /// (powers of 1000) or KiB/MiB/GiB (powers of 1024).
     #[arg(long)]
     pub bytes: String,
-    /// Algorithm, or `auto`: the cost model's choice on this cluster.
+    /// Algorithm, or `auto`: the cost model's choice on this cluster (never
+    /// sharp), or `sharp`: in-network reduction, allreduce only, on a
+    /// topology with `sharp=1`.
     #[arg(long, default_value = "auto")]
     pub algo: String,
     /// `ideal` (no contention: each message costs latency + bytes/bandwidth)
@@ -162,12 +169,15 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         let profile = profile_of(&topo);
         cost::candidates(&shape, &profile)
             .first()
-            .map(|(a, _)| *a)
+            .map(|(a, _)| SimAlgorithm::Plan(*a))
             .ok_or_else(|| CliError::Usage(format!("the cost model has no algorithm for {coll}")))?
     } else {
-        Algorithm::from_name(&args.algo)
+        SimAlgorithm::from_name(&args.algo)
             .ok_or_else(|| CliError::Usage(format!("unknown algorithm {:?}", args.algo)))?
     };
+    if algo == SimAlgorithm::Sharp {
+        ferrocoll_sim::sharp::check(coll, &topo).map_err(CliError::Usage)?;
+    }
     let opts = SimOptions {
         start_delay: args
             .straggler
@@ -184,7 +194,7 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         ..SimOptions::default()
     };
     let start = Instant::now();
-    let r = ferrocoll_sim::simulate_with(coll, algo, bytes, &topo, mode, &opts)
+    let r = ferrocoll_sim::simulate_algorithm(coll, algo, bytes, &topo, mode, &opts)
         .map_err(CliError::Run)?;
     let wall = start.elapsed().as_secs_f64();
     if let Some(path) = &args.plot {

@@ -269,13 +269,13 @@ impl Ord for Event {
 
 /// The timeline histogram of one group: per class, [`FINE`] bins of
 /// `width` seconds (0 until the first interval).
-struct Histogram {
+pub(crate) struct Histogram {
     width: f64,
     bins: Vec<f64>,
 }
 
 impl Histogram {
-    fn new(classes: usize) -> Histogram {
+    pub(crate) fn new(classes: usize) -> Histogram {
         Histogram {
             width: 0.0,
             bins: vec![0.0; classes * FINE],
@@ -283,7 +283,7 @@ impl Histogram {
     }
 
     /// Adds busy time over `[s, e]` to class `class`.
-    fn add(&mut self, class: usize, s: f64, e: f64) {
+    pub(crate) fn add(&mut self, class: usize, s: f64, e: f64) {
         if e <= s || !e.is_finite() {
             return;
         }
@@ -317,7 +317,7 @@ impl Histogram {
 
     /// [`TIMELINE_BUCKETS`] utilizations per class over `[0, t]`;
     /// `sizes[c]` is the number of links of class c.
-    fn finish(&self, t: f64, sizes: &[usize]) -> Vec<Vec<f64>> {
+    pub(crate) fn finish(&self, t: f64, sizes: &[usize]) -> Vec<Vec<f64>> {
         let nb = TIMELINE_BUCKETS;
         let cw = t / nb as f64;
         sizes
@@ -496,7 +496,7 @@ pub fn run_groups(
 
 /// `net` with `slow` applied, and which links have failed (empty when
 /// none).
-fn degrade<'a>(
+pub(crate) fn degrade<'a>(
     net: &'a Network,
     slow: &[(String, f64)],
 ) -> Result<(Cow<'a, Network>, Vec<bool>), String> {

@@ -15,6 +15,12 @@
 //! every [`SimResult`] carries a per-class link utilization
 //! [`timeline`](SimResult::timeline), and [`plot::svg`] draws it.
 //!
+//! Besides ferrocoll's plans the simulator runs one algorithm the executor
+//! cannot: in-network reduction ([`sharp`], [`simulate_sharp_allreduce`]),
+//! where the switches of a `switch` or `fat-tree` topology with `sharp=1`
+//! reduce an allreduce as it passes through them. [`SimAlgorithm`] names
+//! either kind for [`simulate_algorithm`].
+//!
 //! ```
 //! use ferrocoll::{Algorithm, Collective};
 //! use ferrocoll_sim::{simulate, Mode, TopologySpec};
@@ -31,10 +37,12 @@
 pub mod engine;
 pub mod network;
 pub mod plot;
+pub mod sharp;
 pub mod topology;
 
 pub use engine::{Mode, SimOptions, TIMELINE_BUCKETS};
 pub use network::Network;
+pub use sharp::{simulate_sharp_allreduce, simulate_sharp_allreduce_with};
 pub use topology::{LinkSpec, TopologySpec};
 
 use ferrocoll::plan::{self, Plan, PlanRequest};
@@ -79,6 +87,68 @@ pub struct SimResult {
     /// (see [`engine`] for the ideal mode's middle links). All zeros when
     /// no time passed.
     pub timeline: Vec<(String, Vec<f64>)>,
+}
+
+/// An algorithm the simulator can run: one of ferrocoll's plans, or
+/// in-network reduction, which exists only in the simulator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SimAlgorithm {
+    /// The plans of a ferrocoll algorithm ([`simulate_with`]).
+    Plan(Algorithm),
+    /// Allreduce reduced by the switches (`sharp`; see [`sharp`]).
+    Sharp,
+}
+
+impl SimAlgorithm {
+    /// Parses `sharp` or a ferrocoll algorithm name.
+    pub fn from_name(s: &str) -> Option<SimAlgorithm> {
+        if s.eq_ignore_ascii_case("sharp") {
+            Some(SimAlgorithm::Sharp)
+        } else {
+            Algorithm::from_name(s).map(SimAlgorithm::Plan)
+        }
+    }
+
+    /// `sharp` or the algorithm's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            SimAlgorithm::Plan(a) => a.name(),
+            SimAlgorithm::Sharp => "sharp",
+        }
+    }
+}
+
+impl std::fmt::Display for SimAlgorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl From<Algorithm> for SimAlgorithm {
+    fn from(a: Algorithm) -> SimAlgorithm {
+        SimAlgorithm::Plan(a)
+    }
+}
+
+/// Simulates `coll` with `algo`: [`simulate_with`] for a plan,
+/// [`simulate_sharp_allreduce_with`] for [`SimAlgorithm::Sharp`], which
+/// fails unless `coll` is allreduce and `topo` can reduce in the network
+/// ([`sharp::check`]).
+pub fn simulate_algorithm(
+    coll: Collective,
+    algo: SimAlgorithm,
+    bytes: usize,
+    topo: &TopologySpec,
+    mode: Mode,
+    opts: &SimOptions,
+) -> Result<SimResult, String> {
+    match algo {
+        SimAlgorithm::Plan(a) => simulate_with(coll, a, bytes, topo, mode, opts),
+        SimAlgorithm::Sharp => {
+            sharp::check(coll, topo)?;
+            simulate_sharp_allreduce_with(bytes, topo, mode, opts)
+        }
+    }
 }
 
 /// One collective of [`simulate_jobs`]: `coll` with `algo` on the group

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! switch:ranks=64,bw=50GB/s,lat=2us
+//! switch:ranks=64,bw=50GB/s,lat=1us,sharp=1
 //! two-level:nodes=4,gpus=8,intra=450GB/s@1us,inter=25GB/s@2us
 //! fat-tree:ranks=64,leaf=8,bw=50GB/s,lat=1us,oversub=2
 //! rail:nodes=4,gpus=8,intra=450GB/s@1us,inter=50GB/s@2us
@@ -22,6 +23,11 @@
 //! `roundrobin`, `random:SEED` or `list:P0,P1,...` (the list's commas belong
 //! to it: every comma-separated item without `=` after `placement=list:` is
 //! one more entry).
+//!
+//! `switch` and `fat-tree` also take `sharp=0|1` (default 0): with `sharp=1`
+//! their switches can reduce in the network (NVIDIA SHARP-like aggregation),
+//! which [`crate::sharp`] simulates for allreduce. It changes no link and no
+//! route; the plan-based algorithms run as without it.
 
 use std::fmt;
 
@@ -199,6 +205,9 @@ pub enum TopologySpec {
         ranks: usize,
         /// The rank ports.
         link: LinkSpec,
+        /// `sharp=1`: the switch reduces in the network (see
+        /// [`crate::sharp`]).
+        sharp: bool,
         /// Rank to position.
         placement: Placement,
     },
@@ -232,6 +241,9 @@ pub enum TopologySpec {
         link: LinkSpec,
         /// Oversubscription of the leaf uplinks (1 = full bisection).
         oversub: f64,
+        /// `sharp=1`: the leaf and spine switches reduce in the network (see
+        /// [`crate::sharp`]).
+        sharp: bool,
         /// Rank to position.
         placement: Placement,
     },
@@ -300,9 +312,18 @@ impl TopologySpec {
         })?;
         let kind = kind.trim();
         let allowed: &[&str] = match kind {
-            "switch" | "ring" => &["ranks", "bw", "lat", "placement"],
+            "switch" => &["ranks", "bw", "lat", "sharp", "placement"],
+            "ring" => &["ranks", "bw", "lat", "placement"],
             "two-level" | "rail" => &["nodes", "gpus", "intra", "inter", "placement"],
-            "fat-tree" => &["ranks", "leaf", "bw", "lat", "oversub", "placement"],
+            "fat-tree" => &[
+                "ranks",
+                "leaf",
+                "bw",
+                "lat",
+                "oversub",
+                "sharp",
+                "placement",
+            ],
             "torus" => &["dims", "bw", "lat", "placement"],
             _ => {
                 return Err(format!(
@@ -325,6 +346,7 @@ impl TopologySpec {
             "switch" => TopologySpec::Switch {
                 ranks: f.count("ranks")?,
                 link: simple(&f)?,
+                sharp: f.flag("sharp")?,
                 placement,
             },
             "two-level" => TopologySpec::TwoLevel {
@@ -405,6 +427,7 @@ impl TopologySpec {
                     leaf,
                     link: simple(&f)?,
                     oversub,
+                    sharp: f.flag("sharp")?,
                     placement,
                 }
             }
@@ -425,6 +448,15 @@ impl TopologySpec {
                 nodes * gpus
             }
             TopologySpec::Torus { dims, .. } => dims.iter().product(),
+        }
+    }
+
+    /// Whether the switches reduce in the network (`sharp=1` on `switch`
+    /// or `fat-tree`; false for every other kind).
+    pub fn sharp(&self) -> bool {
+        match self {
+            TopologySpec::Switch { sharp, .. } | TopologySpec::FatTree { sharp, .. } => *sharp,
+            _ => false,
         }
     }
 
@@ -509,8 +541,8 @@ impl std::str::FromStr for TopologySpec {
 }
 
 impl fmt::Display for TopologySpec {
-    /// The canonical string (GB/s and us, `placement` only when not
-    /// `block`), which [`TopologySpec::parse`] reads back.
+    /// The canonical string (GB/s and us, `sharp=1` only when set,
+    /// `placement` only when not `block`), which [`TopologySpec::parse`] reads back.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let bw = |l: &LinkSpec| format!("{}GB/s", l.bw / 1e9);
         let lat = |l: &LinkSpec| format!("{}us", l.lat * 1e6);
@@ -573,6 +605,9 @@ impl fmt::Display for TopologySpec {
                     lat(link)
                 )?
             }
+        }
+        if self.sharp() {
+            f.write_str(",sharp=1")?;
         }
         match self.placement() {
             Placement::Block => Ok(()),
@@ -651,6 +686,18 @@ impl<'a> Fields<'a> {
             Ok(n) if n >= 1 => Ok(n),
             _ => Err(format!(
                 "{}: {key}: `{v}` is not a positive whole number",
+                self.kind
+            )),
+        }
+    }
+
+    /// An optional `0` / `1` field, false when absent.
+    fn flag(&self, key: &str) -> Result<bool, String> {
+        match self.get(key) {
+            None | Some("0") => Ok(false),
+            Some("1") => Ok(true),
+            Some(v) => Err(format!(
+                "{}: {key}: `{v}` is not 0 or 1 (e.g. {key}=1)",
                 self.kind
             )),
         }
@@ -781,6 +828,7 @@ mod tests {
                     bw: 5e10,
                     lat: 2e-6
                 },
+                sharp: false,
                 placement: Placement::Block,
             }
         );
@@ -815,6 +863,7 @@ mod tests {
                     lat: 1e-6
                 },
                 oversub: 2.0,
+                sharp: false,
                 placement: Placement::Block,
             }
         );
@@ -829,6 +878,8 @@ mod tests {
             "switch:ranks=64,bw=50GB/s,lat=2us",
             "two-level:nodes=4,gpus=8,intra=450GB/s@1us,inter=25GB/s@2us",
             "fat-tree:ranks=64,leaf=8,bw=50GB/s,lat=1us,oversub=2",
+            "switch:ranks=64,bw=50GB/s,lat=1us,sharp=1",
+            "fat-tree:ranks=64,leaf=8,bw=50GB/s,lat=1us,oversub=2,sharp=1,placement=roundrobin",
         ] {
             let t = TopologySpec::parse(s).unwrap();
             assert_eq!(t.to_string(), s);
@@ -855,5 +906,19 @@ mod tests {
         );
         assert!(err("fat-tree:ranks=60,leaf=8,bw=50GB/s,lat=1us").contains("leaf:"));
         assert!(err("fat-tree:ranks=64,leaf=8,bw=50GB/s,lat=1us,oversub=0").contains("oversub:"));
+        assert!(err("switch:ranks=4,bw=50GB/s,lat=1us,sharp=yes").contains("sharp:"));
+        assert!(err("ring:ranks=4,bw=50GB/s,lat=1us,sharp=1").contains("unknown field `sharp`"));
+    }
+
+    #[test]
+    fn sharp_is_a_switch_capability() {
+        let on = |s: &str| TopologySpec::parse(s).unwrap().sharp();
+        assert!(on("switch:ranks=4,bw=50GB/s,lat=1us,sharp=1"));
+        assert!(!on("switch:ranks=4,bw=50GB/s,lat=1us,sharp=0"));
+        assert!(!on("switch:ranks=4,bw=50GB/s,lat=1us"));
+        assert!(on("fat-tree:ranks=8,leaf=4,bw=50GB/s,lat=1us,sharp=1"));
+        // sharp=0 is the default and is not printed.
+        let t = TopologySpec::parse("switch:ranks=4,bw=50GB/s,lat=1us,sharp=0").unwrap();
+        assert_eq!(t.to_string(), "switch:ranks=4,bw=50GB/s,lat=1us");
     }
 }
