@@ -24,6 +24,9 @@ fn now_ns() -> u128 {
         .as_nanos()
 }
 
+mod common;
+use common::show;
+
 fn main() {
     if let Ok(role) = std::env::var(ROLE) {
         let comm = match ferrocoll::init() {
@@ -36,7 +39,6 @@ fn main() {
         rank_program(&role, &comm);
         return;
     }
-    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let tests: [(&str, fn()); 9] = [
         ("dropped_worlds_leak_nothing", dropped_worlds_leak_nothing),
         ("soak_of_mixed_collectives", soak_of_mixed_collectives),
@@ -60,46 +62,16 @@ fn main() {
         ),
         ("nothing_left_behind", nothing_left_behind),
     ];
-    let mut failed = 0;
-    for (name, test) in tests {
-        if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
-            continue;
-        }
-        let start = Instant::now();
-        let outcome = std::panic::catch_unwind(test);
-        let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
-        println!(
-            "test {name} ... {verdict} ({:.1} s)",
-            start.elapsed().as_secs_f64()
-        );
-        failed += usize::from(outcome.is_err());
-    }
-    if failed > 0 {
-        eprintln!("{failed} fault-injection test(s) failed");
-        std::process::exit(1);
-    }
+    common::run_tests(&tests, "fault-injection");
 }
 
 // ---- driver ----------------------------------------------------------------
-
-fn show(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// Runs `n` ranks of this binary in `role` over `transport` and returns
 /// each rank's output (killing everything after 60 s: a hang is a failure).
 fn world(n: usize, role: &str, transport: &str, env: &[(&str, &str)]) -> Vec<Output> {
     let me = std::env::current_exe().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let job = format!("f{}x{port}", std::process::id());
     let mut children: Vec<_> = (0..n)
         .map(|r| {
@@ -135,6 +107,14 @@ fn world(n: usize, role: &str, transport: &str, env: &[(&str, &str)]) -> Vec<Out
         .into_iter()
         .map(|c| c.wait_with_output().unwrap())
         .collect()
+}
+
+/// Asserts that every rank's output contains `needle`.
+fn every_rank_printed(outs: &[Output], needle: &str, what: &str) {
+    for (r, out) in outs.iter().enumerate() {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains(needle), "{what} rank {r}: {}", show(out));
+    }
 }
 
 /// The number after `key` in `text` (`key` followed by digits).
@@ -260,28 +240,14 @@ fn flipped_bit_is_corrupted() {
     for transport in ["shm", "tcp"] {
         // Checksums on, nothing flipped: every result right, no error.
         let outs = world(2, "checked", transport, &[("FERROCOLL_CHECKSUM", "1")]);
-        for (r, out) in outs.iter().enumerate() {
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                text.contains("checked ok"),
-                "{transport} rank {r}: {}",
-                show(out)
-            );
-        }
+        every_rank_printed(&outs, "checked ok", transport);
         // One bit of every rank's 3rd message flipped on the way.
         let env = [
             ("FERROCOLL_CHECKSUM", "1"),
             ("FERROCOLL_TEST_FLIP_FRAME", "3"),
         ];
         let outs = world(2, "checked", transport, &env);
-        for (r, out) in outs.iter().enumerate() {
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                text.contains("Corrupted"),
-                "{transport} rank {r}: {}",
-                show(out)
-            );
-        }
+        every_rank_printed(&outs, "Corrupted", transport);
         println!(
             "  {transport}: {}",
             String::from_utf8_lossy(&outs[0].stdout).trim()
@@ -298,11 +264,7 @@ fn resources() -> (usize, usize) {
 /// `n` ranks as threads of this process, each with its own engine over
 /// `kind` (as if they were processes), running `f`.
 fn thread_world(n: usize, kind: ferrocoll::init::TransportKind, f: impl Fn(Communicator) + Sync) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let job = format!("f{}x{port}", std::process::id());
     std::thread::scope(|s| {
         for rank in 0..n {
@@ -355,14 +317,7 @@ fn dropped_worlds_leak_nothing() {
 fn soak_of_mixed_collectives() {
     for transport in ["shm", "tcp"] {
         let outs = world(4, "soak", transport, &[]);
-        for (r, out) in outs.iter().enumerate() {
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert!(
-                text.contains("soak ok"),
-                "{transport} rank {r}: {}",
-                show(out)
-            );
-        }
+        every_rank_printed(&outs, "soak ok", transport);
         println!(
             "  {transport}: {}",
             String::from_utf8_lossy(&outs[0].stdout).trim()
@@ -373,11 +328,7 @@ fn soak_of_mixed_collectives() {
 fn unreachable_rendezvous_fails_init() {
     // Rank 1 of 2, with nobody serving the store.
     let me = std::env::current_exe().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let start = Instant::now();
     let out = Command::new(me)
         .env(ROLE, "sum")

@@ -9,7 +9,7 @@
 //! binary's `main` is ours).
 
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ferrocoll::{Communicator, ReduceOp};
 
@@ -28,6 +28,9 @@ const COLLECTIVES: [&str; 9] = [
     "scatter",
 ];
 
+mod common;
+use common::{free_port, show};
+
 fn main() {
     if let Ok(role) = std::env::var(ROLE) {
         let comm = ferrocoll::init().unwrap_or_else(|e| {
@@ -44,7 +47,6 @@ fn main() {
         }
         return;
     }
-    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let tests: [(&str, fn()); 7] = [
         (
             "tcp_connections_open_on_first_use",
@@ -63,36 +65,10 @@ fn main() {
         ),
         ("two_hosts_mix_shm_and_tcp", two_hosts_mix_shm_and_tcp),
     ];
-    let mut failed = 0;
-    for (name, test) in tests {
-        if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
-            continue;
-        }
-        let start = Instant::now();
-        let outcome = std::panic::catch_unwind(test);
-        let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
-        println!(
-            "test {name} ... {verdict} ({:.1} s)",
-            start.elapsed().as_secs_f64()
-        );
-        failed += usize::from(outcome.is_err());
-    }
-    if failed > 0 {
-        eprintln!("{failed} multi-process test(s) failed");
-        std::process::exit(1);
-    }
+    common::run_tests(&tests, "multi-process");
 }
 
 // ---- drivers ---------------------------------------------------------------
-
-fn show(out: &Output) -> String {
-    format!(
-        "status {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// `ferrocoll run -n N` of this binary in `role`, with `env` added.
 fn launch(n: usize, role: &str, env: &[(&str, &str)]) -> Output {
@@ -203,14 +179,6 @@ fn message_of_256_mib() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(text.matches("big ok").count(), 2, "{what}: {}", show(&out));
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts `n` processes of this binary directly (no launcher), rank `r`

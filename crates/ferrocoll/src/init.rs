@@ -377,8 +377,8 @@ pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Res
         store_addr: spec.store_addr.clone(),
     };
     let name = match (
-        links_have(&placement.links, "shm"),
-        links_have(&placement.links, "tcp"),
+        placement.links.contains(&"shm"),
+        placement.links.contains(&"tcp"),
     ) {
         (true, true) => "shm+tcp",
         (false, true) => "tcp",
@@ -434,10 +434,6 @@ fn bind_to_core(local_rank: usize, local_size: usize) -> Result<bool> {
         let pinned = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one) == 0;
         Ok(pinned && local_size <= cpus.len())
     }
-}
-
-fn links_have(links: &[&str], kind: &str) -> bool {
-    links.contains(&kind)
 }
 
 /// Known bytes whose address every local rank publishes, so its peers can

@@ -102,6 +102,22 @@ struct Outbound {
 unsafe impl Send for Outbound {}
 
 impl Outbound {
+    /// A frame that is all header (control frames, remote and shared data):
+    /// `remote_addr` set when its send completes on the peer's
+    /// acknowledgement.
+    fn header_only(call: Option<usize>, prefix: Vec<u8>, remote_addr: Option<u64>) -> Outbound {
+        Outbound {
+            call,
+            prefix,
+            data: std::ptr::null(),
+            len: 0,
+            owned: Vec::new(),
+            done: 0,
+            pad: 0,
+            remote_addr,
+        }
+    }
+
     fn total(&self) -> usize {
         self.prefix.len() + self.len + self.pad
     }
@@ -526,6 +542,23 @@ impl State {
         }
     }
 
+    /// Moves every channel until nothing is queued for a live peer, for at
+    /// most `within`: best effort for the last notices (abort, goodbye); a
+    /// peer that stopped reading keeps its deadline and liveness checks.
+    fn drain_briefly(&mut self, me: usize, aborted: &AtomicBool, within: Duration) {
+        let until = Instant::now() + within;
+        while self
+            .peers
+            .iter()
+            .any(|p| p.lost.is_none() && p.chan.is_some() && !p.sendq.is_empty())
+            && Instant::now() < until
+        {
+            if !self.progress(me, aborted) {
+                std::thread::yield_now();
+            }
+        }
+    }
+
     /// Writes queued control frames as far as the channels take them now,
     /// without waiting (used right after a crash is noticed).
     fn flush_now(&mut self) {
@@ -832,16 +865,9 @@ impl State {
             addr,
             region: 0,
         };
-        self.peers[peer].sendq.push_back(Outbound {
-            call: None,
-            prefix: ack.encode().to_vec(),
-            data: std::ptr::null(),
-            len: 0,
-            owned: Vec::new(),
-            done: 0,
-            pad: 0,
-            remote_addr: None,
-        });
+        self.peers[peer]
+            .sendq
+            .push_back(Outbound::header_only(None, ack.encode().to_vec(), None));
     }
 
     /// Reads every matched remote message from `peer` straight from its
@@ -1301,24 +1327,21 @@ impl Transport for Engine {
                     },
                 };
                 let addr = frame.addr;
-                st.peers[s.peer].sendq.push_back(Outbound {
-                    call: Some(id),
-                    prefix: frame.encode().to_vec(),
-                    data: std::ptr::null(),
-                    len: 0,
-                    owned: Vec::new(),
-                    done: 0,
-                    pad: 0,
-                    remote_addr: Some(addr),
-                });
+                st.peers[s.peer].sendq.push_back(Outbound::header_only(
+                    Some(id),
+                    frame.encode().to_vec(),
+                    Some(addr),
+                ));
                 continue;
             }
             let mut frame = Frame::data(*header, s.data.len());
             if checksums() {
                 frame.addr = CRC_PRESENT | u64::from(crc32c::crc32c(s.data));
             }
-            let sent_no = DATA_FRAMES_SENT.fetch_add(1, Ordering::Relaxed) + 1;
-            let flip = !s.data.is_empty() && flip_frame() == Some(sent_no);
+            // The test hook counts data frames only when it is set.
+            let flip = flip_frame().is_some_and(|n| {
+                DATA_FRAMES_SENT.fetch_add(1, Ordering::Relaxed) + 1 == n && !s.data.is_empty()
+            });
             // A frame to corrupt (test hook) is copied so the caller's
             // buffer stays intact.
             let inline = s.data.len() <= INLINE_BYTES || flip;
@@ -1426,24 +1449,7 @@ impl Transport for Engine {
         st.fail_all(&Error::Aborted);
         // Tell every peer, so their waits end too (best effort: a full
         // channel drops the notice, and the peer's deadline still holds).
-        let notice = Frame {
-            kind: FrameKind::Abort,
-            header: Header {
-                comm: 0,
-                seq: 0,
-                sig: super::Signature {
-                    kind: super::CallKind::PointToPoint,
-                    dtype: crate::types::DType::U8,
-                    op: None,
-                    count: 0,
-                    root: None,
-                },
-            },
-            len: 0,
-            addr: 0,
-            region: 0,
-        }
-        .encode();
+        let notice = control_frame(FrameKind::Abort, 0);
         for p in 0..st.peers.len() {
             let peer = &mut st.peers[p];
             if peer.lost.is_some() || peer.chan.is_none() {
@@ -1458,28 +1464,10 @@ impl Transport for Engine {
             } else {
                 peer.sendq.clear();
             }
-            peer.sendq.push_back(Outbound {
-                call: None,
-                prefix: notice.to_vec(),
-                data: std::ptr::null(),
-                len: 0,
-                owned: Vec::new(),
-                done: 0,
-                pad: 0,
-                remote_addr: None,
-            });
+            peer.sendq
+                .push_back(Outbound::header_only(None, notice.clone(), None));
         }
-        let flush_until = Instant::now() + Duration::from_millis(100);
-        while st
-            .peers
-            .iter()
-            .any(|p| p.lost.is_none() && p.chan.is_some() && !p.sendq.is_empty())
-            && Instant::now() < flush_until
-        {
-            if !st.progress(self.rank, &self.aborted) {
-                std::thread::yield_now();
-            }
-        }
+        st.drain_briefly(self.rank, &self.aborted, Duration::from_millis(100));
         drop(st);
         self.bell.ring_local();
     }
@@ -1702,19 +1690,7 @@ fn control_frame(kind: FrameKind, value: u64) -> Vec<u8> {
 /// half-written frame cannot be interrupted), ahead of the data behind it.
 fn push_between_frames(sendq: &mut VecDeque<Outbound>, bytes: &[u8]) {
     let at = usize::from(sendq.front().is_some_and(|o| o.done > 0));
-    sendq.insert(
-        at,
-        Outbound {
-            call: None,
-            prefix: bytes.to_vec(),
-            data: std::ptr::null(),
-            len: 0,
-            owned: Vec::new(),
-            done: 0,
-            pad: 0,
-            remote_addr: None,
-        },
-    );
+    sendq.insert(at, Outbound::header_only(None, bytes.to_vec(), None));
 }
 
 impl Drop for Engine {
@@ -1725,29 +1701,10 @@ impl Drop for Engine {
         let bye = control_frame(FrameKind::Bye, 0);
         for peer in st.peers.iter_mut() {
             if peer.lost.is_none() && peer.chan.is_some() {
-                peer.sendq.push_back(Outbound {
-                    call: None,
-                    prefix: bye.clone(),
-                    data: std::ptr::null(),
-                    len: 0,
-                    owned: Vec::new(),
-                    done: 0,
-                    pad: 0,
-                    remote_addr: None,
-                });
+                peer.sendq
+                    .push_back(Outbound::header_only(None, bye.clone(), None));
             }
         }
-        // Best effort, briefly: a peer that stopped reading keeps its
-        // deadline and liveness checks.
-        let until = Instant::now() + Duration::from_millis(200);
-        while st
-            .peers
-            .iter()
-            .any(|p| p.lost.is_none() && p.chan.is_some() && !p.sendq.is_empty())
-            && Instant::now() < until
-        {
-            st.flush_now();
-            std::thread::yield_now();
-        }
+        st.drain_briefly(self.rank, &self.aborted, Duration::from_millis(200));
     }
 }
