@@ -59,6 +59,13 @@ pub struct SimArgs {
     /// message that needs it an error. Repeatable.
     #[arg(long, value_name = "NAME:FACTOR")]
     pub slow_link: Vec<String>,
+    /// Simulate one rank per class of ranks that behave identically (a
+    /// shift or exclusive-or of rank numbers that the topology, placement
+    /// and plans all have), for clusters too large to run rank by rank; the
+    /// results are the full run's. An error, saying why, when there is no
+    /// such symmetry (trees, uneven blocks, stragglers, ...).
+    #[arg(long)]
+    pub aggregate: bool,
 }
 
 /// Energy per bit by link class, in picojoules (the seeds' figure: NVLink
@@ -177,6 +184,11 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
     };
     if algo == SimAlgorithm::Sharp {
         ferrocoll_sim::sharp::check(coll, &topo).map_err(CliError::Usage)?;
+        if args.aggregate {
+            return Err(CliError::Usage(
+                "--aggregate runs ferrocoll's plans; --algo sharp has none".into(),
+            ));
+        }
     }
     let opts = SimOptions {
         start_delay: args
@@ -194,8 +206,13 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         ..SimOptions::default()
     };
     let start = Instant::now();
-    let r = ferrocoll_sim::simulate_algorithm(coll, algo, bytes, &topo, mode, &opts)
-        .map_err(CliError::Run)?;
+    let r = match algo {
+        SimAlgorithm::Plan(a) if args.aggregate => {
+            ferrocoll_sim::simulate_aggregated(coll, a, bytes, &topo, mode, &opts)
+        }
+        _ => ferrocoll_sim::simulate_algorithm(coll, algo, bytes, &topo, mode, &opts),
+    }
+    .map_err(CliError::Run)?;
     let wall = start.elapsed().as_secs_f64();
     if let Some(path) = &args.plot {
         let title = format!(
@@ -213,6 +230,7 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         .sum();
     // The simulator reports bytes per second; print GB/s as bench does.
     let (algbw, busbw) = (r.algbw / 1e9, r.busbw / 1e9);
+    let cp = &r.critical_path;
     let mut out = std::io::stdout().lock();
     if args.json {
         let links: Vec<serde_json::Value> = r
@@ -225,6 +243,14 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
             "time_us": r.time_s * 1e6, "algbw": algbw, "busbw": busbw, "energy_j": energy,
             "wall_s": wall, "hottest_link": r.hottest_link, "events": r.events, "links": links,
             "timeline_buckets": ferrocoll_sim::TIMELINE_BUCKETS,
+            "critical_path": {
+                "messages": cp.messages, "ranks": cp.ranks, "start_us": cp.start_s * 1e6,
+                "latency_us": cp.latency_s * 1e6, "transmission_us": cp.transmission_s * 1e6,
+                "queueing_us": cp.queueing_s * 1e6, "compute_us": cp.compute_s * 1e6,
+            },
+            "aggregated": r.aggregated.map(|s| serde_json::json!({
+                "kind": s.kind.name(), "period": s.period, "simulated_ranks": s.period,
+            })),
         });
         writeln!(out, "{json}")?;
         return Ok(());
@@ -250,7 +276,42 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
             c.class, c.bytes, c.utilization
         )?;
     }
-    writeln!(out, "# simulated {} events in {wall:.3} s", r.events)?;
+    // Where the time went along the critical path, largest parts first.
+    let pct = |x: f64| {
+        if r.time_s > 0.0 {
+            100.0 * x / r.time_s
+        } else {
+            0.0
+        }
+    };
+    let mut parts = [
+        ("latency", cp.latency_s),
+        ("transmission", cp.transmission_s),
+        ("queueing", cp.queueing_s),
+        ("compute", cp.compute_s),
+        ("late start", cp.start_s),
+    ];
+    parts.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let parts: Vec<String> = parts
+        .iter()
+        .filter(|p| p.1 > 0.0)
+        .map(|(name, t)| format!("{name} {:.2} us ({:.0}%)", t * 1e6, pct(*t)))
+        .collect();
+    writeln!(
+        out,
+        "critical path: {} messages through {} ranks: {}",
+        cp.messages,
+        cp.ranks,
+        parts.join(", ")
+    )?;
+    match r.aggregated {
+        Some(s) => writeln!(
+            out,
+            "# simulated {} events in {wall:.3} s, aggregated ({s})",
+            r.events
+        )?,
+        None => writeln!(out, "# simulated {} events in {wall:.3} s", r.events)?,
+    }
     Ok(())
 }
 

@@ -38,12 +38,37 @@ fn json_has_the_fields_and_the_seeds_two_level_effect_shows() {
         "ring",
     ]);
     for field in [
-        "coll", "ranks", "bytes", "algo", "mode", "time_us", "algbw", "busbw", "energy_j",
-        "wall_s", "links",
+        "coll",
+        "ranks",
+        "bytes",
+        "algo",
+        "mode",
+        "time_us",
+        "algbw",
+        "busbw",
+        "energy_j",
+        "wall_s",
+        "links",
+        "critical_path",
     ] {
         assert!(ring.get(field).is_some(), "missing {field}: {ring}");
     }
     assert_eq!(ring["ranks"], 32);
+    // A flat ring's time is its 2(n-1) = 62 steps: transmission, latency.
+    let cp = &ring["critical_path"];
+    assert_eq!(cp["messages"], 62);
+    let parts: f64 = [
+        "start_us",
+        "latency_us",
+        "transmission_us",
+        "queueing_us",
+        "compute_us",
+    ]
+    .iter()
+    .map(|k| cp[k].as_f64().unwrap())
+    .sum();
+    let time = ring["time_us"].as_f64().unwrap();
+    assert!((parts - time).abs() < 1e-6 * time, "{cp} vs {time}");
     // A flat ring crosses the 25 GB/s NICs every step: its busbw is that.
     let busbw = ring["busbw"].as_f64().unwrap();
     assert!((busbw - 25.0).abs() < 1.0, "flat ring busbw {busbw}");
@@ -109,4 +134,61 @@ fn mistakes_are_errors_that_say_what_to_fix() {
     assert!(!String::from_utf8_lossy(&out.stderr).is_empty());
     let out = sim(&["allreduce", "--topology", TWO_LEVEL, "--bytes", "3 parsecs"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("KiB"));
+}
+
+#[test]
+fn aggregate_gives_the_full_runs_numbers_and_scales() {
+    // 256 ranks: both ways, the same answer.
+    let args = [
+        "allreduce",
+        "--topology",
+        "two-level:nodes=32,gpus=8,intra=450GB/s@1us,inter=50GB/s@2us",
+        "--bytes",
+        "64MiB",
+        "--algo",
+        "hier",
+    ];
+    let full = json(&args);
+    let mut with = args.to_vec();
+    with.push("--aggregate");
+    let agg = json(&with);
+    assert!(full["aggregated"].is_null());
+    assert_eq!(agg["aggregated"]["kind"], "shift");
+    assert_eq!(agg["aggregated"]["period"], 8);
+    let (f, a) = (
+        full["time_us"].as_f64().unwrap(),
+        agg["time_us"].as_f64().unwrap(),
+    );
+    assert!((f - a).abs() <= 1e-9 * f, "full {f} us, aggregated {a} us");
+    assert_eq!(full["links"], agg["links"]);
+    assert!(agg["events"].as_u64().unwrap() < full["events"].as_u64().unwrap());
+    // 20,000 ranks of a ring: one rank simulated, 2(n-1) rounds of 1.6 KB.
+    let big = json(&[
+        "allreduce",
+        "--topology",
+        "switch:ranks=20000,bw=50GB/s,lat=2us",
+        "--bytes",
+        "128MB",
+        "--algo",
+        "ring",
+        "--aggregate",
+    ]);
+    assert_eq!(big["ranks"], 20000);
+    let expect_us = 2.0 * 19999.0 * (2.0 + 6400.0 / 50e9 * 1e6);
+    let t = big["time_us"].as_f64().unwrap();
+    assert!((t / expect_us - 1.0).abs() < 0.01, "{t} vs {expect_us}");
+    // No symmetry: an error that says what to do.
+    let out = sim(&[
+        "bcast",
+        "--topology",
+        "switch:ranks=64,bw=50GB/s,lat=2us",
+        "--bytes",
+        "1MiB",
+        "--algo",
+        "tree",
+        "--aggregate",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("run without aggregation"), "{err}");
 }

@@ -100,6 +100,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use ferrocoll::plan::{Op, Plan};
 
 use crate::network::Network;
+use crate::symmetry::Symmetry;
 
 /// How the network is modelled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -175,22 +176,108 @@ pub struct Trace {
     /// [`TIMELINE_BUCKETS`] equal buckets of `[0, time_s]`; all zeros when
     /// no time passed. See the module docs.
     pub timeline: Vec<Vec<f64>>,
+    /// What the run's time was spent on, along its critical path.
+    pub critical_path: CriticalPath,
+}
+
+/// The chain of rounds and messages that determined a run's time, from
+/// the rank that finished last back to the start, with the time split by
+/// what it was spent on. The parts add up to the run's time.
+///
+/// The walk: a round ends when its last message completes. That message
+/// started when both its ends were posted; if the peer posted later, the
+/// path continues at the peer's round (the rank waited for it), else at
+/// this rank's own. Before posting, a round reduces locally (compute);
+/// before that, the previous round ran. A message's time from start to
+/// arrival is its path's latency, the round's bytes (the larger of what
+/// the rank sends and receives in it, as the alpha-beta model charges a
+/// round) over the path's slowest link (transmission), and the rest:
+/// waiting for links or ports that other ranks' traffic holds (queueing). A received reduction adds compute (including
+/// any wait for the rank's reduction unit).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CriticalPath {
+    /// Messages on the path.
+    pub messages: u64,
+    /// Distinct ranks the path visits.
+    pub ranks: u64,
+    /// Seconds before the path's first rank started (a straggler's delay).
+    pub start_s: f64,
+    /// Seconds of link latency.
+    pub latency_s: f64,
+    /// Seconds of transmission at the bottleneck bandwidth.
+    pub transmission_s: f64,
+    /// Seconds of waiting for links and ports held by other traffic.
+    pub queueing_s: f64,
+    /// Seconds of reduction.
+    pub compute_s: f64,
 }
 
 /// The plans of one group of ranks for [`run_groups`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct Group<'a> {
-    /// `plans[i]` is group rank i's plan; peers in it are group ranks.
-    pub plans: &'a [Plan],
+    /// Group rank i's plan; peers in it are group ranks.
+    pub plans: Plans<'a>,
     /// `ranks[i]` is the physical rank (the network's) group rank i runs
     /// on; as many as `plans`, distinct.
     pub ranks: &'a [usize],
+}
+
+/// Where a group's plans come from.
+#[derive(Clone, Copy)]
+pub enum Plans<'a> {
+    /// Built already: `plans[i]` is group rank i's.
+    Given(&'a [Plan]),
+    /// Built one at a time while the engine reads them, and dropped once
+    /// read: the engine keeps only what it needs of each (peers, sizes,
+    /// reductions), a fraction of a plan's memory (a 4,096-rank ring
+    /// allreduce: 34 million rounds).
+    Built {
+        /// How many ranks.
+        count: usize,
+        /// Builds group rank i's plan.
+        build: &'a dyn Fn(usize) -> Result<Plan, String>,
+    },
+}
+
+impl<'a> Plans<'a> {
+    /// How many plans.
+    pub fn len(&self) -> usize {
+        match self {
+            Plans::Given(p) => p.len(),
+            Plans::Built { count, .. } => *count,
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Group rank i's plan.
+    fn get(&self, i: usize) -> Result<Cow<'a, Plan>, String> {
+        match self {
+            Plans::Given(p) => Ok(Cow::Borrowed(&p[i])),
+            Plans::Built { build, .. } => build(i).map(Cow::Owned),
+        }
+    }
+}
+
+impl std::fmt::Debug for Group<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Group")
+            .field("plans", &self.plans.len())
+            .field("ranks", &self.ranks)
+            .finish()
+    }
 }
 
 /// One message, matched.
 struct Msg {
     src: u32,
     dst: u32,
+    /// The physical rank the message travels to: `phys[dst]`, except in
+    /// the aggregated mode, where `dst` is the representative of this rank.
+    to: u32,
     bytes: u64,
     reduce: bool,
     /// Ends posted so far (0, 1 or 2).
@@ -198,6 +285,23 @@ struct Msg {
     chunks_left: u32,
     /// Latest chunk arrival so far.
     done: f64,
+    /// Contention mode: when the first chunk started on the sender's port
+    /// (the others follow back to back).
+    first_start: f64,
+    /// When both ends were posted.
+    started: f64,
+    /// Its slot in the receive id list (to find the receiver's round).
+    recv_slot: u32,
+}
+
+/// A peer named by a plan, as the engine sees it.
+struct Peer {
+    /// The engine rank that runs its plan.
+    engine: u32,
+    /// The physical rank a message to it travels to.
+    to: u32,
+    /// Which of the ranks `engine` stands for (0 unless aggregated).
+    offset: u32,
 }
 
 /// A receive awaiting its send: (slot in the receive id list, bytes, reduce?).
@@ -208,6 +312,13 @@ struct RoundInfo {
     sends: (u32, u32),
     recvs: (u32, u32),
     local_reduce: u64,
+    /// When the rank entered the round (began its local reductions).
+    entered: f64,
+    /// When it posted the round's messages.
+    posted: f64,
+    /// The message that completed last and so ended the round (`u32::MAX`
+    /// when the round has none).
+    last: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -216,11 +327,12 @@ enum Kind {
     Post { rank: u32 },
     /// Both ends of a message are posted: it starts moving.
     Start { msg: u32 },
-    /// A chunk reaches hop `hop` of its path; its tail left the previous
-    /// link at `prev_end`.
+    /// Chunk `chunk` reaches hop `hop` of its path; its tail left the
+    /// previous link at `prev_end`.
     Hop {
         msg: u32,
         hop: u8,
+        chunk: u32,
         bytes: u32,
         prev_end: f64,
     },
@@ -282,8 +394,8 @@ impl Histogram {
         }
     }
 
-    /// Adds busy time over `[s, e]` to class `class`.
-    pub(crate) fn add(&mut self, class: usize, s: f64, e: f64) {
+    /// Adds busy time over `[s, e]`, `weight` times, to class `class`.
+    pub(crate) fn add(&mut self, class: usize, s: f64, e: f64, weight: f64) {
         if e <= s || !e.is_finite() {
             return;
         }
@@ -305,14 +417,14 @@ impl Histogram {
         let first = ((s / w) as usize).min(FINE - 1);
         let last = ((e / w) as usize).min(FINE - 1);
         if first == last {
-            row[first] += e - s;
+            row[first] += (e - s) * weight;
             return;
         }
-        row[first] += (first + 1) as f64 * w - s;
+        row[first] += ((first + 1) as f64 * w - s) * weight;
         for b in &mut row[first + 1..last] {
-            *b += w;
+            *b += w * weight;
         }
-        row[last] += e - last as f64 * w;
+        row[last] += (e - last as f64 * w) * weight;
     }
 
     /// [`TIMELINE_BUCKETS`] utilizations per class over `[0, t]`;
@@ -392,7 +504,14 @@ struct Engine<'a> {
     /// Per physical rank: when its reduction unit is free.
     compute_free: Vec<f64>,
     finish: Vec<f64>,
+    /// Per queue: when it is free. A queue per link, except in the
+    /// aggregated mode: one per orbit of links (see `queue_of`).
     link_free: Vec<f64>,
+    /// Aggregated mode: link -> the representative link whose queue, busy
+    /// time and traffic stand for it; `None` otherwise (every link its own).
+    queue_of: Option<Vec<u32>>,
+    /// How many links each queue stands for (1, or the symmetry's copies).
+    weight: f64,
     /// Per group, per link (group * links + link).
     link_bytes: Vec<u64>,
     link_busy: Vec<f64>,
@@ -419,7 +538,7 @@ pub fn run(
     }
     let ranks: Vec<usize> = (0..n).collect();
     let group = Group {
-        plans,
+        plans: Plans::Given(plans),
         ranks: &ranks,
     };
     let mut traces = run_groups(&[group], elem_size, net, mode, opts)?;
@@ -438,15 +557,6 @@ pub fn run_groups(
     mode: Mode,
     opts: &SimOptions,
 ) -> Result<Vec<Trace>, String> {
-    if opts.chunk_bytes == 0 || opts.chunk_bytes > u64::from(u32::MAX) {
-        return Err(format!(
-            "chunk size {} is not between 1 byte and 4 GiB",
-            opts.chunk_bytes
-        ));
-    }
-    if !(opts.gamma.is_finite() && opts.gamma >= 0.0) {
-        return Err(format!("gamma {} is not a time per byte", opts.gamma));
-    }
     let p = net.ranks();
     for (g, group) in groups.iter().enumerate() {
         if group.plans.len() != group.ranks.len() {
@@ -468,6 +578,26 @@ pub fn run_groups(
             }
         }
     }
+    let (net, failed) = degrade(net, &opts.slow_links)?;
+    let mut e = Engine::new(groups, elem_size, net, mode, opts, None)?;
+    if !failed.is_empty() {
+        e.check_failed(&failed)?;
+    }
+    e.run()
+}
+
+/// Checks `opts`, and returns per physical rank of a network of `p` the
+/// start delay and the factor on gamma that it asks for.
+fn per_rank(opts: &SimOptions, p: usize) -> Result<(Vec<f64>, Vec<f64>), String> {
+    if opts.chunk_bytes == 0 || opts.chunk_bytes > u64::from(u32::MAX) {
+        return Err(format!(
+            "chunk size {} is not between 1 byte and 4 GiB",
+            opts.chunk_bytes
+        ));
+    }
+    if !(opts.gamma.is_finite() && opts.gamma >= 0.0) {
+        return Err(format!("gamma {} is not a time per byte", opts.gamma));
+    }
     let mut delay = vec![0.0f64; p];
     for &(r, d) in &opts.start_delay {
         if r >= p || !(d.is_finite() && d >= 0.0) {
@@ -486,12 +616,61 @@ pub fn run_groups(
         }
         slow[r] *= f;
     }
+    Ok((delay, slow))
+}
+
+/// Runs the aggregated mode: `reps[a]` is the plan of representative a of
+/// `sym` (a in `0..sym.period`), which the caller has checked against the
+/// other ranks' plans ([`crate::symmetry::check_plans`]); the network must
+/// admit `sym`. Only the representatives are simulated (see
+/// [`crate::symmetry`] for why that is exact); the [`Trace`] is the full
+/// run's, link for link, except `events`, which counts the events the
+/// quotient run processed. Scenarios that single out ranks or links
+/// (stragglers, slow ranks, a slow link named by index) break the
+/// symmetry and are errors; a slow or failed link class is allowed.
+pub fn run_aggregated(
+    reps: &[Plan],
+    sym: &Symmetry,
+    elem_size: usize,
+    net: &Network,
+    mode: Mode,
+    opts: &SimOptions,
+) -> Result<Trace, String> {
+    if reps.len() != sym.period || sym.ranks != net.ranks() || !net.admits(sym) {
+        return Err(format!(
+            "{} plans and the symmetry {sym} do not fit a network of {} ranks",
+            reps.len(),
+            net.ranks()
+        ));
+    }
+    if !opts.start_delay.is_empty() || !opts.compute_slowdown.is_empty() {
+        return Err(
+            "stragglers and slow ranks single out ranks: they cannot be aggregated; run without aggregation"
+                .to_string(),
+        );
+    }
+    if let Some((name, _)) = opts
+        .slow_links
+        .iter()
+        .find(|(name, _)| !net.classes.contains(name))
+    {
+        return Err(format!(
+            "slow link {name} singles out one link: only a whole class (e.g. {}) can be slowed in the aggregated mode; run without aggregation",
+            net.classes[0]
+        ));
+    }
+    let ranks: Vec<usize> = (0..sym.period).collect();
+    let groups = [Group {
+        plans: Plans::Given(reps),
+        ranks: &ranks,
+    }];
     let (net, failed) = degrade(net, &opts.slow_links)?;
-    let mut e = Engine::new(groups, elem_size, net, mode, opts, &delay, &slow)?;
+    let mut e = Engine::new(&groups, elem_size, net, mode, opts, Some(sym))?;
     if !failed.is_empty() {
         e.check_failed(&failed)?;
     }
-    e.run()
+    let mut traces = e.run()?;
+    Ok(traces.remove(0))
 }
 
 /// `net` with `slow` applied, and which links have failed (empty when
@@ -541,9 +720,9 @@ impl<'a> Engine<'a> {
         net: Cow<'a, Network>,
         mode: Mode,
         opts: &SimOptions,
-        delay: &[f64],
-        slow: &[f64],
+        quotient: Option<&Symmetry>,
     ) -> Result<Engine<'a>, String> {
+        let (delay, slow) = per_rank(opts, net.ranks())?;
         let elem = elem_size as u64;
         let mut phys = Vec::new();
         let mut group_of = Vec::new();
@@ -570,22 +749,43 @@ impl<'a> Engine<'a> {
         let mut first_round = Vec::with_capacity(n + 1);
         let mut send_ids: Vec<u32> = Vec::new();
         let mut recv_ids: Vec<u32> = Vec::new();
-        // (src, dst) -> sends in plan order / (recv slot, bytes, reduce) in plan order.
-        let mut pair_sends: BTreeMap<(u32, u32), Vec<u32>> = BTreeMap::new();
-        let mut pair_recvs: BTreeMap<(u32, u32), Vec<PendingRecv>> = BTreeMap::new();
+        // (src, dst, offset) -> sends in plan order / (recv slot, bytes,
+        // reduce) in plan order. The offset is 0 except in the aggregated
+        // mode, where it tells apart the ranks a representative stands for
+        // (see crate::symmetry).
+        let mut pair_sends: BTreeMap<(u32, u32, u32), Vec<u32>> = BTreeMap::new();
+        let mut pair_recvs: BTreeMap<(u32, u32, u32), Vec<PendingRecv>> = BTreeMap::new();
         for (g, group) in groups.iter().enumerate() {
             let (base, size) = (group_first[g], group.plans.len());
-            let check_peer = |rank: usize, peer: usize| {
+            // A peer of the plans: the engine rank that plays it, the
+            // physical rank it is, and the offset of its message channel
+            // as seen by the sender (`send`) or the receiver.
+            let check_peer = |rank: usize, peer: usize, send: bool| {
+                let size = quotient.map_or(size, |q| q.ranks);
                 if peer >= size {
-                    Err(format!(
+                    return Err(format!(
                         "{} names peer {peer} outside the group of {size}",
                         who(base + rank)
-                    ))
-                } else {
-                    Ok((base + peer) as u32)
+                    ));
                 }
+                Ok(match quotient {
+                    None => Peer {
+                        engine: (base + peer) as u32,
+                        to: group.ranks[peer] as u32,
+                        offset: 0,
+                    },
+                    Some(q) => {
+                        let j = q.index(peer);
+                        Peer {
+                            engine: q.rep(peer) as u32,
+                            to: peer as u32,
+                            offset: if send { j } else { q.inverse(j) } as u32,
+                        }
+                    }
+                })
             };
-            for (local, plan) in group.plans.iter().enumerate() {
+            for local in 0..size {
+                let plan = group.plans.get(local)?;
                 let rank = base + local;
                 first_round.push(rounds.len());
                 for round in &plan.rounds {
@@ -594,25 +794,33 @@ impl<'a> Engine<'a> {
                     for op in &round.ops {
                         match *op {
                             Op::Send { peer, src } => {
-                                let peer = check_peer(local, peer)?;
+                                let peer = check_peer(local, peer, true)?;
                                 let id = u32::try_from(msgs.len())
                                     .map_err(|_| "more than 2^32 messages".to_string())?;
                                 msgs.push(Msg {
                                     src: rank as u32,
-                                    dst: peer,
+                                    dst: peer.engine,
+                                    to: peer.to,
                                     bytes: src.len as u64 * elem,
                                     reduce: false,
                                     posted: 0,
                                     chunks_left: 0,
                                     done: 0.0,
+                                    first_start: 0.0,
+                                    started: 0.0,
+                                    recv_slot: u32::MAX,
                                 });
-                                pair_sends.entry((rank as u32, peer)).or_default().push(id);
+                                pair_sends
+                                    .entry((rank as u32, peer.engine, peer.offset))
+                                    .or_default()
+                                    .push(id);
                                 send_ids.push(id);
                             }
                             Op::Recv { peer, dst } | Op::RecvReduce { peer, dst, .. } => {
-                                let peer = check_peer(local, peer)?;
+                                let peer = check_peer(local, peer, false)?;
                                 let reduce = matches!(op, Op::RecvReduce { .. });
-                                pair_recvs.entry((peer, rank as u32)).or_default().push((
+                                let key = (peer.engine, rank as u32, peer.offset);
+                                pair_recvs.entry(key).or_default().push((
                                     recv_ids.len() as u32,
                                     dst.len as u64 * elem,
                                     reduce,
@@ -627,14 +835,17 @@ impl<'a> Engine<'a> {
                         sends: (s0, send_ids.len() as u32),
                         recvs: (r0, recv_ids.len() as u32),
                         local_reduce,
+                        entered: 0.0,
+                        posted: 0.0,
+                        last: u32::MAX,
                     });
                 }
             }
         }
         first_round.push(rounds.len());
-        for ((src, dst), sends) in &pair_sends {
-            let (s, d) = (who(*src as usize), who(*dst as usize));
-            let recvs = pair_recvs.remove(&(*src, *dst)).unwrap_or_default();
+        for (&(src, dst, offset), sends) in &pair_sends {
+            let (s, d) = (who(src as usize), who(dst as usize));
+            let recvs = pair_recvs.remove(&(src, dst, offset)).unwrap_or_default();
             if recvs.len() < sends.len() {
                 return Err(format!(
                     "{s} sends message #{} to {d} that is never received",
@@ -656,10 +867,11 @@ impl<'a> Engine<'a> {
                     ));
                 }
                 m.reduce = reduce;
+                m.recv_slot = slot;
                 recv_ids[slot as usize] = id;
             }
         }
-        if let Some(((src, dst), _)) = pair_recvs.into_iter().next() {
+        if let Some(((src, dst, _), _)) = pair_recvs.into_iter().next() {
             return Err(format!(
                 "{} waits for message #0 from {} that is never sent",
                 who(dst as usize),
@@ -686,6 +898,8 @@ impl<'a> Engine<'a> {
             compute_free: vec![0.0; net.ranks()],
             finish: vec![0.0; n],
             link_free: vec![0.0; links],
+            queue_of: quotient.map(|q| net.link_reps(q)),
+            weight: quotient.map_or(1.0, |q| q.copies() as f64),
             link_bytes: vec![0; links * groups.len()],
             link_busy: vec![0.0; links * groups.len()],
             hist: (0..groups.len()).map(|_| Histogram::new(classes)).collect(),
@@ -704,7 +918,7 @@ impl<'a> Engine<'a> {
     /// message needs.
     fn check_failed(&self, failed: &[bool]) -> Result<(), String> {
         for m in &self.msgs {
-            let (a, b) = (self.phys[m.src as usize], self.phys[m.dst as usize]);
+            let (a, b) = (self.phys[m.src as usize], m.to);
             let path = self.net.path(a as usize, b as usize);
             if let Some(&l) = path.links().iter().find(|&&l| failed[l as usize]) {
                 return Err(format!(
@@ -719,13 +933,25 @@ impl<'a> Engine<'a> {
 
     /// Charges `busy` seconds and `bytes` on link `link` from `start` to
     /// the group of engine rank `rank`.
+    ///
+    /// In the aggregated mode the charge goes to the link's representative
+    /// and counts `weight` times in the timeline (the orbit's links are all
+    /// busy alike).
     fn account(&mut self, rank: usize, link: usize, start: f64, busy: f64, bytes: u64) {
         let g = self.group_of[rank] as usize;
-        let i = g * self.net.links.len() + link;
+        let i = g * self.net.links.len() + self.queue(link as u32);
         self.link_bytes[i] += bytes;
         self.link_busy[i] += busy;
         let class = self.net.links[link].class;
-        self.hist[g].add(class, start, start + busy);
+        self.hist[g].add(class, start, start + busy, self.weight);
+    }
+
+    /// The queue of link `link` (itself, or its orbit's representative).
+    fn queue(&self, link: u32) -> usize {
+        match &self.queue_of {
+            None => link as usize,
+            Some(q) => q[link as usize] as usize,
+        }
     }
 
     fn push(&mut self, time: f64, kind: Kind) {
@@ -759,15 +985,29 @@ impl<'a> Engine<'a> {
                 Kind::Hop {
                     msg,
                     hop,
+                    chunk,
                     bytes,
                     prev_end,
-                } => self.hop(msg, usize::from(hop), u64::from(bytes), prev_end, now),
+                } => {
+                    if hop == 1 {
+                        self.release_chunk(msg, chunk + 1);
+                    }
+                    self.hop(
+                        msg,
+                        usize::from(hop),
+                        chunk,
+                        u64::from(bytes),
+                        prev_end,
+                        now,
+                    )
+                }
                 Kind::Delivered { msg } => {
                     let (src, dst, bytes, reduce) = {
                         let m = &self.msgs[msg as usize];
                         (m.src as usize, m.dst as usize, m.bytes, m.reduce)
                     };
-                    self.complete_one(src, now);
+                    self.msgs[msg as usize].done = now;
+                    self.complete_one(src, now, msg);
                     let (gamma, unit) = (self.gamma[dst], self.phys[dst] as usize);
                     if reduce && gamma > 0.0 && bytes > 0 {
                         let start = now.max(self.compute_free[unit]);
@@ -775,12 +1015,12 @@ impl<'a> Engine<'a> {
                         self.compute_free[unit] = end;
                         self.push(end, Kind::Reduced { msg });
                     } else {
-                        self.complete_one(dst, now);
+                        self.complete_one(dst, now, msg);
                     }
                 }
                 Kind::Reduced { msg } => {
                     let dst = self.msgs[msg as usize].dst as usize;
-                    self.complete_one(dst, now);
+                    self.complete_one(dst, now, msg);
                 }
             }
         }
@@ -806,15 +1046,118 @@ impl<'a> Engine<'a> {
             .map(|g| {
                 let ranks = self.group_first[g]..self.group_first[g + 1];
                 let time_s = self.finish[ranks].iter().copied().fold(0.0, f64::max);
+                // Every link reports its queue's figures (in the
+                // aggregated mode, its orbit representative's).
+                let per_link = |v: &[u64]| -> Vec<u64> {
+                    (0..links)
+                        .map(|l| v[g * links + self.queue(l as u32)])
+                        .collect()
+                };
+                let busy = (0..links)
+                    .map(|l| self.link_busy[g * links + self.queue(l as u32)])
+                    .collect();
                 Trace {
                     time_s,
-                    link_bytes: self.link_bytes[g * links..(g + 1) * links].to_vec(),
-                    link_busy: self.link_busy[g * links..(g + 1) * links].to_vec(),
+                    link_bytes: per_link(&self.link_bytes),
+                    link_busy: busy,
                     events,
                     timeline: self.hist[g].finish(time_s, &sizes),
+                    critical_path: self.critical_path(g),
                 }
             })
             .collect())
+    }
+
+    /// The critical path of group `g` (see [`CriticalPath`]).
+    fn critical_path(&self, g: usize) -> CriticalPath {
+        let (lo, hi) = (self.group_first[g], self.group_first[g + 1]);
+        let mut cp = CriticalPath::default();
+        // The first of the ranks that finished last.
+        let Some(mut x) = (lo..hi).reduce(|a, b| {
+            if self.finish[b] > self.finish[a] {
+                b
+            } else {
+                a
+            }
+        }) else {
+            return cp;
+        };
+        let mut seen = vec![false; hi - lo];
+        // Invariant: round k - 1 of rank x ended at `end`.
+        let mut k = self.first_round[x + 1];
+        let mut end = self.finish[x];
+        loop {
+            if !std::mem::replace(&mut seen[x - lo], true) {
+                cp.ranks += 1;
+            }
+            if k == self.first_round[x] {
+                cp.start_s = end;
+                return cp;
+            }
+            let round = &self.rounds[k - 1];
+            // Where the round's communication began, and the round (of x,
+            // or of the peer x waited for) whose local part came before.
+            let (mut from, mut at) = (round.posted, (x, k - 1));
+            if round.last != u32::MAX {
+                let id = round.last;
+                let m = &self.msgs[id as usize];
+                cp.messages += 1;
+                // A received reduction finishes after the arrival.
+                cp.compute_s += end - m.done;
+                let path = self
+                    .net
+                    .path(self.phys[m.src as usize] as usize, m.to as usize);
+                let (mut lat, mut bw) = (0.0f64, f64::INFINITY);
+                for &l in path.links() {
+                    lat += self.net.links[l as usize].lat;
+                    bw = bw.min(self.net.links[l as usize].bw);
+                }
+                // The round moves max(sent, received) through this rank's
+                // port, as the alpha-beta model charges it: that much is
+                // transmission, even when this message waited behind the
+                // rank's own others.
+                let sent: u64 = (round.sends.0..round.sends.1)
+                    .map(|i| self.msgs[self.send_ids[i as usize] as usize].bytes)
+                    .sum();
+                let received: u64 = (round.recvs.0..round.recvs.1)
+                    .map(|i| self.msgs[self.recv_ids[i as usize] as usize].bytes)
+                    .sum();
+                let net = m.done - m.started;
+                let lat = lat.min(net);
+                let tx = (sent.max(received) as f64 / bw).min(net - lat);
+                cp.latency_s += lat;
+                cp.transmission_s += tx;
+                cp.queueing_s += net - lat - tx;
+                let (peer, peer_round) = if x == m.src as usize {
+                    let r = self.round_of_recv(m.dst as usize, m.recv_slot);
+                    (m.dst as usize, r)
+                } else {
+                    (m.src as usize, self.round_of_send(m.src as usize, id))
+                };
+                // The message started when its later end posted.
+                from = m.started;
+                if self.rounds[peer_round].posted > round.posted {
+                    at = (peer, peer_round);
+                }
+            }
+            let entered = self.rounds[at.1].entered;
+            cp.compute_s += from - entered;
+            end = entered;
+            x = at.0;
+            k = at.1;
+        }
+    }
+
+    /// The round of `rank` that sends message `id`.
+    fn round_of_send(&self, rank: usize, id: u32) -> usize {
+        let rounds = &self.rounds[self.first_round[rank]..self.first_round[rank + 1]];
+        self.first_round[rank] + rounds.partition_point(|r| r.sends.1 <= id)
+    }
+
+    /// The round of `rank` whose receive has slot `slot`.
+    fn round_of_recv(&self, rank: usize, slot: u32) -> usize {
+        let rounds = &self.rounds[self.first_round[rank]..self.first_round[rank + 1]];
+        self.first_round[rank] + rounds.partition_point(|r| r.recvs.1 <= slot)
     }
 
     /// Rank `rank` starts round `self.cur[rank]` (or finishes) at `now`.
@@ -824,6 +1167,7 @@ impl<'a> Engine<'a> {
             self.finish[rank] = now;
             return;
         }
+        self.rounds[k].entered = now;
         let local = self.rounds[k].local_reduce;
         let (gamma, unit) = (self.gamma[rank], self.phys[rank] as usize);
         let mut t = now;
@@ -835,6 +1179,7 @@ impl<'a> Engine<'a> {
     }
 
     fn post(&mut self, rank: usize, now: f64) {
+        self.rounds[self.cur[rank]].posted = now;
         let r = &self.rounds[self.cur[rank]];
         let (sends, recvs) = (r.sends, r.recvs);
         self.pending[rank] = (sends.1 - sends.0) + (recvs.1 - recvs.0);
@@ -857,14 +1202,17 @@ impl<'a> Engine<'a> {
         let m = &mut self.msgs[id as usize];
         m.posted += 1;
         if m.posted == 2 {
+            m.started = now;
             self.push(now, Kind::Start { msg: id });
         }
     }
 
-    /// One of `rank`'s outstanding messages of the current round is done.
-    fn complete_one(&mut self, rank: usize, now: f64) {
+    /// Message `msg`, one of `rank`'s outstanding messages of the current
+    /// round, is done.
+    fn complete_one(&mut self, rank: usize, now: f64, msg: u32) {
         self.pending[rank] -= 1;
         if self.pending[rank] == 0 {
+            self.rounds[self.cur[rank]].last = msg;
             self.cur[rank] += 1;
             self.enter_round(rank, now);
         }
@@ -872,13 +1220,11 @@ impl<'a> Engine<'a> {
 
     /// Both ends of message `id` are posted: it starts moving at `now`.
     fn start(&mut self, id: u32, now: f64) {
-        let (src, dst, bytes) = {
+        let (src, to, bytes) = {
             let m = &self.msgs[id as usize];
-            (m.src as usize, m.dst as usize, m.bytes)
+            (m.src as usize, m.to as usize, m.bytes)
         };
-        let path = self
-            .net
-            .path(self.phys[src] as usize, self.phys[dst] as usize);
+        let path = self.net.path(self.phys[src] as usize, to);
         let links = path.links();
         if links.is_empty() {
             self.push(now, Kind::Delivered { msg: id });
@@ -894,7 +1240,7 @@ impl<'a> Engine<'a> {
                     lat += link.lat;
                 }
                 let dur = bytes as f64 / bw;
-                let (first, last) = (links[0] as usize, links[links.len() - 1] as usize);
+                let (first, last) = (self.queue(links[0]), self.queue(links[links.len() - 1]));
                 let end_out = now.max(self.link_free[first]) + dur;
                 self.link_free[first] = end_out;
                 // A one-link path (neighbours on a ring) has one queue.
@@ -928,50 +1274,78 @@ impl<'a> Engine<'a> {
                 }
                 // The first link is the sender's own port: its queue only
                 // ever receives this rank's messages, in the order they
-                // become ready, so the chunks can be laid out on it at once.
-                let l0 = links[0] as usize;
-                let link = &self.net.links[l0];
-                let (bw, lat) = (link.bw, link.lat);
-                for c in 0..nchunks {
-                    let cb = chunk.min(bytes - (c * chunk).min(bytes));
-                    let start = now.max(self.link_free[l0]);
-                    let end = start + cb as f64 / bw;
-                    self.link_free[l0] = end;
-                    self.account(src, l0, start, cb as f64 / bw, cb);
-                    if links.len() == 1 {
-                        self.arrive(id, end + lat);
-                    } else {
-                        let next = self.ready_on(links[1], cb, start, end, lat);
-                        self.push(
-                            next,
-                            Kind::Hop {
-                                msg: id,
-                                hop: 1,
-                                bytes: cb as u32,
-                                prev_end: end,
-                            },
-                        );
-                    }
+                // become ready, so the chunks are laid out on it at once,
+                // back to back. Their events on the next hop are released
+                // one at a time (`release_chunk`), each when the previous
+                // one gets there: the heap then holds a few events per
+                // message in flight rather than one per chunk, which at
+                // 16,384 ranks of 1,024 chunks each is what made every heap
+                // operation a cache miss.
+                let q0 = self.queue(links[0]);
+                let bw = self.net.links[links[0] as usize].bw;
+                let start = now.max(self.link_free[q0]);
+                self.link_free[q0] = start + bytes as f64 / bw;
+                self.msgs[id as usize].first_start = start;
+                self.account(src, links[0] as usize, start, bytes as f64 / bw, bytes);
+                if links.len() == 1 {
+                    // Its last chunk arrives last.
+                    let lat = self.net.links[links[0] as usize].lat;
+                    self.msgs[id as usize].chunks_left = 1;
+                    self.arrive(id, start + bytes as f64 / bw + lat);
+                } else {
+                    self.release_chunk(id, 0);
                 }
             }
         }
     }
 
-    /// A chunk of `bytes` of message `id` reaches hop `hop` at `now`.
-    fn hop(&mut self, id: u32, hop: usize, bytes: u64, prev_end: f64, now: f64) {
+    /// Chunk `c` of message `id`, whose path has two links or more, is on
+    /// the sender's port (laid out by `start`): schedules its arrival at
+    /// the next hop. Nothing when the message has fewer chunks.
+    fn release_chunk(&mut self, id: u32, c: u32) {
+        let chunk = self.chunk_bytes;
+        let m = &self.msgs[id as usize];
+        let (src, to, bytes, first_start) = (m.src as usize, m.to as usize, m.bytes, m.first_start);
+        let nchunks = bytes.div_ceil(chunk).max(1);
+        if u64::from(c) >= nchunks {
+            return;
+        }
+        let path = self.net.path(self.phys[src] as usize, to);
+        let links = path.links();
+        let link = &self.net.links[links[0] as usize];
+        let (bw, lat) = (link.bw, link.lat);
+        let c = u64::from(c);
+        let cb = chunk.min(bytes - (c * chunk).min(bytes));
+        let start = first_start + (c * chunk) as f64 / bw;
+        let end = start + cb as f64 / bw;
+        let next = self.ready_on(links[1], cb, start, end, lat);
+        self.push(
+            next,
+            Kind::Hop {
+                msg: id,
+                hop: 1,
+                chunk: c as u32,
+                bytes: cb as u32,
+                prev_end: end,
+            },
+        );
+    }
+
+    /// Chunk `chunk` (of `bytes`) of message `id` reaches hop `hop` at
+    /// `now`.
+    fn hop(&mut self, id: u32, hop: usize, chunk: u32, bytes: u64, prev_end: f64, now: f64) {
         let src = self.msgs[id as usize].src as usize;
-        let dst = self.msgs[id as usize].dst as usize;
-        let path = self
-            .net
-            .path(self.phys[src] as usize, self.phys[dst] as usize);
+        let to = self.msgs[id as usize].to as usize;
+        let path = self.net.path(self.phys[src] as usize, to);
         let links = path.links();
         let (prev, l) = (links[hop - 1] as usize, links[hop] as usize);
+        let q = self.queue(links[hop]);
         let link = &self.net.links[l];
         let (bw, lat) = (link.bw, link.lat);
-        let start = now.max(self.link_free[l]);
+        let start = now.max(self.link_free[q]);
         // Cut-through: the tail cannot leave before it has come in.
         let end = (start + bytes as f64 / bw).max(prev_end + self.net.links[prev].lat);
-        self.link_free[l] = end;
+        self.link_free[q] = end;
         self.account(src, l, start, bytes as f64 / bw, bytes);
         if hop + 1 == links.len() {
             self.arrive(id, end + lat);
@@ -982,6 +1356,7 @@ impl<'a> Engine<'a> {
                 Kind::Hop {
                     msg: id,
                     hop: (hop + 1) as u8,
+                    chunk,
                     bytes: bytes as u32,
                     prev_end: end,
                 },

@@ -38,6 +38,7 @@
 //! * `torus`: dimension order, x then y then z, in each the shorter way
 //!   round (`+` on a tie).
 
+use crate::symmetry::{Symmetry, SymmetryKind};
 use crate::topology::TopologySpec;
 
 /// One direction of one port.
@@ -318,6 +319,75 @@ impl Network {
     /// Number of links of class `class`.
     pub fn class_size(&self, class: usize) -> usize {
         self.links.iter().filter(|l| l.class == class).count()
+    }
+
+    /// Whether every permutation of `sym` is an automorphism of the
+    /// network as the ranks see it: routes map to routes, link for link
+    /// (of equal bandwidth and latency), and the placement commutes with
+    /// it. Shifts by a multiple of the GPUs per node (`two-level`, `rail`),
+    /// of the leaf size (`fat-tree`), of any period (`switch`, `ring`), or
+    /// of the stride of a torus's outermost dimension; exclusive-ors on the
+    /// same terms except on `ring` and `torus`, whose neighbour links they
+    /// do not preserve. See [`crate::symmetry`].
+    pub fn admits(&self, sym: &Symmetry) -> bool {
+        let (k, n) = (sym.period, self.ranks);
+        if !sym.is_valid() || sym.ranks != n {
+            return false;
+        }
+        let xor = sym.kind == SymmetryKind::Xor;
+        let wiring = match self.wiring {
+            Wiring::Switch => true,
+            Wiring::TwoLevel { gpus } | Wiring::Rail { gpus } => k % gpus == 0,
+            Wiring::FatTree { leaf, .. } => k % leaf == 0,
+            Wiring::Ring => !xor,
+            Wiring::Torus { dims } => {
+                // Shifting by the outermost used dimension's stride moves
+                // every station one step along that dimension only.
+                let last = dims.iter().rposition(|&d| d > 1).unwrap_or(0);
+                let stride: usize = dims[..last].iter().product();
+                !xor && k % stride == 0
+            }
+        };
+        if !wiring {
+            return false;
+        }
+        // The placement must commute with the group's generators: sigma_1
+        // for shifts, the single-bit exclusive-ors for xor.
+        let generators: Vec<usize> = match sym.kind {
+            SymmetryKind::Shift => vec![1],
+            SymmetryKind::Xor => (0..)
+                .map(|b| 1usize << b)
+                .take_while(|&j| j < sym.copies())
+                .collect(),
+        };
+        generators
+            .iter()
+            .all(|&j| (0..n).all(|r| self.pos[sym.apply(j, r)] == sym.apply(j, self.pos[r])))
+    }
+
+    /// For every link, the representative of its orbit under `sym` (which
+    /// the network must [admit](Network::admits)): the link of its class
+    /// whose index is its own modulo the class's links per period. A class
+    /// of c links has one per n / c positions (per rank, or per leaf), so
+    /// a period of k positions spans k·c / n of them.
+    pub fn link_reps(&self, sym: &Symmetry) -> Vec<u32> {
+        let n = self.ranks;
+        let mut first = vec![usize::MAX; self.classes.len()];
+        for (i, l) in self.links.iter().enumerate() {
+            first[l.class] = first[l.class].min(i);
+        }
+        let sizes: Vec<usize> = (0..self.classes.len())
+            .map(|c| self.class_size(c))
+            .collect();
+        self.links
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let c = l.class;
+                let per_period = (sym.period * sizes[c] / n).max(1);
+                (first[c] + (i - first[c]) % per_period) as u32
+            })
+            .collect()
     }
 }
 

@@ -226,6 +226,8 @@ mod tests {
             hottest_link: String::new(),
             events: 0,
             timeline: vec![("up".into(), vec![0.0, 0.5, 1.0, 0.25])],
+            aggregated: None,
+            critical_path: Default::default(),
         };
         let s = svg(&r, "t");
         let line = s.lines().find(|l| l.starts_with("<polyline")).unwrap();

@@ -209,12 +209,43 @@ pub fn simulate_sharp_allreduce_with(
         }
     }
     let sizes: Vec<usize> = (0..net.classes.len()).map(|c| net.class_size(c)).collect();
+    // The critical path is the stream of the latest rank: its delay, the
+    // latency up the tree and down again (rank 0 to rank n - 1 crosses
+    // every level), the buffer at the slowest link's rate, and the rest
+    // waiting in the pipeline. The stream counts as one message.
+    let start_s = start_at.iter().copied().fold(0.0, f64::max);
+    let latency: f64 = if n > 1 {
+        net.path(0, n - 1)
+            .links()
+            .iter()
+            .map(|&l| net.links[l as usize].lat)
+            .sum()
+    } else {
+        0.0
+    };
+    let slowest = tree
+        .links()
+        .iter()
+        .map(|&l| degraded.links[l].bw)
+        .fold(f64::INFINITY, f64::min);
+    let latency_s = latency.min((done - start_s).max(0.0));
+    let transmission_s = (total as f64 / slowest).min((done - start_s - latency_s).max(0.0));
+    let critical_path = engine::CriticalPath {
+        messages: 1,
+        ranks: n as u64,
+        start_s,
+        latency_s,
+        transmission_s,
+        queueing_s: (done - start_s - latency_s - transmission_s).max(0.0),
+        compute_s: 0.0,
+    };
     let trace = engine::Trace {
         time_s: done,
         timeline: p.hist.finish(done, &sizes),
         link_bytes: p.link_bytes,
         link_busy: p.link_busy,
         events: p.events,
+        critical_path,
     };
     Ok(crate::summarize(
         Collective::AllReduce,
@@ -314,7 +345,7 @@ impl Pipeline<'_> {
         let busy = cb as f64 / self.net.links[link].bw;
         self.link_busy[link] += busy;
         self.hist
-            .add(self.net.links[link].class, start, start + busy);
+            .add(self.net.links[link].class, start, start + busy, 1.0);
         self.events += 1;
         (start, end)
     }
