@@ -24,9 +24,12 @@ pub struct SimArgs {
     pub coll: String,
     /// The cluster, e.g. `switch:ranks=64,bw=50GB/s,lat=2us`,
     /// `two-level:nodes=4,gpus=8,intra=450GB/s@1us,inter=25GB/s@2us`,
-    /// `fat-tree:ranks=64,leaf=8,bw=50GB/s,lat=1us,oversub=2`; `sharp=1`
-    /// on `switch` or `fat-tree` makes the switches able to reduce
-    /// (`--algo sharp`).
+    /// `fat-tree:ranks=64,leaf=8,bw=50GB/s,lat=1us,oversub=2`, `rail:`,
+    /// `ring:`, `torus:dims=4x4,...`, or `file:PATH`: a graph of ranks and
+    /// switches written link by link (`ranks 8`, `switch s0 s1`,
+    /// `link r0-r3 s0 50GB/s 1us [class=NAME]`, `plan 2x4`; see
+    /// ferrocoll_sim::graph); `sharp=1` on `switch` or `fat-tree` makes the
+    /// switches able to reduce (`--algo sharp`).
     #[arg(long)]
     pub topology: String,
     /// Size of the call as nccl-tests counts it: bytes, or with KB/MB/GB

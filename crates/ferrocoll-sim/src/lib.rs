@@ -35,6 +35,7 @@
 #![warn(missing_docs)]
 
 pub mod engine;
+pub mod graph;
 pub mod network;
 pub mod plot;
 pub mod sharp;

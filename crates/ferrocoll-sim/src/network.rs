@@ -38,6 +38,9 @@
 //! * `torus`: dimension order, x then y then z, in each the shorter way
 //!   round (`+` on a tie).
 
+use std::sync::Arc;
+
+use crate::graph::GraphSpec;
 use crate::symmetry::{Symmetry, SymmetryKind};
 use crate::topology::TopologySpec;
 
@@ -124,6 +127,8 @@ enum Wiring {
     Torus {
         dims: [usize; 3],
     },
+    /// A file's graph (`Network::graph`), routed by its table.
+    Graph,
 }
 
 /// The links of a cluster and its routing.
@@ -137,6 +142,8 @@ pub struct Network {
     wiring: Wiring,
     /// Rank to physical position.
     pos: Vec<usize>,
+    /// The graph of a `file:` topology.
+    graph: Option<Arc<GraphSpec>>,
 }
 
 impl Network {
@@ -206,6 +213,15 @@ impl Network {
                 }
                 Wiring::Torus { dims: d }
             }
+            TopologySpec::File { graph, .. } => {
+                classes.extend(graph.classes.iter().cloned());
+                links.extend(graph.links.iter().map(|l| Link {
+                    class: l.class,
+                    bw: l.bw,
+                    lat: l.lat,
+                }));
+                Wiring::Graph
+            }
         };
         Network {
             links,
@@ -213,6 +229,10 @@ impl Network {
             ranks: n,
             wiring,
             pos: spec.positions(),
+            graph: match spec {
+                TopologySpec::File { graph, .. } => Some(graph.clone()),
+                _ => None,
+            },
         }
     }
 
@@ -302,6 +322,15 @@ impl Network {
                 debug_assert_eq!(at, dst);
                 path
             }
+            Wiring::Graph => {
+                let mut path = Path::new();
+                if let Some(g) = &self.graph {
+                    for l in g.route(src, dst) {
+                        path.push(l as usize);
+                    }
+                }
+                path
+            }
         }
     }
 
@@ -340,6 +369,8 @@ impl Network {
             Wiring::TwoLevel { gpus } | Wiring::Rail { gpus } => k % gpus == 0,
             Wiring::FatTree { leaf, .. } => k % leaf == 0,
             Wiring::Ring => !xor,
+            // Nothing is known of a file's symmetries.
+            Wiring::Graph => false,
             Wiring::Torus { dims } => {
                 // Shifting by the outermost used dimension's stride moves
                 // every station one step along that dimension only.

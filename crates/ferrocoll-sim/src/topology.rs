@@ -24,12 +24,19 @@
 //! to it: every comma-separated item without `=` after `placement=list:` is
 //! one more entry).
 //!
+//! `file:PATH` reads any graph of ranks and switches from a file (see
+//! [`crate::graph`] for the format), optionally followed by
+//! `,placement=...`.
+//!
 //! `switch` and `fat-tree` also take `sharp=0|1` (default 0): with `sharp=1`
 //! their switches can reduce in the network (NVIDIA SHARP-like aggregation),
 //! which [`crate::sharp`] simulates for allreduce. It changes no link and no
 //! route; the plan-based algorithms run as without it.
 
 use std::fmt;
+use std::sync::Arc;
+
+use crate::graph::GraphSpec;
 
 /// Bandwidth (bytes per second) and latency (seconds) of one class of link.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -297,6 +304,16 @@ pub enum TopologySpec {
         /// Rank to position.
         placement: Placement,
     },
+    /// A graph read from a file (`file:PATH`; format and routing in
+    /// [`crate::graph`]): position `p` is the file's rank `r<p>`.
+    File {
+        /// The file, as given.
+        path: String,
+        /// What it describes.
+        graph: Arc<GraphSpec>,
+        /// Rank to position.
+        placement: Placement,
+    },
 }
 
 impl TopologySpec {
@@ -311,6 +328,9 @@ impl TopologySpec {
             )
         })?;
         let kind = kind.trim();
+        if kind == "file" {
+            return TopologySpec::parse_file(rest.trim());
+        }
         let allowed: &[&str] = match kind {
             "switch" => &["ranks", "bw", "lat", "sharp", "placement"],
             "ring" => &["ranks", "bw", "lat", "placement"],
@@ -438,6 +458,33 @@ impl TopologySpec {
         Ok(spec)
     }
 
+    /// `file:PATH[,placement=...]` without its `file:`.
+    fn parse_file(rest: &str) -> Result<TopologySpec, String> {
+        let (path, placement) = match rest.rsplit_once(",placement=") {
+            Some((path, p)) => (
+                path,
+                Placement::parse(p).map_err(|e| format!("file:{path}: placement: {e}"))?,
+            ),
+            None => (rest, Placement::Block),
+        };
+        if path.is_empty() {
+            return Err(
+                "file: expected file:PATH (a topology file, see `ferrocoll sim --help`)".into(),
+            );
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| format!("file:{path}: {e}"))?;
+        let graph = GraphSpec::parse(&text).map_err(|e| format!("file:{path}: {e}"))?;
+        if let Placement::List(list) = &placement {
+            check_permutation(list, graph.ranks)
+                .map_err(|e| format!("file:{path}: placement: {e}"))?;
+        }
+        Ok(TopologySpec::File {
+            path: path.to_string(),
+            graph: Arc::new(graph),
+            placement,
+        })
+    }
+
     /// Number of ranks of the cluster.
     pub fn ranks(&self) -> usize {
         match self {
@@ -448,6 +495,7 @@ impl TopologySpec {
                 nodes * gpus
             }
             TopologySpec::Torus { dims, .. } => dims.iter().product(),
+            TopologySpec::File { graph, .. } => graph.ranks,
         }
     }
 
@@ -468,7 +516,8 @@ impl TopologySpec {
             | TopologySpec::FatTree { placement, .. }
             | TopologySpec::Rail { placement, .. }
             | TopologySpec::Ring { placement, .. }
-            | TopologySpec::Torus { placement, .. } => placement,
+            | TopologySpec::Torus { placement, .. }
+            | TopologySpec::File { placement, .. } => placement,
         }
     }
 
@@ -485,10 +534,19 @@ impl TopologySpec {
     /// mesh2d) plan for, whatever the placement: nodes x GPUs for
     /// `two-level` and `rail`, leaves x ranks per leaf for `fat-tree` (when
     /// both exceed 1), the dimensions of a `torus` outermost first (`z x y x
-    /// x`, dimensions of size 1 left out), flat otherwise.
+    /// x`, dimensions of size 1 left out), a file's `plan` line, flat
+    /// otherwise.
     pub fn plan_topology(&self) -> ferrocoll::Topology {
         let flat = ferrocoll::Topology::flat(self.ranks());
         let (outer, inner) = match self {
+            TopologySpec::File { graph, .. } => {
+                return match &graph.plan_levels {
+                    Some(levels) if levels.iter().filter(|&&l| l > 1).count() > 1 => {
+                        ferrocoll::Topology::new(levels.clone()).unwrap_or(flat)
+                    }
+                    _ => flat,
+                }
+            }
             TopologySpec::Switch { .. } | TopologySpec::Ring { .. } => return flat,
             TopologySpec::TwoLevel { nodes, gpus, .. } | TopologySpec::Rail { nodes, gpus, .. } => {
                 (*nodes, *gpus)
@@ -514,9 +572,25 @@ impl TopologySpec {
     /// rank ports twice for `switch`, `ring` and `torus` (a neighbour is one
     /// hop), the NVLink and NIC ports for `two-level` and `rail`, and for
     /// `fat-tree` the rank ports and, between leaves, `bw / oversub` (when
-    /// oversubscribed) with three switches' latency.
+    /// oversubscribed) with three switches' latency; for a file, the
+    /// slowest link and the summed latency of the route from rank 0 to
+    /// rank 1 (intra) and to the first rank of the next node of its `plan`
+    /// (or to the last rank; inter).
     pub fn cost_links(&self) -> (LinkSpec, LinkSpec) {
         match self {
+            TopologySpec::File { graph, .. } => {
+                let n = graph.ranks;
+                let link = |b: usize| {
+                    let (bw, lat) = graph.bottleneck(0, b);
+                    LinkSpec { bw, lat }
+                };
+                let inner = graph
+                    .plan_levels
+                    .as_ref()
+                    .map_or(1, |l| l.iter().skip(1).product::<usize>());
+                let far = if inner > 1 && inner < n { inner } else { n - 1 };
+                (link(1.min(n - 1)), link(far))
+            }
             TopologySpec::Switch { link, .. }
             | TopologySpec::Ring { link, .. }
             | TopologySpec::Torus { link, .. } => (*link, *link),
@@ -595,6 +669,7 @@ impl fmt::Display for TopologySpec {
                 bw(link),
                 lat(link)
             )?,
+            TopologySpec::File { path, .. } => write!(f, "file:{path}")?,
             TopologySpec::Torus { dims, link, .. } => {
                 let dims: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
                 write!(
@@ -616,7 +691,7 @@ impl fmt::Display for TopologySpec {
     }
 }
 
-const KINDS: &str = "switch, two-level, fat-tree, rail, ring, torus";
+const KINDS: &str = "switch, two-level, fat-tree, rail, ring, torus, file";
 
 /// The `key=value` pairs of one topology string.
 struct Fields<'a> {
