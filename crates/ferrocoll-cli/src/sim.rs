@@ -32,6 +32,12 @@ pub struct SimArgs {
     /// switches able to reduce (`--algo sharp`).
     #[arg(long)]
     pub topology: String,
+    /// Where the plans' ranks sit on the cluster's positions: `block` (the
+    /// default), `roundrobin` (dealt over nodes, leaves or rows),
+    /// `random:SEED`, or `list:P0,P1,...`; the same as `placement=` in the
+    /// topology string, which must not also give one.
+    #[arg(long)]
+    pub placement: Option<String>,
     /// Size of the call as nccl-tests counts it: bytes, or with KB/MB/GB
     /// (powers of 1000) or KiB/MiB/GiB (powers of 1024).
     #[arg(long)]
@@ -164,7 +170,16 @@ fn profile_of(topo: &TopologySpec) -> Profile {
 pub fn main(args: &SimArgs) -> Result<(), CliError> {
     let coll = Collective::from_name(&args.coll)
         .ok_or_else(|| CliError::Usage(format!("unknown collective {:?}", args.coll)))?;
-    let topo = TopologySpec::parse(&args.topology).map_err(CliError::Usage)?;
+    let topology = match &args.placement {
+        None => args.topology.clone(),
+        Some(_) if args.topology.contains("placement=") => {
+            return Err(CliError::Usage(
+                "--placement and a placement= in --topology: give one".into(),
+            ))
+        }
+        Some(p) => format!("{},placement={p}", args.topology),
+    };
+    let topo = TopologySpec::parse(&topology).map_err(CliError::Usage)?;
     let bytes = parse_bytes(&args.bytes).map_err(CliError::Usage)?;
     let n = topo.ranks();
     let mode = if args.mode == "ideal" {

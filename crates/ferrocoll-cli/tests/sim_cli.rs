@@ -226,3 +226,43 @@ fn a_topology_file_runs_like_its_built_in_twin() {
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("/no/such.topo"));
 }
+
+#[test]
+fn placement_flag_moves_ranks_like_the_topology_field() {
+    let rail = "rail:nodes=4,gpus=4,intra=450GB/s@1us,inter=50GB/s@2us";
+    let base = [
+        "allreduce",
+        "--topology",
+        rail,
+        "--bytes",
+        "16MiB",
+        "--algo",
+        "hier",
+    ];
+    let block = json(&base);
+    let mut flag = base.to_vec();
+    flag.extend(["--placement", "roundrobin"]);
+    let dealt = json(&flag);
+    let field = format!("{rail},placement=roundrobin");
+    let same = json(&[
+        "allreduce",
+        "--topology",
+        &field,
+        "--bytes",
+        "16MiB",
+        "--algo",
+        "hier",
+    ]);
+    assert_eq!(dealt["time_us"], same["time_us"]);
+    assert!(dealt["time_us"].as_f64().unwrap() > 2.0 * block["time_us"].as_f64().unwrap());
+    let both = sim(&[
+        "allreduce",
+        "--topology",
+        &field,
+        "--bytes",
+        "16MiB",
+        "--placement",
+        "block",
+    ]);
+    assert!(!both.status.success());
+}

@@ -22,13 +22,14 @@ fn run(coll: Collective, algo: Algorithm, bytes: usize, t: &str, mode: Mode) -> 
 /// leaf's aggregate uplink carries leaf·(n-leaf) blocks at leaf·bw/oversub,
 /// i.e. (n-leaf)·B·oversub/bw, which with oversub = 2 exceeds the ports'
 /// time: T2 = 2(n-leaf)·B/bw. So the ratio is 2(n-leaf)/(n-1), not exactly
-/// 2: 1.78 for 64 ranks in leaves of 8, 1.90 in leaves of 4. The simulator
-/// must reproduce that ratio within 10 % and, with small leaves, be near 2.
+/// 2: 1.78 for 64 ranks in leaves of 8, 1.90 in leaves of 4, 1.97 in leaves
+/// of 2. The simulator must reproduce that ratio within 10 % and, when nearly
+/// every byte crosses the spine, be 2 within 5 %.
 #[test]
 fn oversubscribed_fat_tree_slows_direct_alltoall_about_twofold() {
     let n = 64usize;
     let bytes = n * (1 << 20);
-    for leaf in [8usize, 4] {
+    for leaf in [8usize, 4, 2] {
         let t = |o: u32| {
             let s = format!("fat-tree:ranks={n},leaf={leaf},bw=50GB/s,lat=1us,oversub={o}");
             run(
@@ -66,8 +67,10 @@ fn oversubscribed_fat_tree_slows_direct_alltoall_about_twofold() {
             "{}",
             over.hottest_link
         );
-        if leaf == 4 {
-            assert!((ratio / 2.0 - 1.0).abs() < 0.10, "ratio {ratio}");
+        // With leaves of 2, 62 of every 63 blocks cross the spine: the
+        // issue's "about 2x, within 5 %".
+        if leaf == 2 {
+            assert!((ratio / 2.0 - 1.0).abs() < 0.05, "ratio {ratio}");
         }
         let up = over
             .per_class
