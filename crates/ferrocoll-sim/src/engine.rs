@@ -285,9 +285,6 @@ struct Msg {
     chunks_left: u32,
     /// Latest chunk arrival so far.
     done: f64,
-    /// Contention mode: when the first chunk started on the sender's port
-    /// (the others follow back to back).
-    first_start: f64,
     /// When both ends were posted.
     started: f64,
     /// Its slot in the receive id list (to find the receiver's round).
@@ -307,10 +304,15 @@ struct Peer {
 /// A receive awaiting its send: (slot in the receive id list, bytes, reduce?).
 type PendingRecv = (u32, u64, bool);
 
-/// One round of one rank, as ranges into the flat id lists.
+/// One round of one rank, as ranges into the message and receive lists
+/// (`rounds` ends with a sentinel whose starts are the lists' lengths).
 struct RoundInfo {
-    sends: (u32, u32),
-    recvs: (u32, u32),
+    /// Its first message id (a rank's sends are numbered in plan order, so
+    /// the round's sends are ids `sends` up to the next round's `sends`).
+    sends: u32,
+    /// Its first slot in the receive id list (ends where the next round's
+    /// begin).
+    recvs: u32,
     local_reduce: u64,
     /// When the rank entered the round (began its local reductions).
     entered: f64,
@@ -486,7 +488,6 @@ struct Engine<'a> {
     rounds: Vec<RoundInfo>,
     /// rank -> index of its first round in `rounds`; n + 1 entries.
     first_round: Vec<usize>,
-    send_ids: Vec<u32>,
     recv_ids: Vec<u32>,
     /// Per rank: index of the current round in `rounds`.
     cur: Vec<usize>,
@@ -747,7 +748,6 @@ impl<'a> Engine<'a> {
         let mut msgs: Vec<Msg> = Vec::new();
         let mut rounds = Vec::new();
         let mut first_round = Vec::with_capacity(n + 1);
-        let mut send_ids: Vec<u32> = Vec::new();
         let mut recv_ids: Vec<u32> = Vec::new();
         // (src, dst, offset) -> sends in plan order / (recv slot, bytes,
         // reduce) in plan order. The offset is 0 except in the aggregated
@@ -789,7 +789,7 @@ impl<'a> Engine<'a> {
                 let rank = base + local;
                 first_round.push(rounds.len());
                 for round in &plan.rounds {
-                    let (s0, r0) = (send_ids.len() as u32, recv_ids.len() as u32);
+                    let (s0, r0) = (msgs.len() as u32, recv_ids.len() as u32);
                     let mut local_reduce = 0u64;
                     for op in &round.ops {
                         match *op {
@@ -806,7 +806,6 @@ impl<'a> Engine<'a> {
                                     posted: 0,
                                     chunks_left: 0,
                                     done: 0.0,
-                                    first_start: 0.0,
                                     started: 0.0,
                                     recv_slot: u32::MAX,
                                 });
@@ -814,7 +813,6 @@ impl<'a> Engine<'a> {
                                     .entry((rank as u32, peer.engine, peer.offset))
                                     .or_default()
                                     .push(id);
-                                send_ids.push(id);
                             }
                             Op::Recv { peer, dst } | Op::RecvReduce { peer, dst, .. } => {
                                 let peer = check_peer(local, peer, false)?;
@@ -832,8 +830,8 @@ impl<'a> Engine<'a> {
                         }
                     }
                     rounds.push(RoundInfo {
-                        sends: (s0, send_ids.len() as u32),
-                        recvs: (r0, recv_ids.len() as u32),
+                        sends: s0,
+                        recvs: r0,
                         local_reduce,
                         entered: 0.0,
                         posted: 0.0,
@@ -843,6 +841,15 @@ impl<'a> Engine<'a> {
             }
         }
         first_round.push(rounds.len());
+        // The sentinel: where the last round's sends and receives end.
+        rounds.push(RoundInfo {
+            sends: msgs.len() as u32,
+            recvs: recv_ids.len() as u32,
+            local_reduce: 0,
+            entered: 0.0,
+            posted: 0.0,
+            last: u32::MAX,
+        });
         for (&(src, dst, offset), sends) in &pair_sends {
             let (s, d) = (who(src as usize), who(dst as usize));
             let recvs = pair_recvs.remove(&(src, dst, offset)).unwrap_or_default();
@@ -892,7 +899,6 @@ impl<'a> Engine<'a> {
             cur: first_round[..n].to_vec(),
             rounds,
             first_round,
-            send_ids,
             recv_ids,
             pending: vec![0; n],
             compute_free: vec![0.0; net.ranks()],
@@ -990,7 +996,8 @@ impl<'a> Engine<'a> {
                     prev_end,
                 } => {
                     if hop == 1 {
-                        self.release_chunk(msg, chunk + 1);
+                        // The next chunk follows this one on the port.
+                        self.release_chunk(msg, chunk + 1, prev_end);
                     }
                     self.hop(
                         msg,
@@ -1116,10 +1123,12 @@ impl<'a> Engine<'a> {
                 // port, as the alpha-beta model charges it: that much is
                 // transmission, even when this message waited behind the
                 // rank's own others.
-                let sent: u64 = (round.sends.0..round.sends.1)
-                    .map(|i| self.msgs[self.send_ids[i as usize] as usize].bytes)
+                let sent: u64 = self
+                    .sends(k - 1)
+                    .map(|i| self.msgs[i as usize].bytes)
                     .sum();
-                let received: u64 = (round.recvs.0..round.recvs.1)
+                let received: u64 = self
+                    .recvs(k - 1)
                     .map(|i| self.msgs[self.recv_ids[i as usize] as usize].bytes)
                     .sum();
                 let net = m.done - m.started;
@@ -1148,16 +1157,26 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// The message ids round `k` sends.
+    fn sends(&self, k: usize) -> std::ops::Range<u32> {
+        self.rounds[k].sends..self.rounds[k + 1].sends
+    }
+
+    /// The slots in the receive id list of round `k`'s receives.
+    fn recvs(&self, k: usize) -> std::ops::Range<u32> {
+        self.rounds[k].recvs..self.rounds[k + 1].recvs
+    }
+
     /// The round of `rank` that sends message `id`.
     fn round_of_send(&self, rank: usize, id: u32) -> usize {
         let rounds = &self.rounds[self.first_round[rank]..self.first_round[rank + 1]];
-        self.first_round[rank] + rounds.partition_point(|r| r.sends.1 <= id)
+        self.first_round[rank] + rounds.partition_point(|r| r.sends <= id) - 1
     }
 
     /// The round of `rank` whose receive has slot `slot`.
     fn round_of_recv(&self, rank: usize, slot: u32) -> usize {
         let rounds = &self.rounds[self.first_round[rank]..self.first_round[rank + 1]];
-        self.first_round[rank] + rounds.partition_point(|r| r.recvs.1 <= slot)
+        self.first_round[rank] + rounds.partition_point(|r| r.recvs <= slot) - 1
     }
 
     /// Rank `rank` starts round `self.cur[rank]` (or finishes) at `now`.
@@ -1179,20 +1198,19 @@ impl<'a> Engine<'a> {
     }
 
     fn post(&mut self, rank: usize, now: f64) {
-        self.rounds[self.cur[rank]].posted = now;
-        let r = &self.rounds[self.cur[rank]];
-        let (sends, recvs) = (r.sends, r.recvs);
-        self.pending[rank] = (sends.1 - sends.0) + (recvs.1 - recvs.0);
+        let k = self.cur[rank];
+        self.rounds[k].posted = now;
+        let (sends, recvs) = (self.sends(k), self.recvs(k));
+        self.pending[rank] = sends.len() as u32 + recvs.len() as u32;
         if self.pending[rank] == 0 {
             self.cur[rank] += 1;
             self.enter_round(rank, now);
             return;
         }
-        for i in sends.0..sends.1 {
-            let id = self.send_ids[i as usize];
+        for id in sends {
             self.post_end(id, now);
         }
-        for i in recvs.0..recvs.1 {
+        for i in recvs {
             let id = self.recv_ids[i as usize];
             self.post_end(id, now);
         }
@@ -1285,7 +1303,6 @@ impl<'a> Engine<'a> {
                 let bw = self.net.links[links[0] as usize].bw;
                 let start = now.max(self.link_free[q0]);
                 self.link_free[q0] = start + bytes as f64 / bw;
-                self.msgs[id as usize].first_start = start;
                 self.account(src, links[0] as usize, start, bytes as f64 / bw, bytes);
                 if links.len() == 1 {
                     // Its last chunk arrives last.
@@ -1293,19 +1310,20 @@ impl<'a> Engine<'a> {
                     self.msgs[id as usize].chunks_left = 1;
                     self.arrive(id, start + bytes as f64 / bw + lat);
                 } else {
-                    self.release_chunk(id, 0);
+                    self.release_chunk(id, 0, start);
                 }
             }
         }
     }
 
     /// Chunk `c` of message `id`, whose path has two links or more, is on
-    /// the sender's port (laid out by `start`): schedules its arrival at
-    /// the next hop. Nothing when the message has fewer chunks.
-    fn release_chunk(&mut self, id: u32, c: u32) {
+    /// the sender's port from `start` (laid out by [`Engine::start`]):
+    /// schedules its arrival at the next hop. Nothing when the message has
+    /// fewer chunks.
+    fn release_chunk(&mut self, id: u32, c: u32, start: f64) {
         let chunk = self.chunk_bytes;
         let m = &self.msgs[id as usize];
-        let (src, to, bytes, first_start) = (m.src as usize, m.to as usize, m.bytes, m.first_start);
+        let (src, to, bytes) = (m.src as usize, m.to as usize, m.bytes);
         let nchunks = bytes.div_ceil(chunk).max(1);
         if u64::from(c) >= nchunks {
             return;
@@ -1316,7 +1334,6 @@ impl<'a> Engine<'a> {
         let (bw, lat) = (link.bw, link.lat);
         let c = u64::from(c);
         let cb = chunk.min(bytes - (c * chunk).min(bytes));
-        let start = first_start + (c * chunk) as f64 / bw;
         let end = start + cb as f64 / bw;
         let next = self.ready_on(links[1], cb, start, end, lat);
         self.push(

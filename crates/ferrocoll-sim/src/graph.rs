@@ -413,7 +413,7 @@ mod tests {
             ("ranks 2\nlink r0 s 1GB/s 1us", "line 2: `s` is neither"),
             ("ranks 2\nlink r0 r5 1GB/s 1us", "not a rank"),
             ("ranks 2\nlink r0 r1 fast 1us", "line 2"),
-            ("ranks 3\nlink r0 r1 1GB/s 1us", "no route from r0 to r2"),
+            ("ranks 3\nlink r0 r1 1GB/s 1us", "no route from r2 to r0"),
             ("ranks 2\nlink r0 r1 1GB/s 1us\nplan 3", "multiply to 3"),
             ("ranks 2\nfrobnicate", "unknown statement"),
             ("ranks 2\nswitch r1", "rank's or already used"),
