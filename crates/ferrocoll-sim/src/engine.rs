@@ -1123,10 +1123,7 @@ impl<'a> Engine<'a> {
                 // port, as the alpha-beta model charges it: that much is
                 // transmission, even when this message waited behind the
                 // rank's own others.
-                let sent: u64 = self
-                    .sends(k - 1)
-                    .map(|i| self.msgs[i as usize].bytes)
-                    .sum();
+                let sent: u64 = self.sends(k - 1).map(|i| self.msgs[i as usize].bytes).sum();
                 let received: u64 = self
                     .recvs(k - 1)
                     .map(|i| self.msgs[self.recv_ids[i as usize] as usize].bytes)
