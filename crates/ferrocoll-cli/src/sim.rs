@@ -75,6 +75,11 @@ pub struct SimArgs {
     /// such symmetry (trees, uneven blocks, stragglers, ...).
     #[arg(long)]
     pub aggregate: bool,
+    /// Reduction cost at the receiver (gamma): a rate such as `100GB/s`
+    /// (bytes reduced per second) or a time per byte such as `0.01ns`;
+    /// default 0 (free reductions).
+    #[arg(long)]
+    pub gamma: Option<String>,
 }
 
 /// Energy per bit by link class, in picojoules (the seeds' figure: NVLink
@@ -149,10 +154,28 @@ fn parse_slow_link(s: &str) -> Result<(String, f64), String> {
     Ok((name.trim().to_string(), f))
 }
 
+/// `--gamma`: a reduction rate (`100GB/s`) or a time per byte (`0.01ns`),
+/// as seconds per byte.
+fn parse_gamma(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let gamma = if t.ends_with("/s") {
+        1.0 / ferrocoll_sim::topology::parse_bandwidth(t)?
+    } else {
+        ferrocoll_sim::topology::parse_latency(t)?
+    };
+    if gamma.is_finite() && gamma >= 0.0 {
+        Ok(gamma)
+    } else {
+        Err(format!(
+            "--gamma {s:?}: give a rate (100GB/s) or a time per byte (0.01ns)"
+        ))
+    }
+}
+
 /// The cost-model profile of a modelled cluster: its rank ports as the
 /// intra-node links and its network ports as the inter-node ones (see
-/// [`TopologySpec::cost_links`]).
-fn profile_of(topo: &TopologySpec) -> Profile {
+/// [`TopologySpec::cost_links`]), reducing at `gamma` seconds per byte.
+fn profile_of(topo: &TopologySpec, gamma: f64) -> Profile {
     let link = |l: ferrocoll_sim::LinkSpec| LinkParams {
         alpha: l.lat,
         beta: l.bw,
@@ -162,7 +185,7 @@ fn profile_of(topo: &TopologySpec) -> Profile {
     Profile {
         intra: link(intra),
         inter: link(inter),
-        gamma: 0.0,
+        gamma,
     }
 }
 
@@ -188,10 +211,14 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         Mode::Contention
     };
     let count = ferrocoll_sim::element_count(coll, n, bytes, 4);
+    let gamma = match &args.gamma {
+        None => 0.0,
+        Some(g) => parse_gamma(g).map_err(CliError::Usage)?,
+    };
     let algo = if args.algo == "auto" {
         let mut shape = Shape::new(coll, n, count, 4);
         shape.topology = topo.plan_topology();
-        let profile = profile_of(&topo);
+        let profile = profile_of(&topo, gamma);
         cost::candidates(&shape, &profile)
             .first()
             .map(|(a, _)| SimAlgorithm::Plan(*a))
@@ -209,6 +236,7 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         }
     }
     let opts = SimOptions {
+        gamma,
         start_delay: args
             .straggler
             .iter()
@@ -345,6 +373,13 @@ mod tests {
         assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
         assert_eq!(parse_bytes("2GB").unwrap(), 2_000_000_000);
         assert!(parse_bytes("3 parsecs").is_err());
+    }
+
+    #[test]
+    fn gamma_takes_a_rate_or_a_time_per_byte() {
+        assert!((parse_gamma("100GB/s").unwrap() - 1e-11).abs() < 1e-24);
+        assert!((parse_gamma("0.01ns").unwrap() - 1e-11).abs() < 1e-24);
+        assert!(parse_gamma("fast").is_err());
     }
 
     #[test]
