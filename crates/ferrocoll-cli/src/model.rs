@@ -3,12 +3,15 @@
 //!
 //! Prints each candidate's predicted time split into latency, bandwidth and
 //! compute terms, the choice, the critical message size n* = alpha·beta, and
-//! the sizes where the cheapest algorithm changes.
+//! the sizes where the cheapest algorithm changes; and for each candidate
+//! the LogGP split ([`cost::overlap`]): how much of its time the busiest
+//! rank's CPU works (o per message, gamma per reduced byte) and how much
+//! could hide behind computation.
 
 use std::io::{self, Write};
 
 use clap::Args;
-use ferrocoll::cost::{self, Cost, LinkParams, Profile, Shape};
+use ferrocoll::cost::{self, Cost, LinkParams, LogGp, Overlap, Profile, Shape};
 use ferrocoll::{Collective, DType, Topology};
 use serde::Serialize;
 
@@ -167,6 +170,38 @@ struct Candidate {
     latency_us: f64,
     bandwidth_us: f64,
     compute_us: f64,
+    overlap: OverlapOut,
+}
+
+/// The LogGP split of one candidate (`overlap` in the JSON report).
+#[derive(Serialize)]
+struct OverlapOut {
+    /// LogGP parameters of the link class the CPU part is charged on.
+    #[serde(rename = "L_us")]
+    l_us: f64,
+    o_us: f64,
+    g_us: f64,
+    #[serde(rename = "G_s_per_byte")]
+    big_g_s_per_byte: f64,
+    /// The busiest rank's CPU time.
+    cpu_us: f64,
+    /// The rest of the predicted time.
+    hideable_us: f64,
+    hideable_fraction: f64,
+}
+
+impl OverlapOut {
+    fn new(o: &Overlap) -> OverlapOut {
+        OverlapOut {
+            l_us: o.loggp.latency * 1e6,
+            o_us: o.loggp.overhead * 1e6,
+            g_us: o.loggp.gap * 1e6,
+            big_g_s_per_byte: o.loggp.per_byte,
+            cpu_us: o.cpu * 1e6,
+            hideable_us: o.hideable * 1e6,
+            hideable_fraction: o.hideable_fraction,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -257,12 +292,15 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
             .iter()
             .map(|(a, c)| {
                 let (t, l, b, g) = us(c);
+                let overlap =
+                    cost::overlap(*a, &shape, &profile).expect("every candidate has a closed form");
                 Candidate {
                     algo: a.name(),
                     time_us: t,
                     latency_us: l,
                     bandwidth_us: b,
                     compute_us: g,
+                    overlap: OverlapOut::new(&overlap),
                 }
             })
             .collect(),
@@ -303,16 +341,31 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
             profile.inter.beta / 1e9
         )?;
     }
+    let loggp = LogGp::from_link(&profile.intra);
     writeln!(
         out,
-        "# {:<18} {:>12} {:>12} {:>12} {:>12}",
-        "algo", "time(us)", "latency", "bandwidth", "compute"
+        "# LogGP: L {:.3} us, o {:.3} us, g {:.3} us, G {:.4} ns/B; cpu = the busiest rank's o per message + gamma per reduced byte, hide = the rest of the time",
+        loggp.latency * 1e6,
+        loggp.overhead * 1e6,
+        loggp.gap * 1e6,
+        loggp.per_byte * 1e9
+    )?;
+    writeln!(
+        out,
+        "# {:<18} {:>12} {:>12} {:>12} {:>12} {:>12} {:>6}",
+        "algo", "time(us)", "latency", "bandwidth", "compute", "cpu", "hide%"
     )?;
     for c in &report.candidates {
         writeln!(
             out,
-            "  {:<18} {:>12.3} {:>12.3} {:>12.3} {:>12.3}",
-            c.algo, c.time_us, c.latency_us, c.bandwidth_us, c.compute_us
+            "  {:<18} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>6.1}",
+            c.algo,
+            c.time_us,
+            c.latency_us,
+            c.bandwidth_us,
+            c.compute_us,
+            c.overlap.cpu_us,
+            c.overlap.hideable_fraction * 100.0
         )?;
     }
     writeln!(out, "# choice: {}", report.choice)?;

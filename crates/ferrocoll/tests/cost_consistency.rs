@@ -17,7 +17,9 @@
 mod common;
 use common::selected;
 
-use ferrocoll::cost::{predict, walk, Cost, LinkParams, Profile, Shape};
+use ferrocoll::cost::{
+    busiest, overlap, predict, walk, walk_cpu, Cost, LinkParams, Profile, Shape,
+};
 use ferrocoll::plan::{self, Plan};
 use ferrocoll::{Algorithm, Collective, Topology};
 
@@ -201,4 +203,113 @@ fn describe(
         "{coll}/{algo} n={n} topo={topo} count={count} root={root} alpha={:e}/{:e}: model {:?} walk {:?}",
         profile.intra.alpha, profile.inter.alpha, model, walked
     )
+}
+
+/// Profiles for the LogGP split: o > 0 (o = g/2 of the profile's overhead)
+/// and gamma > 0, the same o on both link classes (where the closed form is
+/// exact) and different ones (where it is an upper bound).
+fn loggp_profiles() -> Vec<(Profile, bool)> {
+    let same = Profile {
+        intra: LinkParams {
+            alpha: 3e-6,
+            beta: 2e10,
+            overhead: 8e-7,
+        },
+        inter: LinkParams {
+            alpha: 9e-6,
+            beta: 4e9,
+            overhead: 8e-7,
+        },
+        gamma: 1e-10,
+    };
+    let mut differ = same.clone();
+    differ.inter.overhead = 3e-6;
+    // A fast reduction and a small o, so neither term swamps the other.
+    let mut mixed = Profile::uniform(2e-6, 1e10, 3e-12);
+    mixed.intra.overhead = 2e-7;
+    mixed.inter.overhead = 2e-7;
+    vec![(same, true), (mixed, true), (differ, false)]
+}
+
+/// The LogGP split's CPU part (`cost::busiest`, o·messages + gamma·reduced of
+/// the busiest rank) against `cost::walk_cpu` over the plans of all ranks,
+/// for every algorithm; and the hideable part (total - CPU) of
+/// `cost::overlap` against the walk's total minus its CPU part.
+#[test]
+fn loggp_split_agrees_with_the_plans() {
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for coll in Collective::ALL {
+        for &algo in coll.algorithms().iter().filter(|&&a| selected(coll, a)) {
+            for n in 1..=64usize {
+                for topo in topologies(algo, n) {
+                    for (count, exact) in counts(n) {
+                        for root in if coll.has_root() {
+                            vec![0, n - 1]
+                        } else {
+                            vec![0]
+                        } {
+                            let mut shape = Shape::new(coll, n, count, 4);
+                            shape.root = root;
+                            shape.topology = topo.clone();
+                            if coll == Collective::AllToAllV {
+                                shape.v_counts = v_counts(n, count);
+                            }
+                            let plans: Vec<Plan> = (0..n)
+                                .map(|r| plan::build(algo, &shape.request(r)).unwrap())
+                                .collect();
+                            for (profile, same_o) in loggp_profiles() {
+                                let walked = walk_cpu(&plans, 4, &profile, &topo);
+                                let busy = busiest(algo, &shape).unwrap();
+                                let ov = overlap(algo, &shape, &profile).unwrap();
+                                let model = ov.loggp.overhead * busy.messages
+                                    + profile.gamma * busy.reduced;
+                                checked += 1;
+                                let mixed = topo.nodes() > 1 && topo.local_size() > 1;
+                                let rel = if exact { 1e-9 } else { 0.02 };
+                                let ok = if same_o || !mixed {
+                                    close(model, walked, rel)
+                                } else {
+                                    model >= walked * (1.0 - 1e-9)
+                                };
+                                // Where both the time form and the CPU part
+                                // are exact, so is the hideable part (the
+                                // CPU part capped at the total on both sides).
+                                let time = walk(&plans, 4, &profile, &topo).unwrap().total();
+                                let split_ok = !exact
+                                    || (!same_o && mixed)
+                                    || algo == Algorithm::DoubleBinaryTree
+                                    || coll == Collective::AllToAllV
+                                    || close(ov.hideable, time - walked.min(time), 1e-9);
+                                if !ok || !split_ok {
+                                    failures.push(format!(
+                                        "{coll}/{algo} n={n} topo={topo} count={count} root={root} o={:e}/{:e}: closed form cpu {model:e} (messages {}, reduced {}) walk {walked:e}; hideable {:e} vs walk {:e}",
+                                        profile.intra.overhead,
+                                        profile.inter.overhead,
+                                        busy.messages,
+                                        busy.reduced,
+                                        ov.hideable,
+                                        time - walked,
+                                    ));
+                                }
+                                assert!(
+                                    (0.0..=1.0).contains(&ov.hideable_fraction),
+                                    "{coll}/{algo} n={n}: fraction {}",
+                                    ov.hideable_fraction
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    failures.dedup();
+    assert!(
+        failures.is_empty(),
+        "{} of {checked} disagree; first: {:#?}",
+        failures.len(),
+        &failures[..failures.len().min(25)]
+    );
+    assert!(checked > 0);
 }

@@ -191,6 +191,22 @@ fn blocks_by_level(shape: &Shape, profile: &Profile, reduce: bool) -> Cost {
     cost
 }
 
+/// Messages one rank sends in the whole hierarchical allgather (as many
+/// arrive): `Σ_k (p_k-1)·K_k` over the levels `sizes`, innermost first
+/// ([`runs`]). For the LogGP split ([`super::loggp`]).
+pub(super) fn allgather_messages(sizes: &[usize]) -> f64 {
+    let link = LinkParams {
+        alpha: 0.0,
+        beta: 1.0,
+        overhead: 0.0,
+    };
+    let dims: Vec<(usize, &LinkParams)> = sizes.iter().map(|&p| (p, &link)).collect();
+    (0..dims.len())
+        .filter(|&k| dims[k].0 > 1)
+        .map(|k| ((dims[k].0 - 1) * runs(&dims, k)) as f64)
+        .sum()
+}
+
 /// Messages per step of the allgather ring at level `k` (`dims` innermost
 /// first): a level-`k` chunk is the blocks of the ranks that share the
 /// coordinates below `k` and at `k`, outer coordinates in digit-reversed

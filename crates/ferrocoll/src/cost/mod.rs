@@ -11,12 +11,14 @@
 
 mod direct;
 mod hier;
+mod loggp;
 mod recursive;
 mod ring;
 mod tree;
 mod walk;
 
-pub use walk::walk;
+pub use loggp::{busiest, overlap, Busiest, LogGp, Overlap};
+pub use walk::{walk, walk_cpu};
 
 use std::ops::Add;
 

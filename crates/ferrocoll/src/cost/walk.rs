@@ -184,3 +184,36 @@ fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profil
         compute: reduced * profile.gamma,
     }
 }
+
+/// The busiest rank's CPU time in the LogGP view ([`super::overlap`]): for
+/// each rank of `plans`, o of the link class of every message it sends or
+/// receives (o from [`super::LogGp::from_link`]) plus gamma times the bytes
+/// it reduces; the largest over the ranks. The reference the closed forms of
+/// [`super::busiest`] are held against.
+pub fn walk_cpu(plans: &[Plan], elem_size: usize, profile: &Profile, topology: &Topology) -> f64 {
+    let local = topology.local_size().max(1);
+    let elem = elem_size as f64;
+    let o = [
+        super::LogGp::from_link(&profile.intra).overhead,
+        super::LogGp::from_link(&profile.inter).overhead,
+    ];
+    plans
+        .iter()
+        .enumerate()
+        .map(|(rank, plan)| {
+            let mut cpu = 0.0;
+            for op in plan.rounds.iter().flat_map(|r| &r.ops) {
+                let class = |peer: usize| usize::from(peer / local != rank / local);
+                match *op {
+                    Op::Send { peer, .. } | Op::Recv { peer, .. } => cpu += o[class(peer)],
+                    Op::RecvReduce { peer, dst, .. } => {
+                        cpu += o[class(peer)] + dst.len as f64 * elem * profile.gamma;
+                    }
+                    Op::Reduce { dst, .. } => cpu += dst.len as f64 * elem * profile.gamma,
+                    Op::Copy { .. } => {}
+                }
+            }
+            cpu
+        })
+        .fold(0.0, f64::max)
+}
