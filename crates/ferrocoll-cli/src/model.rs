@@ -51,6 +51,17 @@ pub struct ModelArgs {
     /// Reduction cost: a rate (e.g. 20GB/s) or a time per byte (e.g. 0.05ns).
     #[arg(long, default_value = "20GB/s", value_parser = parse_gamma)]
     gamma: f64,
+    /// Cost of a local copy (own blocks, scratch, packing): a rate (e.g.
+    /// 50GB/s) or a time per byte (e.g. 0.02ns); 0ns makes copies free.
+    #[arg(long, default_value = "0ns", value_parser = parse_gamma)]
+    copy: f64,
+    /// Working set (every rank's buffers together) beyond which links run
+    /// at --beta-mem, e.g. 32MiB; needs --beta-mem.
+    #[arg(long, value_parser = parse_bytes, requires = "beta_mem")]
+    cache: Option<usize>,
+    /// Bandwidth of a port once the working set exceeds --cache.
+    #[arg(long, value_parser = parse_rate, requires = "cache")]
+    beta_mem: Option<f64>,
     /// Topology, outermost level first (e.g. 4x8: 4 nodes of 8 ranks).
     #[arg(long)]
     topo: Option<Topology>,
@@ -259,6 +270,9 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
             overhead: args.overhead_inter.unwrap_or(args.overhead),
         },
         gamma: args.gamma,
+        copy: args.copy,
+        cache_bytes: args.cache.unwrap_or(0) as f64,
+        beta_mem: args.beta_mem.unwrap_or(0.0),
     };
     let elem = args.dtype.size();
     let per = elem * blocks(args.coll, n);
@@ -333,6 +347,28 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
         profile.intra.beta / 1e9,
         profile.gamma * 1e9
     )?;
+    if profile.copy > 0.0 || profile.cache_bytes > 0.0 {
+        writeln!(
+            out,
+            "# copy {:.4} ns/B; working set {:.1} MiB{}",
+            profile.copy * 1e9,
+            shape.working_set() / 1048576.0,
+            if profile.cache_bytes > 0.0 {
+                format!(
+                    ", beyond {:.1} MiB the links run at {:.3} GB/s{}",
+                    profile.cache_bytes / 1048576.0,
+                    profile.beta_mem / 1e9,
+                    if shape.working_set() > profile.cache_bytes {
+                        " (this call)"
+                    } else {
+                        ""
+                    }
+                )
+            } else {
+                String::new()
+            }
+        )?;
+    }
     if profile.inter != profile.intra {
         writeln!(
             out,
@@ -341,10 +377,10 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
             profile.inter.beta / 1e9
         )?;
     }
-    let loggp = LogGp::from_link(&profile.intra);
+    let loggp = LogGp::from_link(&profile.for_shape(&shape).intra);
     writeln!(
         out,
-        "# LogGP: L {:.3} us, o {:.3} us, g {:.3} us, G {:.4} ns/B; cpu = the busiest rank's o per message + gamma per reduced byte, hide = the rest of the time",
+        "# LogGP: L {:.3} us, o {:.3} us, g {:.3} us, G {:.4} ns/B; cpu = the busiest rank's o per message + gamma per reduced byte + copy per copied byte, hide = the rest",
         loggp.latency * 1e6,
         loggp.overhead * 1e6,
         loggp.gap * 1e6,

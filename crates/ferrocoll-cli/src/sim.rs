@@ -147,6 +147,9 @@ fn profile_of(topo: &TopologySpec) -> Profile {
         intra: link(intra),
         inter: link(inter),
         gamma: 0.0,
+        copy: 0.0,
+        cache_bytes: 0.0,
+        beta_mem: 0.0,
     }
 }
 

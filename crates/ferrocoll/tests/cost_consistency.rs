@@ -8,7 +8,9 @@
 //!
 //! Agreement is exact (relative 1e-9) when the count splits evenly into every
 //! block and segment the algorithm uses (multiples of n * 2^ceil(log2 n) * 64);
-//! for other counts, within 2 % (blocks differ by one element). Counts below
+//! for other counts, within 2 % (blocks differ by one element), but for the
+//! few forms that are upper bounds (dbtree, alltoallv, butterfly allgather
+//! with an odd number of extra ranks and a copy cost). Counts below
 //! n, where some blocks are empty and their messages are skipped, are outside
 //! what the formulas describe and are not compared.
 //!
@@ -26,7 +28,8 @@ use ferrocoll::{Algorithm, Collective, Topology};
 fn profiles() -> Vec<Profile> {
     let mut p = base_profiles();
     {
-        // A per-message overhead o (LogGP) on both link classes.
+        // A per-message overhead o (LogGP) on both link classes, and a
+        // cost for local copies.
         let mut with_o = Profile {
             intra: LinkParams {
                 alpha: 2e-6,
@@ -39,6 +42,10 @@ fn profiles() -> Vec<Profile> {
                 overhead: 3e-6,
             },
             gamma: 1e-10,
+            // Local copies (own blocks, scratch, packing) cost too.
+            copy: 4e-11,
+            cache_bytes: 0.0,
+            beta_mem: 0.0,
         };
         p.push(with_o.clone());
         with_o.inter = with_o.intra;
@@ -64,6 +71,9 @@ fn base_profiles() -> Vec<Profile> {
                 overhead: 0.0,
             },
             gamma: 2e-11,
+            copy: 0.0,
+            cache_bytes: 0.0,
+            beta_mem: 0.0,
         },
     ]
 }
@@ -105,6 +115,17 @@ fn v_counts(n: usize, count: usize) -> Vec<Vec<usize>> {
                 .collect()
         })
         .collect()
+}
+
+/// Butterfly allgather with an odd number r >= 3 of extra ranks and a copy
+/// cost: its form is an upper bound (see `closed_forms_agree_with_the_plans`).
+fn copy_delayed(coll: Collective, algo: Algorithm, n: usize, profile: &Profile) -> bool {
+    let r = n - (1usize << n.max(1).ilog2());
+    coll == Collective::AllGather
+        && algo == Algorithm::Butterfly
+        && profile.copy > 0.0
+        && r >= 3
+        && r % 2 == 1
 }
 
 fn close(a: f64, b: f64, rel: f64) -> bool {
@@ -150,6 +171,16 @@ fn closed_forms_agree_with_the_plans() {
                                     // with exact rounds.
                                     close(model.total(), walked.total(), 0.10)
                                         && close(model.latency, walked.latency, 0.10)
+                                } else if copy_delayed(coll, algo, n, &profile) {
+                                    // A core rank's copy of its own block,
+                                    // delayed until its partner has folded,
+                                    // reaches a rank that returns blocks to
+                                    // an extra rank: the form adds it to the
+                                    // largest exchanges, an upper bound
+                                    // (cost/recursive.rs), within 5 %.
+                                    model.total() >= walked.total() * (1.0 - 1e-9)
+                                        && model.total() <= walked.total() * 1.05
+                                        && close(model.latency, walked.latency, 1e-9)
                                 } else if coll == Collective::AllToAllV {
                                     // Seed 004's form charges every step at its
                                     // busiest pair, as if steps were globally
@@ -221,11 +252,15 @@ fn loggp_profiles() -> Vec<(Profile, bool)> {
             overhead: 8e-7,
         },
         gamma: 1e-10,
+        copy: 5e-11,
+        cache_bytes: 0.0,
+        beta_mem: 0.0,
     };
     let mut differ = same.clone();
     differ.inter.overhead = 3e-6;
     // A fast reduction and a small o, so neither term swamps the other.
     let mut mixed = Profile::uniform(2e-6, 1e10, 3e-12);
+    mixed.copy = 1e-12;
     mixed.intra.overhead = 2e-7;
     mixed.inter.overhead = 2e-7;
     vec![(same, true), (mixed, true), (differ, false)]
@@ -260,10 +295,9 @@ fn loggp_split_agrees_with_the_plans() {
                                 .collect();
                             for (profile, same_o) in loggp_profiles() {
                                 let walked = walk_cpu(&plans, 4, &profile, &topo);
-                                let busy = busiest(algo, &shape).unwrap();
+                                let busy = busiest(algo, &shape, &profile).unwrap();
                                 let ov = overlap(algo, &shape, &profile).unwrap();
-                                let model = ov.loggp.overhead * busy.messages
-                                    + profile.gamma * busy.reduced;
+                                let model = busy.cpu(ov.loggp.overhead, &profile);
                                 checked += 1;
                                 let mixed = topo.nodes() > 1 && topo.local_size() > 1;
                                 let rel = if exact { 1e-9 } else { 0.02 };
@@ -280,14 +314,16 @@ fn loggp_split_agrees_with_the_plans() {
                                     || (!same_o && mixed)
                                     || algo == Algorithm::DoubleBinaryTree
                                     || coll == Collective::AllToAllV
+                                    || copy_delayed(coll, algo, n, &profile)
                                     || close(ov.hideable, time - walked.min(time), 1e-9);
                                 if !ok || !split_ok {
                                     failures.push(format!(
-                                        "{coll}/{algo} n={n} topo={topo} count={count} root={root} o={:e}/{:e}: closed form cpu {model:e} (messages {}, reduced {}) walk {walked:e}; hideable {:e} vs walk {:e}",
+                                        "{coll}/{algo} n={n} topo={topo} count={count} root={root} o={:e}/{:e}: closed form cpu {model:e} (messages {}, reduced {}, copied {}) walk {walked:e}; hideable {:e} vs walk {:e}",
                                         profile.intra.overhead,
                                         profile.inter.overhead,
                                         busy.messages,
                                         busy.reduced,
+                                        busy.copied,
                                         ov.hideable,
                                         time - walked,
                                     ));

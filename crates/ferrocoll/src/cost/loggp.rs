@@ -29,17 +29,19 @@
 //! * **L = alpha - 2·o**: a single message costs o + L + o = alpha.
 //!
 //! With these, a round in which a rank has k messages each way, moves
-//! `bytes` and reduces `reduced` bytes costs exactly
+//! `bytes`, reduces `reduced` bytes and copies `copied` bytes locally costs
+//! exactly
 //!
 //! ```text
-//! alpha + (k-1)·g + bytes·G + reduced·gamma
-//!   = [ L + bytes·G ]  +  [ 2k·o + reduced·gamma ]
+//! alpha + (k-1)·g + bytes·G + reduced·gamma + copied·copy
+//!   = [ L + bytes·G ]  +  [ 2k·o + reduced·gamma + copied·copy ]
 //!     network: hideable   CPU: busy
 //! ```
 //!
 //! the first bracket being time the rank's CPU only waits (the wire latency
 //! and the bytes in flight), the second the time it works (o for each
-//! message it sends or receives, gamma for each byte it reduces). A round
+//! message it sends or receives, gamma for each byte it reduces, the
+//! profile's copy cost for each byte it copies). A round
 //! with fewer messages one way than the other leaves the CPU idle for the
 //! difference, and a rank waiting for a slower partner idles too; both are
 //! hideable.
@@ -48,7 +50,7 @@
 //!
 //! For a collective of predicted time T ([`super::predict`]), rank r's CPU
 //! is busy for cpu_r = o·(messages r sends and receives) + gamma·(bytes r
-//! reduces), summed over its plan. Computation overlapped with the
+//! reduces) + copy·(bytes r copies locally), summed over its plan. Computation overlapped with the
 //! collective on every rank can use T - cpu_r on rank r without delaying it
 //! (as long as the rank makes progress on its messages in between, e.g. by
 //! polling between compute tiles), so the part that hides is what the
@@ -116,8 +118,9 @@ pub struct Overlap {
     pub loggp: LogGp,
     /// The predicted time, [`Cost::total`] of [`super::predict`].
     pub total: f64,
-    /// The busiest rank's CPU time: o per message it sends or receives plus
-    /// gamma per byte it reduces (at most `total`).
+    /// The busiest rank's CPU time: o per message it sends or receives,
+    /// gamma per byte it reduces and the copy cost per byte it copies (at
+    /// most `total`).
     pub cpu: f64,
     /// `total - cpu`: time every rank's CPU is free during the collective.
     pub hideable: f64,
@@ -126,13 +129,41 @@ pub struct Overlap {
 }
 
 /// What the busiest rank of a collective does: messages it sends and
-/// receives, and bytes it reduces.
+/// receives, bytes it reduces and bytes it copies locally.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Busiest {
     /// Messages sent plus messages received.
     pub messages: f64,
     /// Bytes reduced (receive-reduce and local reductions).
     pub reduced: f64,
+    /// Bytes copied locally (the profile's `copy` cost each).
+    pub copied: f64,
+}
+
+impl Busiest {
+    /// CPU time: `o` per message, gamma per reduced byte, the copy cost
+    /// per copied byte.
+    pub fn cpu(&self, o: f64, profile: &Profile) -> f64 {
+        o * self.messages + profile.gamma * self.reduced + profile.copy * self.copied
+    }
+}
+
+/// The LogGP parameters whose o the CPU part charges: the intra-node link
+/// on one node, the inter-node link when every rank is a node of its own,
+/// otherwise the class with the larger o (an upper bound).
+fn charged(shape: &Shape, profile: &Profile) -> LogGp {
+    let topo = &shape.topology;
+    let (intra, inter) = (
+        LogGp::from_link(&profile.intra),
+        LogGp::from_link(&profile.inter),
+    );
+    if topo.nodes() <= 1 {
+        intra
+    } else if topo.local_size() <= 1 || inter.overhead > intra.overhead {
+        inter
+    } else {
+        intra
+    }
 }
 
 /// The LogGP split of `algo`'s predicted time for `shape` on `profile`:
@@ -143,39 +174,29 @@ pub struct Busiest {
 /// increment of each further message of a round), o = g/2 (capped at
 /// alpha/2: the rank's CPU sends and receives every message itself, so one
 /// further message each way costs it 2·o) and L = alpha - 2·o ([`LogGp`]).
-/// A round with k messages each way, `bytes` moved and `reduced` bytes
-/// folded then costs
+/// A round with k messages each way, `bytes` moved, `reduced` bytes
+/// folded and `copied` bytes copied locally then costs
 ///
 /// ```text
-/// alpha + (k-1)·g + bytes/beta + reduced·gamma
-///   = (L + bytes·G)  +  (2k·o + reduced·gamma)
+/// alpha + (k-1)·g + bytes/beta + reduced·gamma + copied·copy
+///   = (L + bytes·G)  +  (2k·o + reduced·gamma + copied·copy)
 ///      on the wire       on the CPU
 /// ```
 ///
 /// Over the whole plan, rank r's CPU works cpu_r = o·(messages it sends and
-/// receives) + gamma·(bytes it reduces); the rest of the predicted time T,
-/// the wire's part and the waiting for partners, is free for computation
-/// overlapped with the collective. The split is cpu = max_r cpu_r (capped
+/// receives) + gamma·(bytes it reduces) + copy·(bytes it copies); the rest
+/// of the predicted time T, the wire's part and the waiting for partners,
+/// is free for computation overlapped with the collective. The split is cpu = max_r cpu_r (capped
 /// at T), hideable = T - cpu. The busiest rank's messages and bytes come
 /// from closed forms ([`busiest`]) that `tests/cost_consistency.rs` holds
 /// against the plans ([`super::walk_cpu`]). The derivation, with its
 /// assumptions, is in the comments of `cost/loggp.rs`.
 pub fn overlap(algo: Algorithm, shape: &Shape, profile: &Profile) -> Option<Overlap> {
     let total = predict(algo, shape, profile)?.total();
-    let busy = busiest(algo, shape)?;
-    let topo = &shape.topology;
-    let (intra, inter) = (
-        LogGp::from_link(&profile.intra),
-        LogGp::from_link(&profile.inter),
-    );
-    let loggp = if topo.nodes() <= 1 {
-        intra
-    } else if topo.local_size() <= 1 || inter.overhead > intra.overhead {
-        inter
-    } else {
-        intra
-    };
-    let cpu = (loggp.overhead * busy.messages + profile.gamma * busy.reduced).min(total);
+    let busy = busiest(algo, shape, profile)?;
+    // G as the call sees it (beyond the cache, beta_mem).
+    let loggp = charged(shape, &profile.for_shape(shape));
+    let cpu = busy.cpu(loggp.overhead, profile).min(total);
     let hideable = total - cpu;
     Some(Overlap {
         loggp,
@@ -186,9 +207,10 @@ pub fn overlap(algo: Algorithm, shape: &Shape, profile: &Profile) -> Option<Over
     })
 }
 
-/// Closed forms of the busiest rank's messages (sent plus received) and
-/// reduced bytes for `algo` on `shape`, `None` if the collective does not
-/// have that algorithm.
+/// Closed forms of the busiest rank's messages (sent plus received),
+/// reduced and copied bytes for `algo` on `shape`, the rank with the most
+/// CPU time on `profile` where two ranks compete; `None` if the collective
+/// does not have that algorithm.
 ///
 /// Notation as in the family files: N ranks, D = ⌈log2 N⌉, N' = 2^⌊log2 N⌋,
 /// r = N - N', L = log2 N', K = ⌈log2 N⌉, S the pipeline segments; a
@@ -227,13 +249,31 @@ pub fn overlap(algo: Algorithm, shape: &Shape, profile: &Profile) -> Option<Over
 /// folds both children's copy of that tree's half, 2·⌈M/2⌉; N = 2: ⌈M/2⌉;
 /// N = 3: M) and the chain reduce (every rank but the head folds the whole
 /// buffer once, M).
-pub fn busiest(algo: Algorithm, shape: &Shape) -> Option<Busiest> {
+///
+/// Copied bytes: those of the critical path (`cost/copies.rs`), which runs
+/// through a rank that copies the most, except where two ranks compete:
+/// butterfly allreduce with r > 0 (a core rank serving an extra rank:
+/// 2L+2 messages, (L+1)·M reduced, no copy; one serving none: 2L messages,
+/// L·M reduced, M copied if L is odd) and the chain broadcast (its root: S messages and
+/// M copied; a middle rank: 2S messages).
+pub fn busiest(algo: Algorithm, shape: &Shape, profile: &Profile) -> Option<Busiest> {
+    let o = charged(shape, profile).overhead;
+    candidates(algo, shape)?
+        .into_iter()
+        .max_by(|a, b| a.cpu(o, profile).total_cmp(&b.cpu(o, profile)))
+}
+
+/// The ranks that may be the busiest (see [`busiest`]).
+fn candidates(algo: Algorithm, shape: &Shape) -> Option<Vec<Busiest>> {
     use Algorithm as A;
     use Collective as C;
     let algo = algo.for_collective(shape.coll)?;
     let n = shape.n;
     if n <= 1 || (shape.count == 0 && shape.coll != C::AllToAllV && shape.coll != C::Barrier) {
-        return Some(Busiest::default());
+        return Some(vec![Busiest {
+            copied: super::copies::single_rank(algo, shape),
+            ..Busiest::default()
+        }]);
     }
     let nf = |k: usize| k as f64;
     let d = nf(ceil_log2(n));
@@ -349,7 +389,57 @@ pub fn busiest(algo: Algorithm, shape: &Shape) -> Option<Busiest> {
             }
         }
     };
-    Some(Busiest { messages, reduced })
+    let m = shape.bytes();
+    let copied = if shape.coll == C::AllToAllV {
+        (0..n)
+            .map(|i| super::copies::own(shape, i))
+            .fold(0.0, f64::max)
+    } else {
+        super::copies::on_path(algo, shape)
+    };
+    // Butterfly allreduce with L odd: a core rank that serves no extra rank
+    // sends a copy of its input (cost/copies.rs).
+    let odd_core_copy = if core.trailing_zeros() % 2 == 1 {
+        m
+    } else {
+        0.0
+    };
+    Some(match (algo, shape.coll) {
+        (A::Butterfly, C::AllReduce) if extra => vec![
+            Busiest {
+                messages,
+                reduced,
+                copied: 0.0,
+            },
+            Busiest {
+                messages: messages - 2.0,
+                reduced: reduced - m,
+                copied: odd_core_copy,
+            },
+        ],
+        (A::Butterfly, C::AllReduce) => vec![Busiest {
+            messages,
+            reduced,
+            copied: odd_core_copy,
+        }],
+        (A::Pipeline, C::Broadcast) if n > 2 => vec![
+            Busiest {
+                messages,
+                reduced,
+                copied: 0.0,
+            },
+            Busiest {
+                messages: messages / 2.0,
+                reduced,
+                copied,
+            },
+        ],
+        _ => vec![Busiest {
+            messages,
+            reduced,
+            copied,
+        }],
+    })
 }
 
 /// ⌈log2 n⌉ for n >= 1.
