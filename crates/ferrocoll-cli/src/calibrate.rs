@@ -1,14 +1,27 @@
 //! `ferrocoll calibrate`: measure this machine and fit the cost model.
 //!
 //! Runs short sweeps of allreduce, allgather and alltoall with every
-//! algorithm they have, over sizes from 8 B to `--maxbytes`, then fits alpha,
-//! beta and gamma by least squares. The closed forms are linear in (alpha,
-//! 1/beta, gamma): each measurement contributes its algorithm's rounds, bytes
-//! on the critical path and bytes reduced (the closed form evaluated with unit
-//! parameters), and the fit weighs every point by 1/time² so that a 10 %
-//! miss at 8 B counts as much as one at 16 MiB. Prints each point's error,
-//! R² and the geometric-mean error, and writes the profile as JSON where the
-//! communicator looks for it (or `--out`).
+//! algorithm they have, over sizes from 8 B to `--maxbytes`, then fits the
+//! cost model by least squares. The closed forms are linear in (alpha,
+//! 1/beta, gamma, o, copy cost, 1/beta beyond the cache): each measurement
+//! contributes its algorithm's rounds, bytes on the critical path, bytes
+//! reduced, further messages and bytes copied locally (the closed form
+//! evaluated with unit parameters), and the fit weighs every point by
+//! 1/time² so that a 10 % miss at 8 B counts as much as one at 16 MiB.
+//!
+//! gamma and the copy cost are timed from the kernels themselves (fitted
+//! from collective timings they trade off against beta). The points whose
+//! working set (every rank's buffers, [`Shape::working_set`]) exceeds a
+//! threshold get a beta of their own, `beta_mem`: the threshold is the one,
+//! among the gaps between the measured working sets, whose fit leaves the
+//! least weighted error (none if no split helps), and the profile keeps the
+//! middle of that gap as `cache_bytes`.
+//!
+//! Each point is the fastest of `--repeat` timed batches: on a shared
+//! machine a descheduled batch only ever adds time. Prints each point's
+//! error, R², the geometric-mean error, the same for the simpler models
+//! (no copy cost, no cache regime) fitted to the same points, and writes the
+//! profile as JSON where the communicator looks for it (or `--out`).
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -40,10 +53,18 @@ pub struct CalibrateArgs {
     /// written for that transport.
     #[arg(long, default_value = "thread", value_parser = ["thread", "shm", "tcp"])]
     transport: String,
+    /// Timed batches per point; the fastest counts.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    repeat: u32,
 }
 
-/// Fitted parameters: alpha, 1/beta, gamma, per-message overhead o.
-const PARAMS: usize = 4;
+/// The model's parameters, in the order of [`Point::coef`]: alpha, 1/beta,
+/// gamma, per-message overhead o, copy cost, 1/beta beyond the cache.
+const PARAMS: usize = 6;
+/// Index of gamma, of the copy cost and of 1/beta_mem in [`Point::coef`].
+const GAMMA: usize = 2;
+const COPY: usize = 4;
+const INV_BETA_MEM: usize = 5;
 
 /// The collectives calibration measures.
 const CALIBRATED: [Collective; 3] = [
@@ -53,13 +74,18 @@ const CALIBRATED: [Collective; 3] = [
 ];
 
 /// One measurement and what the model needs to explain it.
+#[derive(Clone)]
 struct Point {
     coll: Collective,
     algo: &'static str,
     bytes: usize,
     seconds: f64,
+    /// Every rank's buffers together ([`Shape::working_set`]).
+    working_set: f64,
     /// Rounds, bytes/beta coefficient, reduced bytes, extra concurrent
-    /// messages: the closed form with unit parameters.
+    /// messages, copied bytes, and 0 for the bytes beyond the cache (moved
+    /// there from index 1 by [`split_at`]): the closed form with unit
+    /// parameters.
     coef: [f64; PARAMS],
 }
 
@@ -71,13 +97,15 @@ fn blocks(coll: Collective, n: usize) -> usize {
     }
 }
 
-/// Times `iters` calls on every rank; returns the slowest rank's mean.
+/// Times `repeat` batches of `iters` calls on every rank; returns the
+/// fastest batch's mean on the slowest rank.
 fn time_calls(
     comm: &Communicator,
     c: &Communicator,
     coll: Collective,
     count: usize,
     iters: usize,
+    repeat: u32,
 ) -> Result<f64, ferrocoll::Error> {
     let n = comm.size();
     let (send_len, recv_len) = match coll {
@@ -95,15 +123,19 @@ fn time_calls(
     for _ in 0..2 {
         call(c)?;
     }
-    comm.barrier()?;
-    let start = Instant::now();
-    for _ in 0..iters {
-        call(c)?;
+    let mut best = f64::MAX;
+    for _ in 0..repeat {
+        comm.barrier()?;
+        let start = Instant::now();
+        for _ in 0..iters {
+            call(c)?;
+        }
+        let mine = [start.elapsed().as_secs_f64() / iters as f64];
+        let mut slowest = [0.0f64];
+        comm.all_reduce(&mine, &mut slowest, ReduceOp::Max)?;
+        best = best.min(slowest[0]);
     }
-    let mine = [start.elapsed().as_secs_f64() / iters as f64];
-    let mut slowest = [0.0f64];
-    comm.all_reduce(&mine, &mut slowest, ReduceOp::Max)?;
-    Ok(slowest[0])
+    Ok(best)
 }
 
 /// Unit-parameter coefficients of the closed form.
@@ -116,7 +148,37 @@ fn coefficients(algo: ferrocoll::Algorithm, shape: &Shape) -> Option<[f64; PARAM
     unit_o.intra.overhead = 1.0;
     unit_o.inter.overhead = 1.0;
     let messages = cost::predict(algo, shape, &unit_o)?.latency;
-    Some([rounds, bytes, reduced, messages])
+    let mut unit_copy = Profile::uniform(0.0, huge, 0.0);
+    unit_copy.copy = 1.0;
+    let copied = cost::predict(algo, shape, &unit_copy)?.compute;
+    Some([rounds, bytes, reduced, messages, copied, 0.0])
+}
+
+/// Seconds per byte of `kernel` on 1 MiB operands, the fastest of 20
+/// batches of 10 runs.
+fn time_kernel(mut kernel: impl FnMut()) -> f64 {
+    let bytes = 1 << 20;
+    let mut best = f64::MAX;
+    for _ in 0..20 {
+        let t = Instant::now();
+        for _ in 0..10 {
+            kernel();
+        }
+        best = best.min(t.elapsed().as_secs_f64() / 10.0);
+    }
+    best / bytes as f64
+}
+
+/// Seconds per byte of a local copy (`copy_from_slice`, as the executor's
+/// `Copy` does) between two 1 MiB buffers: the copy cost, timed like
+/// [`measure_gamma`].
+fn measure_copy() -> f64 {
+    let src = vec![0.5f32; (1 << 20) / 4];
+    let mut dst = vec![1.0f32; (1 << 20) / 4];
+    time_kernel(|| {
+        dst.copy_from_slice(std::hint::black_box(&src));
+        std::hint::black_box(&mut dst);
+    })
 }
 
 /// Seconds per byte of the f32 sum kernel on 1 MiB operands (cache
@@ -128,35 +190,27 @@ fn coefficients(algo: ferrocoll::Algorithm, shape: &Shape) -> Option<[f64; PARAM
 /// algorithm that reduces every byte (butterfly) from one that reduces a
 /// share (ring, halving-doubling).
 fn measure_gamma() -> f64 {
-    let bytes = 1 << 20;
-    let mut dst = vec![1.0f32; bytes / 4];
-    let src = vec![0.5f32; bytes / 4];
-    let (d, s): (&mut [u8], &[u8]) = (
-        bytemuck::cast_slice_mut(&mut dst),
-        bytemuck::cast_slice(&src),
-    );
-    let mut best = f64::MAX;
-    for _ in 0..20 {
-        let t = Instant::now();
-        for _ in 0..10 {
-            ferrocoll::kernels::accumulate(DType::F32, ReduceOp::Sum, d, s);
-        }
-        best = best.min(t.elapsed().as_secs_f64() / 10.0);
-    }
+    let mut dst = vec![1.0f32; (1 << 20) / 4];
+    let src = vec![0.5f32; (1 << 20) / 4];
+    let t = time_kernel(|| {
+        let (d, s): (&mut [u8], &[u8]) = (
+            bytemuck::cast_slice_mut(&mut dst),
+            bytemuck::cast_slice(&src),
+        );
+        ferrocoll::kernels::accumulate(DType::F32, ReduceOp::Sum, d, s);
+    });
     std::hint::black_box(&dst);
-    best / bytes as f64
+    t
 }
 
 /// Weighted least squares for t ≈ x·coef with weights 1/t², x >= 0
 /// (parameters that come out negative are dropped and the rest refitted).
-/// With `gamma` given, that parameter is fixed and the rest are fitted to
-/// what it leaves of each time.
-fn fit(points: &[Point], gamma: Option<f64>) -> [f64; PARAMS] {
-    let mut active = [true; PARAMS];
-    let fixed = gamma.unwrap_or(0.0);
-    if gamma.is_some() {
-        active[2] = false;
-    }
+/// `fixed[i]` = Some(v) holds parameter i at v; the others are fitted to
+/// what the fixed ones leave of each time. A parameter whose coefficient is
+/// 0 at every point comes out 0.
+fn fit(points: &[Point], fixed: [Option<f64>; PARAMS]) -> [f64; PARAMS] {
+    let mut active: [bool; PARAMS] =
+        std::array::from_fn(|i| fixed[i].is_none() && points.iter().any(|p| p.coef[i] != 0.0));
     loop {
         let idx: Vec<usize> = (0..PARAMS).filter(|&i| active[i]).collect();
         let k = idx.len();
@@ -164,7 +218,10 @@ fn fit(points: &[Point], gamma: Option<f64>) -> [f64; PARAMS] {
         let mut atb = vec![0.0f64; k];
         for p in points {
             let w = 1.0 / p.seconds; // rows scaled by 1/t: relative residuals
-            let rest = p.seconds - fixed * p.coef[2];
+            let rest = p.seconds
+                - (0..PARAMS)
+                    .map(|i| fixed[i].unwrap_or(0.0) * p.coef[i])
+                    .sum::<f64>();
             for (a, &i) in idx.iter().enumerate() {
                 atb[a] += p.coef[i] * w * w * rest;
                 for (b, &j) in idx.iter().enumerate() {
@@ -173,8 +230,7 @@ fn fit(points: &[Point], gamma: Option<f64>) -> [f64; PARAMS] {
             }
         }
         let sol = solve(ata, atb);
-        let mut x = [0.0f64; PARAMS];
-        x[2] = fixed;
+        let mut x: [f64; PARAMS] = std::array::from_fn(|i| fixed[i].unwrap_or(0.0));
         for (a, &i) in idx.iter().enumerate() {
             x[i] = sol[a];
         }
@@ -183,6 +239,79 @@ fn fit(points: &[Point], gamma: Option<f64>) -> [f64; PARAMS] {
             None => return x,
         }
     }
+}
+
+/// The points with their bandwidth coefficient moved to 1/beta_mem where
+/// the working set exceeds `threshold` bytes.
+fn split_at(points: &[Point], threshold: f64) -> Vec<Point> {
+    points
+        .iter()
+        .map(|p| {
+            let mut q = p.clone();
+            if p.working_set > threshold {
+                q.coef[INV_BETA_MEM] = q.coef[1];
+                q.coef[1] = 0.0;
+            }
+            q
+        })
+        .collect()
+}
+
+/// The model's time for `p` with parameters `x`.
+fn model_time(x: &[f64; PARAMS], p: &Point) -> f64 {
+    x.iter().zip(&p.coef).map(|(x, c)| x * c).sum()
+}
+
+/// Sum of squared relative residuals: what [`fit`] minimises.
+fn weighted_error(x: &[f64; PARAMS], points: &[Point]) -> f64 {
+    points
+        .iter()
+        .map(|p| (model_time(x, p) / p.seconds - 1.0).powi(2))
+        .sum()
+}
+
+/// Geometric mean of the relative errors, exp(mean |ln(predicted/measured)|)
+/// - 1, and R² of log time.
+fn quality(x: &[f64; PARAMS], points: &[Point]) -> (f64, f64) {
+    let logs: Vec<(f64, f64)> = points
+        .iter()
+        .map(|p| (p.seconds.ln(), model_time(x, p).max(1e-12).ln()))
+        .collect();
+    let mean = logs.iter().map(|l| l.0).sum::<f64>() / logs.len() as f64;
+    let ss_res: f64 = logs.iter().map(|(m, q)| (m - q).powi(2)).sum();
+    let ss_tot: f64 = logs.iter().map(|(m, _)| (m - mean).powi(2)).sum();
+    let geomean =
+        (logs.iter().map(|(m, q)| (q - m).abs()).sum::<f64>() / logs.len() as f64).exp() - 1.0;
+    (geomean, 1.0 - ss_res / ss_tot.max(1e-300))
+}
+
+/// The fit with a cache regime: among the gaps between the points' working
+/// sets (and no split at all), the threshold whose fit leaves the least
+/// weighted error, with beta_mem no faster than beta. Returns the
+/// parameters, the gap (`None`: no split) and the points as split.
+fn fit_with_cache(
+    points: &[Point],
+    fixed: [Option<f64>; PARAMS],
+) -> ([f64; PARAMS], Option<(f64, f64)>, Vec<Point>) {
+    let mut sets: Vec<f64> = points.iter().map(|p| p.working_set).collect();
+    sets.sort_by(f64::total_cmp);
+    sets.dedup();
+    let mut best = (fit(points, fixed), None, points.to_vec());
+    let mut best_err = weighted_error(&best.0, points);
+    for gap in sets.windows(2) {
+        let split = split_at(points, gap[0]);
+        let x = fit(&split, fixed);
+        // A split that finds the memory faster than the cache is noise.
+        if x[INV_BETA_MEM] < x[1] || x[1] == 0.0 {
+            continue;
+        }
+        let err = weighted_error(&x, &split);
+        if err < best_err {
+            best_err = err;
+            best = (x, Some((gap[0], gap[1])), split);
+        }
+    }
+    best
 }
 
 /// Gaussian elimination with partial pivoting (k <= PARAMS).
@@ -250,7 +379,7 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
                     }
                     // Enough calls to fill ~20 ms, at least 3.
                     let iters = (2e7 / (bytes as f64 + 2e4)).clamp(3.0, 200.0) as usize;
-                    let seconds = time_calls(&comm, &c, coll, count, iters)?;
+                    let seconds = time_calls(&comm, &c, coll, count, iters, args.repeat)?;
                     let mut shape = Shape::new(coll, n, count, elem);
                     shape.topology = comm.topology().clone();
                     if let Some(coef) = coefficients(algo, &shape) {
@@ -259,6 +388,7 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
                             algo: algo.name(),
                             bytes: count * elem * blocks(coll, n),
                             seconds,
+                            working_set: shape.working_set(),
                             coef,
                         });
                     }
@@ -297,25 +427,28 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     if points.is_empty() {
         return Err(CliError::Run("no point could be measured".into()));
     }
-    let [alpha, inv_beta, gamma, overhead] = fit(&points, Some(measure_gamma()));
+    let (gamma, copy) = (measure_gamma(), measure_copy());
+    // The simpler models first, fitted to the same points: what the profile
+    // would say without a copy cost and without a cache regime.
+    let mut fixed = [None; PARAMS];
+    fixed[GAMMA] = Some(gamma);
+    fixed[COPY] = Some(0.0);
+    let plain = fit(&points, fixed);
+    fixed[COPY] = Some(copy);
+    let with_copy = fit(&points, fixed);
+    let (x, gap, split) = fit_with_cache(&points, fixed);
+    let [alpha, inv_beta, _, overhead, _, inv_beta_mem] = x;
     let mut profile = Profile::uniform(alpha, 1.0 / inv_beta.max(1e-18), gamma);
     profile.intra.overhead = overhead;
     profile.inter.overhead = overhead;
-    let predict = |p: &Point| {
-        alpha * p.coef[0] + inv_beta * p.coef[1] + gamma * p.coef[2] + overhead * p.coef[3]
-    };
-    // Fit quality on log time (sizes span many decades).
-    let logs: Vec<(f64, f64)> = points
-        .iter()
-        .map(|p| (p.seconds.ln(), predict(p).max(1e-12).ln()))
-        .collect();
-    let mean = logs.iter().map(|l| l.0).sum::<f64>() / logs.len() as f64;
-    let ss_res: f64 = logs.iter().map(|(m, q)| (m - q).powi(2)).sum();
-    let ss_tot: f64 = logs.iter().map(|(m, _)| (m - mean).powi(2)).sum();
-    let r2 = 1.0 - ss_res / ss_tot.max(1e-300);
-    // Geometric mean of the relative errors: exp(mean |ln(predicted/measured)|) - 1.
-    let geomean_error =
-        (logs.iter().map(|(m, q)| (q - m).abs()).sum::<f64>() / logs.len() as f64).exp() - 1.0;
+    profile.copy = copy;
+    if let Some((below, above)) = gap {
+        // The data place the cache's edge somewhere in the gap: its
+        // geometric middle.
+        profile.cache_bytes = (below * above).sqrt();
+        profile.beta_mem = 1.0 / inv_beta_mem.max(1e-18);
+    }
+    let (geomean_error, r2) = quality(&x, &split);
 
     let mut out = io::stdout().lock();
     writeln!(
@@ -323,8 +456,8 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
         "# {:<14} {:<18} {:>10} {:>12} {:>12} {:>8}",
         "coll", "algo", "bytes", "measured_us", "predicted_us", "error"
     )?;
-    for p in &points {
-        let q = predict(p);
+    for p in &split {
+        let q = model_time(&x, p);
         writeln!(
             out,
             "  {:<14} {:<18} {:>10} {:>12.2} {:>12.2} {:>7.1}%",
@@ -344,13 +477,42 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
             )?;
         }
     }
+    let gbs = |inv: f64| 1.0 / inv.max(1e-18) / 1e9;
+    for (name, y, pts) in [
+        ("alpha-beta-gamma-o", &plain, &points),
+        ("+ copy cost", &with_copy, &points),
+    ] {
+        let (g, r) = quality(y, pts);
+        writeln!(
+            out,
+            "# model {name:<20} alpha {:.3} us, beta {:.3} GB/s, overhead {:.3} us/message; R^2 (log time) {r:.4}; geometric-mean error {:.1}%",
+            y[0] * 1e6,
+            gbs(y[1]),
+            y[3] * 1e6,
+            g * 100.0
+        )?;
+    }
+    match gap {
+        Some((below, above)) => writeln!(
+            out,
+            "# model {:<20} beta {:.3} GB/s up to a working set of {:.1}..{:.1} MiB (cache_bytes {:.1} MiB), {:.3} GB/s beyond",
+            "+ cache regime",
+            gbs(inv_beta),
+            below / 1048576.0,
+            above / 1048576.0,
+            profile.cache_bytes / 1048576.0,
+            gbs(inv_beta_mem)
+        )?,
+        None => writeln!(out, "# model {:<20} no split of the working sets lowers the error", "+ cache regime")?,
+    }
     writeln!(
         out,
-        "# fit over {} points: alpha {:.3} us, beta {:.3} GB/s, gamma {:.4} ns/B, overhead {:.3} us/message; R^2 (log time) {:.4}; geometric-mean error {:.1}%",
+        "# fit over {} points: alpha {:.3} us, beta {:.3} GB/s, gamma {:.4} ns/B, copy {:.4} ns/B, overhead {:.3} us/message; R^2 (log time) {:.4}; geometric-mean error {:.1}%",
         points.len(),
         alpha * 1e6,
-        1.0 / inv_beta.max(1e-18) / 1e9,
+        gbs(inv_beta),
         gamma * 1e9,
+        copy * 1e9,
         overhead * 1e6,
         r2,
         geomean_error * 100.0
@@ -393,15 +555,18 @@ mod tests {
     #[test]
     fn fit_recovers_known_parameters() {
         // Points generated from alpha = 2 us, 1/beta = 1e-10 s/B,
-        // gamma = 5e-11 s/B and o = 0.7 us per extra message.
-        let truth = [2e-6, 1e-10, 5e-11, 7e-7];
+        // gamma = 5e-11 s/B, o = 0.7 us per extra message, a copy cost of
+        // 2e-11 s/B and 1/beta_mem = 4e-10 s/B.
+        let truth = [2e-6, 1e-10, 5e-11, 7e-7, 2e-11, 4e-10];
         let coefs = [
-            [2.0, 8.0, 0.0, 0.0],
-            [6.0, 1e6, 5e5, 1.0],
-            [4.0, 1e7, 0.0, 6.0],
-            [10.0, 3e4, 1e4, 0.0],
-            [2.0, 1e8, 5e7, 2.0],
-            [1.0, 64.0, 0.0, 30.0],
+            [2.0, 8.0, 0.0, 0.0, 0.0, 0.0],
+            [6.0, 1e6, 5e5, 1.0, 0.0, 0.0],
+            [4.0, 1e7, 0.0, 6.0, 2e6, 0.0],
+            [10.0, 3e4, 1e4, 0.0, 1e4, 0.0],
+            [2.0, 1e8, 5e7, 2.0, 0.0, 0.0],
+            [1.0, 64.0, 0.0, 30.0, 64.0, 0.0],
+            [3.0, 0.0, 1e7, 2.0, 1e7, 3e7],
+            [8.0, 0.0, 0.0, 0.0, 0.0, 5e7],
         ];
         let points: Vec<Point> = coefs
             .iter()
@@ -410,17 +575,67 @@ mod tests {
                 algo: "ring",
                 bytes: 0,
                 seconds: c.iter().zip(&truth).map(|(c, t)| c * t).sum(),
+                working_set: 0.0,
                 coef: *c,
             })
             .collect();
-        let x = fit(&points, None);
-        for (got, want) in x.iter().zip(&truth) {
-            assert!((got - want).abs() <= 1e-6 * want, "{x:?}");
-        }
-        // With gamma fixed at its true value the others come out the same.
-        let x = fit(&points, Some(truth[2]));
-        for (got, want) in x.iter().zip(&truth) {
-            assert!((got - want).abs() <= 1e-6 * want, "{x:?}");
-        }
+        let close = |x: [f64; PARAMS]| {
+            for (got, want) in x.iter().zip(&truth) {
+                assert!((got - want).abs() <= 1e-6 * want, "{x:?}");
+            }
+        };
+        close(fit(&points, [None; PARAMS]));
+        // With gamma and the copy cost fixed at their true values the others
+        // come out the same.
+        let mut fixed = [None; PARAMS];
+        fixed[GAMMA] = Some(truth[GAMMA]);
+        fixed[COPY] = Some(truth[COPY]);
+        close(fit(&points, fixed));
+    }
+
+    #[test]
+    fn cache_regime_is_found_between_the_working_sets() {
+        // 1/beta = 1e-10 s/B while every rank's buffers fit in 32 MiB,
+        // 1/beta_mem = 3e-10 s/B beyond; alpha = 5 us.
+        let mib = 1048576.0;
+        let points: Vec<Point> = [
+            (1.0, 4e3),
+            (4.0, 1e6),
+            (16.0, 4e6),
+            (64.0, 1.6e7),
+            (128.0, 3.2e7),
+        ]
+        .iter()
+        .flat_map(|&(ws, bytes)| {
+            [1.0, 2.0].map(|rounds| {
+                let inv = if ws * mib > 32.0 * mib { 3e-10 } else { 1e-10 };
+                Point {
+                    coll: Collective::AllReduce,
+                    algo: "ring",
+                    bytes: 0,
+                    seconds: 5e-6 * rounds + inv * bytes * rounds,
+                    working_set: ws * mib,
+                    coef: [rounds, bytes * rounds, 0.0, 0.0, 0.0, 0.0],
+                }
+            })
+        })
+        .collect();
+        let mut fixed = [None; PARAMS];
+        fixed[GAMMA] = Some(0.0);
+        fixed[COPY] = Some(0.0);
+        let (x, gap, _) = fit_with_cache(&points, fixed);
+        assert_eq!(gap, Some((16.0 * mib, 64.0 * mib)));
+        assert!((x[0] - 5e-6).abs() < 1e-12, "{x:?}");
+        assert!((x[1] - 1e-10).abs() < 1e-16, "{x:?}");
+        assert!((x[INV_BETA_MEM] - 3e-10).abs() < 1e-16, "{x:?}");
+        // One regime everywhere: no split.
+        let flat: Vec<Point> = points
+            .iter()
+            .map(|p| Point {
+                seconds: 5e-6 * p.coef[0] + 1e-10 * p.coef[1],
+                ..p.clone()
+            })
+            .collect();
+        assert_eq!(fit_with_cache(&flat, fixed).1, None);
     }
 }

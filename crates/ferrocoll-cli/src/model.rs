@@ -3,12 +3,15 @@
 //!
 //! Prints each candidate's predicted time split into latency, bandwidth and
 //! compute terms, the choice, the critical message size n* = alpha·beta, and
-//! the sizes where the cheapest algorithm changes.
+//! the sizes where the cheapest algorithm changes; and for each candidate
+//! the LogGP split ([`cost::overlap`]): how much of its time the busiest
+//! rank's CPU works (o per message, gamma per reduced byte) and how much
+//! could hide behind computation.
 
 use std::io::{self, Write};
 
 use clap::Args;
-use ferrocoll::cost::{self, Cost, LinkParams, Profile, Shape};
+use ferrocoll::cost::{self, Cost, LinkParams, LogGp, Overlap, Profile, Shape};
 use ferrocoll::{Collective, DType, Topology};
 use serde::Serialize;
 
@@ -48,6 +51,17 @@ pub struct ModelArgs {
     /// Reduction cost: a rate (e.g. 20GB/s) or a time per byte (e.g. 0.05ns).
     #[arg(long, default_value = "20GB/s", value_parser = parse_gamma)]
     gamma: f64,
+    /// Cost of a local copy (own blocks, scratch, packing): a rate (e.g.
+    /// 50GB/s) or a time per byte (e.g. 0.02ns); 0ns makes copies free.
+    #[arg(long, default_value = "0ns", value_parser = parse_gamma)]
+    copy: f64,
+    /// Working set (every rank's buffers together) beyond which links run
+    /// at --beta-mem, e.g. 32MiB; needs --beta-mem.
+    #[arg(long, value_parser = parse_bytes, requires = "beta_mem")]
+    cache: Option<usize>,
+    /// Bandwidth of a port once the working set exceeds --cache.
+    #[arg(long, value_parser = parse_rate, requires = "cache")]
+    beta_mem: Option<f64>,
     /// Topology, outermost level first (e.g. 4x8: 4 nodes of 8 ranks).
     #[arg(long)]
     topo: Option<Topology>,
@@ -167,6 +181,38 @@ struct Candidate {
     latency_us: f64,
     bandwidth_us: f64,
     compute_us: f64,
+    overlap: OverlapOut,
+}
+
+/// The LogGP split of one candidate (`overlap` in the JSON report).
+#[derive(Serialize)]
+struct OverlapOut {
+    /// LogGP parameters of the link class the CPU part is charged on.
+    #[serde(rename = "L_us")]
+    l_us: f64,
+    o_us: f64,
+    g_us: f64,
+    #[serde(rename = "G_s_per_byte")]
+    big_g_s_per_byte: f64,
+    /// The busiest rank's CPU time.
+    cpu_us: f64,
+    /// The rest of the predicted time.
+    hideable_us: f64,
+    hideable_fraction: f64,
+}
+
+impl OverlapOut {
+    fn new(o: &Overlap) -> OverlapOut {
+        OverlapOut {
+            l_us: o.loggp.latency * 1e6,
+            o_us: o.loggp.overhead * 1e6,
+            g_us: o.loggp.gap * 1e6,
+            big_g_s_per_byte: o.loggp.per_byte,
+            cpu_us: o.cpu * 1e6,
+            hideable_us: o.hideable * 1e6,
+            hideable_fraction: o.hideable_fraction,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -224,6 +270,9 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
             overhead: args.overhead_inter.unwrap_or(args.overhead),
         },
         gamma: args.gamma,
+        copy: args.copy,
+        cache_bytes: args.cache.unwrap_or(0) as f64,
+        beta_mem: args.beta_mem.unwrap_or(0.0),
     };
     let elem = args.dtype.size();
     let per = elem * blocks(args.coll, n);
@@ -257,12 +306,15 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
             .iter()
             .map(|(a, c)| {
                 let (t, l, b, g) = us(c);
+                let overlap =
+                    cost::overlap(*a, &shape, &profile).expect("every candidate has a closed form");
                 Candidate {
                     algo: a.name(),
                     time_us: t,
                     latency_us: l,
                     bandwidth_us: b,
                     compute_us: g,
+                    overlap: OverlapOut::new(&overlap),
                 }
             })
             .collect(),
@@ -295,6 +347,28 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
         profile.intra.beta / 1e9,
         profile.gamma * 1e9
     )?;
+    if profile.copy > 0.0 || profile.cache_bytes > 0.0 {
+        writeln!(
+            out,
+            "# copy {:.4} ns/B; working set {:.1} MiB{}",
+            profile.copy * 1e9,
+            shape.working_set() / 1048576.0,
+            if profile.cache_bytes > 0.0 {
+                format!(
+                    ", beyond {:.1} MiB the links run at {:.3} GB/s{}",
+                    profile.cache_bytes / 1048576.0,
+                    profile.beta_mem / 1e9,
+                    if shape.working_set() > profile.cache_bytes {
+                        " (this call)"
+                    } else {
+                        ""
+                    }
+                )
+            } else {
+                String::new()
+            }
+        )?;
+    }
     if profile.inter != profile.intra {
         writeln!(
             out,
@@ -303,16 +377,31 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
             profile.inter.beta / 1e9
         )?;
     }
+    let loggp = LogGp::from_link(&profile.for_shape(&shape).intra);
     writeln!(
         out,
-        "# {:<18} {:>12} {:>12} {:>12} {:>12}",
-        "algo", "time(us)", "latency", "bandwidth", "compute"
+        "# LogGP: L {:.3} us, o {:.3} us, g {:.3} us, G {:.4} ns/B; cpu = the busiest rank's o per message + gamma per reduced byte + copy per copied byte, hide = the rest",
+        loggp.latency * 1e6,
+        loggp.overhead * 1e6,
+        loggp.gap * 1e6,
+        loggp.per_byte * 1e9
+    )?;
+    writeln!(
+        out,
+        "# {:<18} {:>12} {:>12} {:>12} {:>12} {:>12} {:>6}",
+        "algo", "time(us)", "latency", "bandwidth", "compute", "cpu", "hide%"
     )?;
     for c in &report.candidates {
         writeln!(
             out,
-            "  {:<18} {:>12.3} {:>12.3} {:>12.3} {:>12.3}",
-            c.algo, c.time_us, c.latency_us, c.bandwidth_us, c.compute_us
+            "  {:<18} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>12.3} {:>6.1}",
+            c.algo,
+            c.time_us,
+            c.latency_us,
+            c.bandwidth_us,
+            c.compute_us,
+            c.overlap.cpu_us,
+            c.overlap.hideable_fraction * 100.0
         )?;
     }
     writeln!(out, "# choice: {}", report.choice)?;

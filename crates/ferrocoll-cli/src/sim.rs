@@ -186,6 +186,9 @@ fn profile_of(topo: &TopologySpec, gamma: f64) -> Profile {
         intra: link(intra),
         inter: link(inter),
         gamma,
+        copy: 0.0,
+        cache_bytes: 0.0,
+        beta_mem: 0.0,
     }
 }
 

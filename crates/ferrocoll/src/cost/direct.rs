@@ -36,7 +36,8 @@
 //!   T = max_i F_i(N-1) (indices mod N). Seed 004's
 //!   Σ_{k=1}^{N-1} (α + max_i n_{i,(i+k) mod N}/β) assumes every step ends for
 //!   all ranks together; the plan has no such barrier, so the seed's sum is
-//!   an upper bound, equal for uniform counts.
+//!   an upper bound, equal for uniform counts. Rank i's first step also
+//!   copies its own block, n_ii·δ (δ the copy cost per byte).
 //!
 //! Topology: with block placement (rank i on node ⌊i/L⌋, L ranks a node) the
 //! one-round algorithms split each rank's messages by link class, and the
@@ -138,7 +139,8 @@ fn direct_uniform(shape: &Shape, profile: &Profile) -> Cost {
 /// Direct alltoallv: one round; rank i sends Σ_{j≠i} n_ij and receives
 /// Σ_{j≠i} n_ji (zero-length messages included, so every peer is a message
 /// of its class): α + (N-2)·o + max_i max(Σ_{j≠i} n_ij, Σ_{j≠i} n_ji)/β, the
-/// busiest port.
+/// busiest port; exactly, the slowest rank i of its own round, which also
+/// copies n_ii (n_ii·δ, δ the copy cost).
 fn direct_all_to_all_v(shape: &Shape, profile: &Profile) -> Cost {
     let (n, l, e) = (shape.n, local(shape), shape.elem_size as f64);
     let v = &shape.v_counts;
@@ -159,9 +161,18 @@ fn direct_all_to_all_v(shape: &Shape, profile: &Profile) -> Cost {
                 on(l - 1, intra.0, intra.1),
                 on(n - l, inter.0, inter.1),
                 0.0,
-            )
+            ) + copy(shape, profile, i)
         })
         .fold(Cost::ZERO, slower)
+}
+
+/// Rank `i`'s copy of its own alltoallv block (in its first round).
+fn copy(shape: &Shape, profile: &Profile, i: usize) -> Cost {
+    Cost {
+        latency: 0.0,
+        bandwidth: 0.0,
+        compute: super::copies::own(shape, i) * profile.copy,
+    }
 }
 
 /// Direct reduce-scatter: one round exchanging C with every peer and folding
@@ -354,7 +365,12 @@ fn pairwise_all_to_all_v(shape: &Shape, profile: &Profile) -> Cost {
         finish = (0..n)
             .map(|i| {
                 let partners = [finish[(i + k) % n], finish[(i + n - k) % n]];
-                partners.into_iter().fold(finish[i], slower) + cost(i, k)
+                let first = if k == 1 {
+                    copy(shape, profile, i)
+                } else {
+                    Cost::ZERO
+                };
+                partners.into_iter().fold(finish[i], slower) + cost(i, k) + first
             })
             .collect();
     }
@@ -385,6 +401,9 @@ mod tests {
                 overhead: 0.0,
             },
             gamma: 2e-11,
+            copy: 0.0,
+            cache_bytes: 0.0,
+            beta_mem: 0.0,
         }
     }
 

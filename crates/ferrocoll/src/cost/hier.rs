@@ -191,6 +191,22 @@ fn blocks_by_level(shape: &Shape, profile: &Profile, reduce: bool) -> Cost {
     cost
 }
 
+/// Messages one rank sends in the whole hierarchical allgather (as many
+/// arrive): `Σ_k (p_k-1)·K_k` over the levels `sizes`, innermost first
+/// ([`runs`]). For the LogGP split ([`super::loggp`]).
+pub(super) fn allgather_messages(sizes: &[usize]) -> f64 {
+    let link = LinkParams {
+        alpha: 0.0,
+        beta: 1.0,
+        overhead: 0.0,
+    };
+    let dims: Vec<(usize, &LinkParams)> = sizes.iter().map(|&p| (p, &link)).collect();
+    (0..dims.len())
+        .filter(|&k| dims[k].0 > 1)
+        .map(|k| ((dims[k].0 - 1) * runs(&dims, k)) as f64)
+        .sum()
+}
+
 /// Messages per step of the allgather ring at level `k` (`dims` innermost
 /// first): a level-`k` chunk is the blocks of the ranks that share the
 /// coordinates below `k` and at `k`, outer coordinates in digit-reversed
@@ -240,8 +256,10 @@ fn all_to_all(shape: &Shape, profile: &Profile) -> Cost {
 /// `α_δ + (k_δ-1)·o_δ + max_i max(sent_i(δ), received_i(δ))/β_δ` (`k_0 =
 /// L-1` messages each way, `k_δ = L` above), summed over the `G` rounds
 /// (round 0 only when `L > 1`). Zero-length messages are sent too,
-/// so an all-zero exchange still costs α per round. An upper bound of the
-/// plans' critical path; see the module docs.
+/// so an all-zero exchange still costs α per round. Round 0 also copies each
+/// rank's block for itself (`n_ii·δ`, δ the copy cost, even when `L = 1`),
+/// charged with that rank's exchange. An upper bound of the plans' critical
+/// path; see the module docs.
 fn all_to_all_v(shape: &Shape, profile: &Profile) -> Cost {
     let e = shape.elem_size as f64;
     let (l, g) = (shape.topology.local_size(), shape.topology.nodes());
@@ -258,15 +276,25 @@ fn all_to_all_v(shape: &Shape, profile: &Profile) -> Cost {
         let received: usize = peers((a + g - delta) % g).map(|q| v[q][r]).sum();
         sent.max(received)
     };
-    let first = usize::from(l == 1);
-    (first..g).fold(Cost::ZERO, |cost, delta| {
-        let (link, msgs) = if delta == 0 {
-            (&profile.intra, l - 1)
-        } else {
-            (&profile.inter, l)
-        };
+    // Round 0 also copies each rank's own block (alone when L = 1): charged
+    // rank by rank, the busiest rank's round.
+    let round0 = (0..shape.n)
+        .map(|r| {
+            let copy = Cost {
+                latency: 0.0,
+                bandwidth: 0.0,
+                compute: super::copies::own(shape, r) * profile.copy,
+            };
+            if l > 1 {
+                copy + steps_of(1, l - 1, port(r, 0) as f64 * e, &profile.intra, 0.0, 0.0)
+            } else {
+                copy
+            }
+        })
+        .fold(Cost::ZERO, |a, b| if b.total() > a.total() { b } else { a });
+    (1..g).fold(round0, |cost, delta| {
         let busiest = (0..shape.n).map(|r| port(r, delta)).max().unwrap_or(0);
-        cost + steps_of(1, msgs, busiest as f64 * e, link, 0.0, 0.0)
+        cost + steps_of(1, l, busiest as f64 * e, &profile.inter, 0.0, 0.0)
     })
 }
 

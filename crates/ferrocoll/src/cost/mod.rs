@@ -3,20 +3,26 @@
 //! Every algorithm of the catalogue has a closed form ([`predict`]): time =
 //! latency term (alpha per round on the critical path) + bandwidth term (bytes
 //! through the busiest port over beta) + compute term (bytes reduced times
-//! gamma), with separate alpha/beta for intra-node and inter-node links. The
+//! gamma, plus bytes copied locally times the copy cost), with separate
+//! alpha/beta for intra-node and inter-node links, and optionally a second,
+//! lower bandwidth once the call's buffers outgrow the cache
+//! ([`Profile::for_shape`]). The
 //! closed forms live one family per file, beside the plans they describe, and
 //! `tests/cost_consistency.rs` holds each against [`walk`], which times the
 //! algorithm's actual plans message by message: the model cannot drift from
 //! the code.
 
+mod copies;
 mod direct;
 mod hier;
+mod loggp;
 mod recursive;
 mod ring;
 mod tree;
 mod walk;
 
-pub use walk::walk;
+pub use loggp::{busiest, overlap, Busiest, LogGp, Overlap};
+pub use walk::{walk, walk_cpu};
 
 use std::ops::Add;
 
@@ -49,20 +55,41 @@ pub struct Profile {
     pub inter: LinkParams,
     /// Seconds to reduce one byte (gamma).
     pub gamma: f64,
+    /// Seconds to copy one byte locally: a plan's [`crate::plan::Op::Copy`]
+    /// between two different spans (a rank's own block into its output, a
+    /// scratch copy that keeps an in-place call correct, Bruck's packing).
+    /// 0 (free) in profiles written before it existed.
+    #[serde(default)]
+    pub copy: f64,
+    /// Bytes of buffers (every rank's input and output of the call
+    /// together, [`Shape::working_set`]) beyond which the call no longer
+    /// runs from the cache; 0: no such limit. See [`Profile::for_shape`].
+    #[serde(default)]
+    pub cache_bytes: f64,
+    /// Bytes per second a port gets once the working set exceeds
+    /// `cache_bytes`: each link class's beta is capped at it. 0: no cap.
+    #[serde(default)]
+    pub beta_mem: f64,
 }
 
 impl Profile {
-    /// Built-in parameters of the thread transport: what `ferrocoll
-    /// calibrate` fitted on the project's 2-core machine (bench/RESULTS.md):
-    /// alpha 3.7 us, beta 17 GB/s, o 0.6 us per further message, and gamma
-    /// 0 (on threads the reduction hides in the memory traffic the copy pays
-    /// anyway). In three regret runs this profile kept auto within 10 % of
-    /// the best algorithm at 72-80 % of sizes, against 61-80 % with a 10 GB/s
-    /// reduction rate added.
+    /// Built-in parameters of the thread transport, from `ferrocoll
+    /// calibrate` on the project's 2-core machine (bench/RESULTS.md): alpha
+    /// 3.7 us, beta 17 GB/s and o 0.6 us per further message (fitted with 4
+    /// ranks); gamma 0.02 ns/B and a local copy 0.017 ns/B, both timed from
+    /// the kernels (the f32 sum and `copy_from_slice` on 1 MiB); and beyond a
+    /// working set of 32 MiB (the L3, inside the gap every fit placed the
+    /// cache's edge in) the links run at 8 GB/s, what the 4-rank fits found
+    /// there. Without the copy cost, `auto` took butterfly for 2-rank
+    /// allreduces of 256 KiB to 16 MiB, which copies its whole input before
+    /// its one exchange and measured up to 2.4x slower than the ring.
     pub fn thread_default() -> Profile {
-        let mut p = Profile::uniform(3.7e-6, 1.7e10, 0.0);
+        let mut p = Profile::uniform(3.7e-6, 1.7e10, 2e-11);
         p.intra.overhead = 6e-7;
         p.inter.overhead = 6e-7;
+        p.copy = 1.7e-11;
+        p.cache_bytes = 32.0 * 1048576.0;
+        p.beta_mem = 8e9;
         p
     }
 
@@ -99,7 +126,26 @@ impl Profile {
             intra: link,
             inter: link,
             gamma,
+            copy: 0.0,
+            cache_bytes: 0.0,
+            beta_mem: 0.0,
         }
+    }
+
+    /// The parameters that apply to a call of `shape`: this profile, with
+    /// both link classes' beta capped at `beta_mem` when the call's working
+    /// set exceeds `cache_bytes` (both set). On one host the "network" of
+    /// the thread and shared-memory transports is the memory system: while
+    /// every rank's buffers fit the last-level cache a copy runs at cache
+    /// speed, beyond it at what the shared memory bus gives each port. A
+    /// step, fitted by `ferrocoll calibrate`; [`predict`] applies it.
+    pub fn for_shape(&self, shape: &Shape) -> Profile {
+        let mut p = self.clone();
+        if self.cache_bytes > 0.0 && self.beta_mem > 0.0 && shape.working_set() > self.cache_bytes {
+            p.intra.beta = p.intra.beta.min(self.beta_mem);
+            p.inter.beta = p.inter.beta.min(self.beta_mem);
+        }
+        p
     }
 }
 
@@ -205,6 +251,27 @@ impl Shape {
         (self.count * self.elem_size) as f64
     }
 
+    /// Bytes of every rank's input and output buffer together, as the
+    /// collective defines them (`ferrocoll bench` allocates exactly these):
+    /// M in and M out per rank for allreduce, C in and N·C out for
+    /// allgather, N·C each way for alltoall, the root's buffer only where
+    /// the others have none. Scratch is not counted.
+    pub fn working_set(&self) -> f64 {
+        let (n, c) = (self.n, self.count);
+        let per_rank = |send: usize, recv: usize| (send + recv) as f64;
+        let elements = match self.coll {
+            Collective::AllReduce => n as f64 * per_rank(c, c),
+            // The root's buffer serves as both; the others have one.
+            Collective::Broadcast | Collective::Reduce => (n + 1) as f64 * c as f64,
+            Collective::AllGather | Collective::ReduceScatter => n as f64 * per_rank(c, n * c),
+            Collective::AllToAll => n as f64 * per_rank(n * c, n * c),
+            Collective::Gather | Collective::Scatter => (n * c + n * c) as f64,
+            Collective::AllToAllV => 2.0 * self.v_counts.iter().flatten().sum::<usize>() as f64,
+            Collective::Barrier => 0.0,
+        };
+        elements * self.elem_size as f64
+    }
+
     /// The plan request of `rank` for this shape.
     pub fn request(&self, rank: usize) -> PlanRequest {
         let mut req = PlanRequest::new(self.coll, self.n, rank, self.count)
@@ -230,8 +297,24 @@ pub fn predict(algo: Algorithm, shape: &Shape, profile: &Profile) -> Option<Cost
             && shape.coll != Collective::Barrier)
     {
         // A copy, or nothing at all: no message moves.
-        return Some(Cost::ZERO);
+        return Some(Cost {
+            latency: 0.0,
+            bandwidth: 0.0,
+            compute: copies::single_rank(algo, shape) * profile.copy,
+        });
     }
+    let profile = &profile.for_shape(shape);
+    let copies = Cost {
+        latency: 0.0,
+        bandwidth: 0.0,
+        compute: copies::on_path(algo, shape) * profile.copy,
+    };
+    Some(family(algo, shape, profile)? + copies)
+}
+
+/// The closed form of `algo`'s family, without the local copies that
+/// [`copies::on_path`] adds.
+fn family(algo: Algorithm, shape: &Shape, profile: &Profile) -> Option<Cost> {
     use Algorithm as A;
     match algo {
         A::Ring | A::Ring2 | A::Pipeline => ring::predict(algo, shape, profile),
@@ -314,4 +397,52 @@ pub fn crossovers(
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_written_before_copy_and_cache_load_with_defaults() {
+        let old = r#"{"transport": "thread", "profile": {
+            "intra": {"alpha": 3.7e-6, "beta": 1.7e10, "overhead": 6e-7},
+            "inter": {"alpha": 3.7e-6, "beta": 1.7e10},
+            "gamma": 0.0}, "r2": 0.9, "geomean_error": 0.55, "points": 151}"#;
+        let file: ProfileFile = serde_json::from_str(old).unwrap();
+        let p = file.profile;
+        assert_eq!((p.copy, p.cache_bytes, p.beta_mem), (0.0, 0.0, 0.0));
+        assert_eq!(p.inter.overhead, 0.0);
+        let shape = Shape::new(Collective::AllReduce, 4, 1 << 22, 4);
+        assert_eq!(p.for_shape(&shape), p);
+    }
+
+    #[test]
+    fn beyond_the_cache_the_links_run_at_beta_mem() {
+        let mut p = Profile::uniform(2e-6, 2e10, 0.0);
+        p.cache_bytes = 32.0 * 1048576.0;
+        p.beta_mem = 5e9;
+        // allreduce of 1 MiB on 4 ranks: 4 x (1 + 1) MiB = 8 MiB, in cache.
+        let small = Shape::new(Collective::AllReduce, 4, 1 << 18, 4);
+        assert_eq!(small.working_set(), 8.0 * 1048576.0);
+        assert_eq!(
+            predict(Algorithm::Ring, &small, &p),
+            predict(Algorithm::Ring, &small, &Profile::uniform(2e-6, 2e10, 0.0))
+        );
+        // 16 MiB: 128 MiB of buffers, the bandwidth term at 5 GB/s.
+        let big = Shape::new(Collective::AllReduce, 4, 1 << 22, 4);
+        let ring = predict(Algorithm::Ring, &big, &p).unwrap();
+        let mem = predict(Algorithm::Ring, &big, &Profile::uniform(2e-6, 5e9, 0.0)).unwrap();
+        assert_eq!(ring, mem);
+        // A link already slower than beta_mem stays as it is.
+        let mut slow = p.clone();
+        slow.intra.beta = 1e9;
+        slow.inter.beta = 1e9;
+        assert_eq!(slow.for_shape(&big).intra.beta, 1e9);
+        // allgather: C in, N·C out per rank; alltoall: N·C each way.
+        let ag = Shape::new(Collective::AllGather, 4, 100, 4);
+        assert_eq!(ag.working_set(), (4 * (100 + 400) * 4) as f64);
+        let a2a = Shape::new(Collective::AllToAll, 4, 100, 4);
+        assert_eq!(a2a.working_set(), (4 * 800 * 4) as f64);
+    }
 }

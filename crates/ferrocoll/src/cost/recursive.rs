@@ -18,6 +18,10 @@
 //! * butterfly allreduce (recursive doubling):
 //!   r = 0: L·α + L·M/β + L·M·γ;
 //!   r > 0: (L+2)·α + (L+2)·M/β + (L+1)·M·γ (fold, L exchanges, result back).
+//!   With L odd, add the copy of the input that the core ranks without an
+//!   extra partner send in their first exchange, M·δ (δ the copy cost per
+//!   byte): for r = 0 (`copies.rs`) and odd r >= 3 it adds, for even r it
+//!   runs beside the fold, for r = 1 beside the return ([`butterfly_all_reduce`]).
 //! * butterfly allgather:
 //!   r = 0: L·α + (N-1)·C/β;
 //!   r > 0: (L+2)·α + [r ≥ 2]·o + (1 + Σ_{k<L} (2^k + min(2^k, r)) + (N-1))·C/β
@@ -171,6 +175,22 @@ fn ceil_log2(n: usize) -> usize {
 /// with r > 0 a fold (α + M/β + M·γ) before and a return (α + M/β) after.
 ///
 /// r = 0: L·α + L·M/β + L·M·γ; r > 0: (L+2)·α + (L+2)·M/β + (L+1)·M·γ.
+///
+/// With L odd the core ranks that enter with their own input send a copy of
+/// it: c = M·δ (δ the copy cost) in their first round, which (as the walk
+/// times rounds) runs once the round has begun, i.e. once both partners
+/// have reached it. When r = 0 every rank copies: c + L exchanges
+/// (`copies.rs` adds the c). With r > 0 the copying ranks are the core
+/// ranks v >= r, paired in the first exchange with v xor 1:
+///
+/// * r even: copiers pair with copiers and copy at once, beside the fold;
+///   after L rounds every core rank depends on every other's first round:
+///   max(fold, c) + L exchanges + return;
+/// * r = 1: v = 1 copies after meeting v = 0, which has folded; the delay
+///   spreads through the ranks whose virtual rank has bit 0 set, never to
+///   v = 0, the only serving rank: fold + L exchanges + max(return, c);
+/// * r odd >= 3: as for r = 1, but the delay reaches v = 1, which serves an
+///   extra rank: fold + c + L exchanges + return.
 fn butterfly_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
     let (size, r, levels) = core(shape.n);
     let m = shape.bytes();
@@ -180,9 +200,25 @@ fn butterfly_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
     if r == 0 {
         return exchanges;
     }
-    step(shape, profile, m, m, fold_pairs(r))
-        + exchanges
-        + step(shape, profile, m, 0.0, fold_pairs(r))
+    let fold = step(shape, profile, m, m, fold_pairs(r));
+    let back = step(shape, profile, m, 0.0, fold_pairs(r));
+    let copy = Cost {
+        latency: 0.0,
+        bandwidth: 0.0,
+        compute: if levels % 2 == 1 {
+            m * profile.copy
+        } else {
+            0.0
+        },
+    };
+    let slower = |a: Cost, b: Cost| if b.total() > a.total() { b } else { a };
+    if r % 2 == 0 {
+        slower(fold, copy) + exchanges + back
+    } else if r == 1 {
+        fold + exchanges + slower(back, copy)
+    } else {
+        fold + copy + exchanges + back
+    }
 }
 
 /// Butterfly allgather: round k exchanges the 2^k gathered blocks.
@@ -197,6 +233,9 @@ fn butterfly_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
 /// core ranks that serve extra ranks, virtual ranks 0..r, all end the core
 /// together in a flat group (virtual ranks below 2^(k+1) are in the largest
 /// exchange of round k), so with r ≥ 2 the return pays one o.
+///
+/// Local copies: every rank copies its own block first (C·δ, `copies.rs`);
+/// with r odd and at least 3, see the return.
 fn butterfly_all_gather(shape: &Shape, profile: &Profile) -> Cost {
     let (size, r, levels) = core(shape.n);
     let c = shape.bytes();
@@ -217,7 +256,22 @@ fn butterfly_all_gather(shape: &Shape, profile: &Profile) -> Cost {
     // Extra rank 0 gets one message back, the others two.
     let first = step(shape, profile, all, 0.0, fold_pairs(1));
     let back = if r >= 2 {
-        let others = step_of(shape, profile, 2, all, 0.0, fold_pairs(r).skip(1));
+        let mut others = step_of(shape, profile, 2, all, 0.0, fold_pairs(r).skip(1));
+        if r % 2 == 1 {
+            // Core virtual rank r copies its own block (`copies.rs`) only
+            // once its first partner, r - 1, has folded; through the
+            // butterfly that delay reaches virtual rank 1 (the bits of r
+            // xor 1 are all above bit 0), which returns to extra rank 2.
+            // The delay travels with exchanges smaller than virtual rank
+            // 0's, so adding it to these is an upper bound: within 3.5 % of
+            // the plans for N <= 64 (tests/cost_consistency.rs).
+            others = others
+                + Cost {
+                    latency: 0.0,
+                    bandwidth: 0.0,
+                    compute: c * profile.copy,
+                };
+        }
         if others.total() > first.total() {
             others
         } else {

@@ -13,16 +13,18 @@
 //!   sends and the bytes it receives on that class, over beta (one full-duplex port per class; concurrent messages of
 //!   a round share it), the classes working in parallel (the round waits for
 //!   the slowest);
-//! * plus gamma times the bytes it reduces (receive-reduce and local reduce).
+//! * plus gamma times the bytes it reduces (receive-reduce and local reduce)
+//!   and the profile's copy cost times the bytes it copies locally (a copy
+//!   onto its own source, which the executor skips, is free).
 //!
-//! Local copies are free. The time of a collective is the latest finish over
+//! The time of a collective is the latest finish over
 //! all ranks, and its latency, bandwidth and compute terms are the ones
 //! accumulated along that critical path.
 
 use std::collections::HashMap;
 
 use super::{Cost, Profile};
-use crate::plan::{Op, Plan};
+use crate::plan::{Op, Plan, Span};
 use crate::topo::Topology;
 
 /// Time of the plans of all ranks of one collective (`plans[r]` is rank
@@ -138,6 +140,7 @@ fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profil
     let mut sends = [0usize; 2];
     let mut recvs = [0usize; 2];
     let mut reduced = 0.0f64;
+    let mut copied = 0.0f64;
     for op in ops {
         match *op {
             Op::Send { peer, src } => {
@@ -160,7 +163,7 @@ fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profil
                 reduced += dst.len as f64 * elem;
             }
             Op::Reduce { dst, .. } => reduced += dst.len as f64 * elem,
-            Op::Copy { .. } => {}
+            Op::Copy { dst, src } => copied += copy_len(dst, src) as f64 * elem,
         }
     }
     let links = [&profile.intra, &profile.inter];
@@ -181,6 +184,52 @@ fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profil
     comm + Cost {
         latency: 0.0,
         bandwidth: 0.0,
-        compute: reduced * profile.gamma,
+        compute: reduced * profile.gamma + copied * profile.copy,
     }
+}
+
+/// Elements a local copy moves: none when it names its own source (the
+/// executor's no-op, e.g. an in-place rank's own block).
+fn copy_len(dst: Span, src: Span) -> usize {
+    if dst.buf == src.buf && dst.offset == src.offset {
+        0
+    } else {
+        dst.len
+    }
+}
+
+/// The busiest rank's CPU time in the LogGP view ([`super::overlap`]): for
+/// each rank of `plans`, o of the link class of every message it sends or
+/// receives (o from [`super::LogGp::from_link`]) plus gamma times the bytes
+/// it reduces and the copy cost times the bytes it copies locally; the
+/// largest over the ranks. The reference the closed forms of
+/// [`super::busiest`] are held against.
+pub fn walk_cpu(plans: &[Plan], elem_size: usize, profile: &Profile, topology: &Topology) -> f64 {
+    let local = topology.local_size().max(1);
+    let elem = elem_size as f64;
+    let o = [
+        super::LogGp::from_link(&profile.intra).overhead,
+        super::LogGp::from_link(&profile.inter).overhead,
+    ];
+    plans
+        .iter()
+        .enumerate()
+        .map(|(rank, plan)| {
+            let mut cpu = 0.0;
+            for op in plan.rounds.iter().flat_map(|r| &r.ops) {
+                let class = |peer: usize| usize::from(peer / local != rank / local);
+                match *op {
+                    Op::Send { peer, .. } | Op::Recv { peer, .. } => cpu += o[class(peer)],
+                    Op::RecvReduce { peer, dst, .. } => {
+                        cpu += o[class(peer)] + dst.len as f64 * elem * profile.gamma;
+                    }
+                    Op::Reduce { dst, .. } => cpu += dst.len as f64 * elem * profile.gamma,
+                    Op::Copy { dst, src } => {
+                        cpu += copy_len(dst, src) as f64 * elem * profile.copy;
+                    }
+                }
+            }
+            cpu
+        })
+        .fold(0.0, f64::max)
 }
