@@ -79,13 +79,30 @@ pub(crate) struct Small<'a> {
 /// overlap as [`crate::plan::Layout`] describes. The lengths are those the
 /// collective implies for this rank (checked).
 pub(crate) unsafe fn run(call: &Small<'_>, mem: &Memory) -> Result<()> {
+    // Room for the peers' messages on the stack, sized for small groups
+    // when the group is small (it is cleared on every call).
+    if call.group.len() <= 4 {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { run_with::<3>(call, mem) }
+    } else {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { run_with::<{ FAST_MAX_RANKS - 1 }>(call, mem) }
+    }
+}
+
+/// [`run`] for groups of at most `PEERS + 1` ranks.
+///
+/// # Safety
+///
+/// As [`run`].
+unsafe fn run_with<const PEERS: usize>(call: &Small<'_>, mem: &Memory) -> Result<()> {
     let fast = call
         .engine
         .fast_path()
         .ok_or_else(|| Error::Internal("fast-path call on a transport without one".into()))?;
     let (n, me, root) = (call.group.len(), call.rank, call.root);
     let len = call.count * call.dtype.size();
-    debug_assert!(len <= SLOT_PAYLOAD && (2..=FAST_MAX_RANKS).contains(&n));
+    debug_assert!(len <= SLOT_PAYLOAD && (2..=PEERS + 1).contains(&n));
 
     // What this rank contributes, copied out first: in place, the output
     // overlaps it.
@@ -111,7 +128,7 @@ pub(crate) unsafe fn run(call: &Small<'_>, mem: &Memory) -> Result<()> {
         }
     }
 
-    let mut others = [0usize; FAST_MAX_RANKS];
+    let mut others = [0usize; PEERS];
     for (slot, &w) in others.iter_mut().zip(
         call.group
             .iter()
@@ -131,7 +148,7 @@ pub(crate) unsafe fn run(call: &Small<'_>, mem: &Memory) -> Result<()> {
         Collective::Reduce => (&root_rank, none),
         _ => (others, others),
     };
-    let mut got = [[0u64; SLOT_PAYLOAD / 8]; FAST_MAX_RANKS];
+    let mut got: [Payload; PEERS] = [[0u64; SLOT_PAYLOAD / 8]; PEERS];
     let mine_bytes: &[u8] = &bytemuck::cast_slice::<u64, u8>(&mine)[..mine_len];
     fast.exchange(
         call.engine,

@@ -354,6 +354,8 @@ pub(crate) struct Engine {
     ledger: Arc<Mutex<Ledger>>,
     /// `culprit` or `sticky` is set (see [`State`]).
     broken: Arc<AtomicBool>,
+    /// How many verdicts the ledger keeps ([`Ledger::verdicts_hint`]).
+    verdicts: Arc<AtomicUsize>,
     /// Mailboxes for small collectives among the ranks of this host.
     fast: Option<FastPath>,
 }
@@ -384,7 +386,9 @@ impl Engine {
                 said_bye: false,
             })
             .collect();
-        let ledger = Arc::new(Mutex::new(Ledger::new(0)));
+        let ledger = Ledger::new(0);
+        let verdicts = ledger.verdicts_hint();
+        let ledger = Arc::new(Mutex::new(ledger));
         let broken = Arc::new(AtomicBool::new(false));
         Engine {
             rank,
@@ -408,6 +412,7 @@ impl Engine {
             kept: Vec::new(),
             ledger,
             broken,
+            verdicts,
             fast: None,
         }
     }
@@ -415,7 +420,9 @@ impl Engine {
     /// Serves small collectives among the ranks `fast` reaches through its
     /// mailboxes ([`FastPath`]).
     pub fn with_fast_path(mut self, fast: FastPath) -> Engine {
-        *lock_ledger(&self.ledger) = Ledger::new(fast.local_size());
+        let ledger = Ledger::new(fast.local_size());
+        self.verdicts = ledger.verdicts_hint();
+        *lock_ledger(&self.ledger) = ledger;
         self.fast = Some(fast);
         self
     }
@@ -603,7 +610,7 @@ impl State {
                     }
                     // Not there yet (or a fast call in flight, which looks
                     // at the verdicts before it ends).
-                    None => ledger.verdicts.push((peer, theirs)),
+                    None => ledger.add_verdict(peer, theirs),
                 }
             }
         }
@@ -1539,7 +1546,13 @@ impl Transport for Engine {
                 alert: false,
             });
         }
-        let verdict = self.ledger().take_verdict(header.key());
+        // Verdicts are added under the state's lock, which is held: a zero
+        // count is exact.
+        let verdict = if self.verdicts.load(Ordering::Relaxed) > 0 {
+            self.ledger().take_verdict(header.key())
+        } else {
+            None
+        };
         if let Some((peer, theirs)) = verdict {
             st.retire(id);
             return Err(Error::Mismatch {
@@ -1683,6 +1696,11 @@ impl Engine {
         fast.notices_acted();
         let mut st = self.lock();
         st.progress(self.rank, &self.aborted);
+        // As after an engine call's progress: bytes for another thread's
+        // call may have been delivered.
+        if self.active.load(Ordering::SeqCst) > 0 {
+            self.bell.ring_local();
+        }
         if liveness {
             let now = Instant::now();
             if now.duration_since(st.last_liveness) >= LIVENESS_EVERY {

@@ -66,8 +66,9 @@
 //!   the engine read its rings when it moved.
 //! * **Waiting, deadlines, dead peers, abort.** A waiting call first polls
 //!   the stamps without any lock: spinning while the rank has a core of its
-//!   own, yielding when cores are shared, for the engine's polling time; the
-//!   clock is read only after 64 polls, and then every 64 spins. After that
+//!   own, yielding when cores are shared, for the engine's polling time
+//!   (spinning, the clock is read only after 64 polls, and then every 64
+//!   polls; yielding costs more than a clock read anyway). After that
 //!   it sleeps on the rank's doorbell (the same futex the engine uses; a
 //!   sender wakes it only if it sleeps, after a `SeqCst` fence, see
 //!   [`Mailboxes::sleep`]), at most 50 ms at a time. Before every sleep the
@@ -87,7 +88,8 @@
 //! takes the engine's state while holding the ledger.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::engine::Engine;
@@ -212,7 +214,9 @@ pub(crate) struct Ledger {
     pub finished: VecDeque<Header>,
     /// Mismatches peers reported for calls this rank has not reached yet:
     /// (peer, the peer's call).
-    pub verdicts: Vec<(usize, Header)>,
+    verdicts: Vec<(usize, Header)>,
+    /// `verdicts.len()`, readable without the lock ([`Ledger::verdicts_hint`]).
+    verdict_count: Arc<AtomicUsize>,
     /// Fast path, by local rank: messages sent to it so far (the last
     /// stamp).
     sent: Vec<u64>,
@@ -229,6 +233,7 @@ impl Ledger {
         Ledger {
             finished: VecDeque::new(),
             verdicts: Vec::new(),
+            verdict_count: Arc::new(AtomicUsize::new(0)),
             sent: vec![0; local_size],
             acked: vec![0; local_size],
             stash: Vec::new(),
@@ -251,7 +256,22 @@ impl Ledger {
     /// Removes and returns the mismatch a peer reported for `key`.
     pub fn take_verdict(&mut self, key: (u64, u64)) -> Option<(usize, Header)> {
         let at = self.verdicts.iter().position(|(_, h)| h.key() == key)?;
+        self.verdict_count.fetch_sub(1, Ordering::Relaxed);
         Some(self.verdicts.swap_remove(at))
+    }
+
+    /// Keeps the mismatch `peer` reported for its call `theirs`, which this
+    /// rank has not reached yet.
+    pub fn add_verdict(&mut self, peer: usize, theirs: Header) {
+        self.verdicts.push((peer, theirs));
+        self.verdict_count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The number of kept verdicts, to read without the ledger's lock: the
+    /// engine, which adds verdicts only under its own lock, skips the
+    /// ledger when it holds that lock and this reads 0.
+    pub fn verdicts_hint(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.verdict_count)
     }
 
     /// Removes and returns the oldest stashed message with `key` from

@@ -141,7 +141,10 @@ const NOTICES: usize = 2 * BLOCK;
 /// Offset of mailbox 0.
 const MAILBOXES_START: usize = 3 * BLOCK;
 /// Slots per mailbox: how many tiny messages a sender may have unconsumed.
-pub(crate) const SLOTS: usize = 4;
+/// Beyond the room to run ahead, more slots mean fewer reads of the
+/// receiver's `ack` (a sender reloads it only when its cached copy says the
+/// mailbox is full, so once every `SLOTS - 1` messages in lockstep).
+pub(crate) const SLOTS: usize = 16;
 /// Bytes of one mailbox: its `ack` block and its slots.
 const MAILBOX_BYTES: usize = (1 + SLOTS) * BLOCK;
 /// Slot: header bytes before the payload (stamp, comm, seq, signature).
