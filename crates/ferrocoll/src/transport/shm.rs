@@ -1468,6 +1468,50 @@ mod tests {
     }
 
     #[test]
+    fn shm_mailboxes_carry_stamped_messages_and_wake_sleepers() {
+        let (a, b) = pair("mbox", MIN_RING_BYTES);
+        let (ma, mb) = (a.mailboxes().unwrap(), b.mailboxes().unwrap());
+        let len = |_sig: u64| 12;
+        // Nothing yet: message 1 has not arrived.
+        assert_ne!(mb.inbound_stamp(0, 1).load(Ordering::Acquire), 1);
+        assert_eq!(ma.acked_by(1), 0);
+        // Fill every slot, then take them in order; the ack follows.
+        for stamp in 1..=SLOTS as u64 {
+            let payload = [stamp as u8; 12];
+            ma.put(1, stamp, 7, 100 + stamp, 0xAB, &payload);
+        }
+        for stamp in 1..=SLOTS as u64 {
+            assert_eq!(mb.inbound_stamp(0, stamp).load(Ordering::Acquire), stamp);
+            let msg = mb.take(0, stamp, len);
+            assert_eq!((msg.comm, msg.seq, msg.sig), (7, 100 + stamp, 0xAB));
+            let bytes: &[u8] = bytemuck::cast_slice(&msg.data);
+            assert_eq!(&bytes[..12], &[stamp as u8; 12]);
+            assert_eq!(ma.acked_by(1), stamp);
+        }
+        // A slot reused: its old stamp is not the new one's.
+        let next = SLOTS as u64 + 1;
+        assert_ne!(mb.inbound_stamp(0, next).load(Ordering::Acquire), next);
+        // A sleeper wakes when a message is put and the sender wakes it.
+        let waiter = thread::spawn(move || {
+            let start = Instant::now();
+            mb.sleep(Duration::from_secs(5), || {
+                mb.inbound_stamp(0, next).load(Ordering::Acquire) == next
+            });
+            (
+                start.elapsed(),
+                mb.inbound_stamp(0, next).load(Ordering::Acquire),
+            )
+        });
+        thread::sleep(Duration::from_millis(100));
+        ma.put(1, next, 7, 0, 0, &[]);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        ma.wake(1);
+        let (slept, stamp) = waiter.join().unwrap();
+        assert_eq!(stamp, next);
+        assert!(slept < Duration::from_secs(2), "slept {slept:?}");
+    }
+
+    #[test]
     fn shm_doorbell_wakes_on_recv_and_ring_local() {
         let (a, b) = pair("bell2", MIN_RING_BYTES);
         let (mut tx, mut rx) = (a.channel(1), b.channel(0));
