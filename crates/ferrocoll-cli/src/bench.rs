@@ -627,7 +627,13 @@ fn run_rank<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>, C
                 op: setup.op_name(),
                 ranks: n,
                 transport: comm.transport_name(),
-                algo: algo.name(),
+                // Small calls on one host skip the plans (see
+                // `Communicator::uses_fast_path`).
+                algo: if tuned.uses_fast_path(coll, size.count, setup.dtype) {
+                    "shm-fast"
+                } else {
+                    algo.name()
+                },
                 time_us: time * 1e6,
                 median_us: slowest[1] * 1e6,
                 algbw,

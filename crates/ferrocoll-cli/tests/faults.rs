@@ -1,6 +1,9 @@
 //! Faults injected into multi-process jobs, on shared memory and on TCP:
 //! a rank killed mid-allreduce, mismatched calls, a rank that never arrives,
-//! an abort from another thread, an unreachable rendezvous. Every survivor
+//! an abort from another thread, an unreachable rendezvous. Small calls
+//! (which on shared memory take the fast path through mailboxes) get the
+//! same faults: killed peer, mismatches of kind, count and type, and a
+//! small call against a large one. Every survivor
 //! must fail with an error that names what happened, quickly, never hang.
 //!
 //! This file is its own rank program (harness = false): with
@@ -39,13 +42,17 @@ fn main() {
         rank_program(&role, &comm);
         return;
     }
-    let tests: [(&str, fn()); 9] = [
+    let tests: [(&str, fn()); 10] = [
         ("dropped_worlds_leak_nothing", dropped_worlds_leak_nothing),
         ("soak_of_mixed_collectives", soak_of_mixed_collectives),
         ("flipped_bit_is_corrupted", flipped_bit_is_corrupted),
         (
             "killed_rank_is_peer_lost_everywhere",
             killed_rank_is_peer_lost_everywhere,
+        ),
+        (
+            "killed_rank_during_small_calls",
+            killed_rank_during_small_calls,
         ),
         (
             "mismatched_calls_fail_on_both_sides",
@@ -128,8 +135,28 @@ fn number_after(text: &str, key: &str) -> Option<u128> {
 }
 
 fn killed_rank_is_peer_lost_everywhere() {
-    for transport in ["shm", "tcp"] {
-        let outs = world(3, "victim", transport, &[]);
+    killed_rank(&["victim"]);
+}
+
+fn killed_rank_during_small_calls() {
+    // 8-byte allreduces on the shared-memory fast path; with the fast path
+    // off (the rings) and over TCP for comparison.
+    killed_rank(&["tiny_victim"]);
+}
+
+/// A rank of 3 killed mid-run in `roles`: the others get `PeerLost`
+/// naming it within 2 s, on shared memory (with the fast path on and off)
+/// and TCP.
+fn killed_rank(roles: &[&str]) {
+    let configs = [("shm", "auto"), ("shm", "off"), ("tcp", "auto")];
+    for (role, (transport, fast)) in roles
+        .iter()
+        .flat_map(|r| configs.iter().map(move |c| (*r, *c)))
+    {
+        if role == "victim" && fast == "off" {
+            continue; // large calls: the same path either way
+        }
+        let outs = world(3, role, transport, &[("FERROCOLL_SHM_FAST", fast)]);
         let victim = String::from_utf8_lossy(&outs[1].stdout).into_owned();
         let killed =
             number_after(&victim, "killed at ").unwrap_or_else(|| panic!("{}", show(&outs[1])));
@@ -143,7 +170,7 @@ fn killed_rank_is_peer_lost_everywhere() {
             let failed = number_after(&text, "failed at ").unwrap();
             let ms = (failed.saturating_sub(killed)) as f64 / 1e6;
             println!(
-                "  {transport}: rank {r} reported PeerLost {{ rank: 1 }} {ms:.0} ms after the kill"
+                "  {role} {transport} (fast path {fast}): rank {r} reported PeerLost {{ rank: 1 }} {ms:.0} ms after the kill"
             );
             assert!(ms < 2000.0, "{transport} rank {r} took {ms} ms");
         }
@@ -157,6 +184,16 @@ fn mismatched_calls_fail_on_both_sides() {
             "mismatch_count",
             "mismatch_dtype",
             "mismatch_silent",
+            // The same with 8-byte calls: on shared memory, the fast path.
+            "tiny_mismatch_kind",
+            "tiny_mismatch_count",
+            "tiny_mismatch_dtype",
+            "tiny_mismatch_silent",
+            // A small call (fast path) against a large one (the rings),
+            // both ways.
+            "tiny_vs_large",
+            "tiny_vs_large_bcast",
+            "tiny_vs_large_late",
         ] {
             let outs = world(2, role, transport, &[]);
             for (r, out) in outs.iter().enumerate() {
@@ -166,7 +203,7 @@ fn mismatched_calls_fail_on_both_sides() {
                     "{role} {transport} rank {r}: {}",
                     show(out)
                 );
-                if role == "mismatch_kind" {
+                if role.ends_with("mismatch_kind") {
                     assert!(
                         text.contains("allreduce(") && text.contains("bcast("),
                         "{text}"
@@ -441,6 +478,80 @@ fn rank_program(role: &str, comm: &Communicator) {
                 std::thread::sleep(Duration::from_millis(100));
                 comm.barrier()
             }));
+        }
+        "tiny_victim" => {
+            if rank == 1 {
+                std::thread::spawn(|| {
+                    std::thread::sleep(Duration::from_millis(300));
+                    println!("killed at {}", now_ns());
+                    let _ = std::io::stdout().flush();
+                    // SAFETY: sending SIGKILL to this very process.
+                    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+                });
+            }
+            let mut v = [1.0f32; 2];
+            report(
+                (0..100_000_000).try_for_each(|_| comm.all_reduce_in_place(&mut v, ReduceOp::Sum)),
+            );
+        }
+        "tiny_mismatch_kind" => {
+            let mut v = [1.0f32; 2];
+            report(if rank == 0 {
+                comm.all_reduce_in_place(&mut v, ReduceOp::Sum)
+            } else {
+                comm.broadcast_in_place(&mut v, 0)
+            });
+        }
+        "tiny_mismatch_count" => {
+            let mut v = vec![1.0f32; 2 + rank];
+            report(comm.all_reduce_in_place(&mut v, ReduceOp::Sum));
+        }
+        "tiny_mismatch_dtype" => report(if rank == 0 {
+            comm.all_reduce_in_place(&mut [1.0f32; 2], ReduceOp::Sum)
+        } else {
+            comm.all_reduce_in_place(&mut [1.0f64; 2], ReduceOp::Sum)
+        }),
+        "tiny_mismatch_silent" => {
+            // Rank 0 a broadcast root (only sends), rank 1 a reduce
+            // non-root (only sends): neither waits, so the mismatch shows
+            // at the next call.
+            let mut v = [1.0f32; 2];
+            let first = if rank == 0 {
+                comm.broadcast_in_place(&mut v, 0)
+            } else {
+                comm.reduce_in_place(&mut v, ReduceOp::Sum, 0)
+            };
+            report(first.and_then(|()| {
+                std::thread::sleep(Duration::from_millis(100));
+                comm.barrier()
+            }));
+        }
+        "tiny_vs_large" => {
+            let mut v = vec![1.0f32; if rank == 0 { 2 } else { 1000 }];
+            report(comm.all_reduce_in_place(&mut v, ReduceOp::Sum));
+        }
+        "tiny_vs_large_bcast" => {
+            // Neither call waits for the other: a small broadcast from rank
+            // 0 (fast path) and a large one from rank 1 (rings).
+            let mut v = vec![1.0f32; if rank == 0 { 2 } else { 1000 }];
+            let first = comm.broadcast_in_place(&mut v, rank);
+            report(first.and_then(|()| {
+                std::thread::sleep(Duration::from_millis(100));
+                comm.barrier()
+            }));
+        }
+        "tiny_vs_large_late" => {
+            // Rank 0's small broadcast (fast path, only sends) is over
+            // before rank 1 starts a large reduce that waits for rank 0 on
+            // the rings.
+            let result = if rank == 0 {
+                comm.broadcast_in_place(&mut [1.0f32; 2], 0)
+                    .and_then(|()| comm.barrier())
+            } else {
+                std::thread::sleep(Duration::from_millis(100));
+                comm.reduce_in_place(&mut vec![1.0f32; 1000], ReduceOp::Sum, 1)
+            };
+            report(result);
         }
         "mismatch_count" => {
             let mut v = vec![1.0f32; 1000 + rank];

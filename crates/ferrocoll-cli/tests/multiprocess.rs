@@ -1,8 +1,10 @@
 //! Ranks as processes: every collective over shared memory and TCP with 2, 3
 //! and 4 ranks through `ferrocoll run`, the API (in place, non-blocking,
-//! point-to-point, split) across processes, a 256 MiB message, the
-//! environments of torchrun, Open MPI, Slurm and PMI, and a killed run that
-//! leaves nothing in /dev/shm.
+//! point-to-point, split) across processes, small calls on the
+//! shared-memory fast path (every type and operator, mixed with large
+//! calls, non-blocking calls, point-to-point and a second communicator on
+//! another thread), a 256 MiB message, the environments of torchrun, Open
+//! MPI, Slurm and PMI, and a killed run that leaves nothing in /dev/shm.
 //!
 //! This file is its own rank program: with `FERROCOLL_TEST_ROLE` set it plays
 //! one rank of a job instead of driving the tests (harness = false, so the
@@ -11,7 +13,7 @@
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use ferrocoll::{Communicator, ReduceOp};
+use ferrocoll::{bf16, f16, Collective, Communicator, DType, Element, ReduceOp};
 
 const ROLE: &str = "FERROCOLL_TEST_ROLE";
 const FERROCOLL: &str = env!("CARGO_BIN_EXE_ferrocoll");
@@ -43,11 +45,12 @@ fn main() {
             "hang" => hang(&comm),
             "sum" => sum(&comm),
             "lazy" => lazy(&comm),
+            "small" => small(&comm),
             other => panic!("unknown role {other}"),
         }
         return;
     }
-    let tests: [(&str, fn()); 7] = [
+    let tests: [(&str, fn()); 8] = [
         (
             "tcp_connections_open_on_first_use",
             tcp_connections_open_on_first_use,
@@ -57,6 +60,7 @@ fn main() {
             every_collective_on_shm_and_tcp,
         ),
         ("api_across_processes", api_across_processes),
+        ("small_calls_fast_path", small_calls_fast_path),
         ("message_of_256_mib", message_of_256_mib),
         ("launcher_environments", launcher_environments),
         (
@@ -87,10 +91,11 @@ fn launch(n: usize, role: &str, env: &[(&str, &str)]) -> Output {
 /// The configurations every multi-process test runs in: shared memory with
 /// the rings only, shared memory with large messages read straight from the
 /// sender's memory (the single-copy path, forced on: on some machines it is
-/// not chosen), shared memory with the buffers in `SharedBuffer`s (read in
-/// place by the peers), TCP, and TCP with every peer reached over 3 striped
-/// connections and every message checksummed: (transport, single copy, TCP
-/// streams, buffers).
+/// not chosen) and small ones through the rings too (the fast path off),
+/// shared memory with the buffers in `SharedBuffer`s (read in place by the
+/// peers), TCP, and TCP with every peer reached over 3 striped connections
+/// and every message checksummed: (transport, single copy, TCP streams,
+/// buffers). The shared-memory fast path is off in the second.
 const VARIANTS: [(&str, &str, &str, &str); 5] = [
     ("shm", "off", "1", "heap"),
     ("shm", "on", "1", "heap"),
@@ -98,6 +103,16 @@ const VARIANTS: [(&str, &str, &str, &str); 5] = [
     ("tcp", "off", "1", "heap"),
     ("tcp", "off", "3", "heap"),
 ];
+
+/// `FERROCOLL_SHM_FAST` for a variant: off where the single copy is forced
+/// on, so that small messages through the rings stay tested.
+fn shm_fast(single_copy: &str) -> &'static str {
+    if single_copy == "on" {
+        "off"
+    } else {
+        "auto"
+    }
+}
 
 fn every_collective_on_shm_and_tcp() {
     for (transport, single_copy, streams, buffers) in VARIANTS {
@@ -124,6 +139,7 @@ fn every_collective_on_shm_and_tcp() {
                     .args(["--check", "--json", "--buffers", buffers])
                     .env("FERROCOLL_TIMEOUT", "60")
                     .env("FERROCOLL_SHM_SINGLE_COPY", single_copy)
+                    .env("FERROCOLL_SHM_FAST", shm_fast(single_copy))
                     .env("FERROCOLL_TCP_STREAMS", streams)
                     .env("FERROCOLL_CHECKSUM", if streams == "3" { "1" } else { "0" })
                     .output()
@@ -150,6 +166,7 @@ fn api_across_processes() {
             let env = [
                 ("FERROCOLL_TRANSPORT", transport),
                 ("FERROCOLL_SHM_SINGLE_COPY", single_copy),
+                ("FERROCOLL_SHM_FAST", shm_fast(single_copy)),
                 ("FERROCOLL_TCP_STREAMS", streams),
                 ("FERROCOLL_TEST_BUFFERS", buffers),
             ];
@@ -161,6 +178,60 @@ fn api_across_processes() {
             let text = String::from_utf8_lossy(&out.stdout);
             assert_eq!(text.matches("api ok").count(), n, "{what}: {}", show(&out));
         }
+    }
+}
+
+/// Small calls, which take the shared-memory fast path when every rank of
+/// the communicator is on one host, checked against a reference: 2, 3 and
+/// 4 ranks (4 share the 2 cores of CI), the fast path on and off, TCP (no
+/// fast path), and two "hosts" of two ranks (the world spans both, so only
+/// the per-host communicators take it).
+fn small_calls_fast_path() {
+    let runs: [(usize, &str, &str, bool); 8] = [
+        (2, "shm", "auto", true),
+        (3, "shm", "auto", true),
+        (4, "shm", "auto", true),
+        (2, "shm", "off", false),
+        (4, "shm", "off", false),
+        (3, "tcp", "auto", false),
+        // Checksums on: the fast path steps aside.
+        (2, "shm", "checksum", false),
+        (4, "hosts", "auto", true),
+    ];
+    for (n, transport, fast, expect_fast) in runs {
+        let what = format!("small {transport} FERROCOLL_SHM_FAST={fast} n={n}");
+        let expect = if expect_fast { "1" } else { "0" };
+        let out = if transport == "hosts" {
+            // Two "hosts" of two ranks each on this machine.
+            let me = std::env::current_exe().unwrap();
+            Command::new(FERROCOLL)
+                .args(["run", "-n", "4", "--timeout", "120", "--", "sh", "-c"])
+                .arg("FERROCOLL_HOST_ID=host$((FERROCOLL_RANK / 2)) exec \"$0\"")
+                .arg(&me)
+                .env(ROLE, "small")
+                .env("FERROCOLL_TIMEOUT", "60")
+                .env("FERROCOLL_TEST_FAST", expect)
+                .output()
+                .unwrap()
+        } else {
+            let checksum = if fast == "checksum" { "1" } else { "0" };
+            let fast = if fast == "checksum" { "auto" } else { fast };
+            let env = [
+                ("FERROCOLL_TRANSPORT", transport),
+                ("FERROCOLL_SHM_FAST", fast),
+                ("FERROCOLL_CHECKSUM", checksum),
+                ("FERROCOLL_TEST_FAST", expect),
+            ];
+            launch(n, "small", &env)
+        };
+        assert!(out.status.success(), "{what}: {}", show(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            text.matches("small ok").count(),
+            n,
+            "{what}: {}",
+            show(&out)
+        );
     }
 }
 
@@ -466,6 +537,228 @@ fn hang(comm: &Communicator) {
         let _ = comm.barrier();
     }
     std::thread::sleep(Duration::from_secs(120));
+}
+
+/// Element types built from small integers, for exact references.
+trait Small: Element + Copy {
+    fn of(v: u32) -> Self;
+}
+
+macro_rules! small_int {
+    ($($t:ty),*) => {$(impl Small for $t {
+        fn of(v: u32) -> Self { v as $t }
+    })*};
+}
+small_int!(i8, i32, i64, u8, u32, u64);
+
+impl Small for f32 {
+    fn of(v: u32) -> Self {
+        v as f32
+    }
+}
+impl Small for f64 {
+    fn of(v: u32) -> Self {
+        f64::from(v)
+    }
+}
+impl Small for f16 {
+    fn of(v: u32) -> Self {
+        f16::from_f32(v as f32)
+    }
+}
+impl Small for bf16 {
+    fn of(v: u32) -> Self {
+        bf16::from_f32(v as f32)
+    }
+}
+
+/// Rank `r`'s element `i` in the reductions: 1..=3, so that sums, products
+/// (at most 3^4) and averages of up to 4 ranks are exact in every type.
+fn contribution(r: usize, i: usize) -> u32 {
+    ((r + i) % 3 + 1) as u32
+}
+
+/// Every small allreduce, reduce, broadcast and allgather of type `T` on
+/// `comm` (in place and not, every operator, every root), checked.
+fn small_calls_of<T: Small>(comm: &Communicator, max_count: usize) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let name = T::DTYPE;
+    for count in [0, 1, 2, 3, max_count] {
+        let mine: Vec<T> = (0..count).map(|i| T::of(contribution(rank, i))).collect();
+        let column = |i: usize| (0..n).map(move |r| contribution(r, i));
+        for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max] {
+            let want: Vec<T> = (0..count)
+                .map(|i| {
+                    T::of(match op {
+                        ReduceOp::Sum => column(i).sum(),
+                        ReduceOp::Prod => column(i).product(),
+                        ReduceOp::Min => column(i).min().unwrap(),
+                        _ => column(i).max().unwrap(),
+                    })
+                })
+                .collect();
+            let mut out = vec![T::of(0); count];
+            comm.all_reduce(&mine, &mut out, op).unwrap();
+            assert_eq!(out, want, "allreduce {name} {op:?} count {count}");
+            let mut buf = mine.clone();
+            comm.all_reduce_in_place(&mut buf, op).unwrap();
+            assert_eq!(buf, want, "allreduce in place {name} {op:?} count {count}");
+            let root = (count + op as usize) % n;
+            let mut out = vec![T::of(0); if rank == root { count } else { 0 }];
+            comm.reduce(&mine, &mut out, op, root).unwrap();
+            if rank == root {
+                assert_eq!(out, want, "reduce {name} {op:?} count {count} root {root}");
+            }
+        }
+        for root in 0..n {
+            let theirs: Vec<T> = (0..count).map(|i| T::of((root * 7 + i) as u32)).collect();
+            let send = if rank == root {
+                theirs.clone()
+            } else {
+                Vec::new()
+            };
+            let mut out = vec![T::of(0); count];
+            comm.broadcast(&send, &mut out, root).unwrap();
+            assert_eq!(out, theirs, "bcast {name} count {count} root {root}");
+            let mut buf = if rank == root {
+                theirs.clone()
+            } else {
+                vec![T::of(0); count]
+            };
+            comm.broadcast_in_place(&mut buf, root).unwrap();
+            assert_eq!(
+                buf, theirs,
+                "bcast in place {name} count {count} root {root}"
+            );
+        }
+        let block = |r: usize| (0..count).map(move |i| T::of((r * 5 + i) as u32));
+        let want: Vec<T> = (0..n).flat_map(block).collect();
+        let mut out = vec![T::of(0); n * count];
+        comm.all_gather(&block(rank).collect::<Vec<_>>(), &mut out)
+            .unwrap();
+        assert_eq!(out, want, "allgather {name} count {count}");
+        let mut buf = vec![T::of(0); n * count];
+        buf[rank * count..(rank + 1) * count].copy_from_slice(&block(rank).collect::<Vec<_>>());
+        comm.all_gather_in_place(&mut buf).unwrap();
+        assert_eq!(buf, want, "allgather in place {name} count {count}");
+    }
+}
+
+fn small(comm: &Communicator) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let fast = std::env::var("FERROCOLL_TEST_FAST").is_ok_and(|v| v == "1");
+    let nodes = comm.placement().unwrap().nodes();
+    // The communicator of this rank's host.
+    let node_of = comm.placement().unwrap().node_of[rank];
+    let host = comm.split(Some(node_of as u32), 0).unwrap().unwrap();
+    assert_eq!(
+        comm.uses_fast_path(Collective::AllReduce, 2, DType::F32),
+        fast && nodes == 1,
+        "rank {rank}: the world communicator's fast path"
+    );
+    assert_eq!(
+        host.uses_fast_path(Collective::AllReduce, 2, DType::F32),
+        fast && host.size() > 1,
+        "rank {rank}: the host communicator's fast path"
+    );
+    // Too large, or not a collective the fast path has.
+    assert!(!comm.uses_fast_path(Collective::AllReduce, 25, DType::F32));
+    assert!(!comm.uses_fast_path(Collective::AllToAll, 1, DType::F32));
+    for c in [comm, &host] {
+        // Up to the 96 bytes of one slot.
+        small_calls_of::<f32>(c, 24);
+        small_calls_of::<f64>(c, 12);
+        small_calls_of::<f16>(c, 48);
+        small_calls_of::<bf16>(c, 5);
+        small_calls_of::<i8>(c, 96);
+        small_calls_of::<i32>(c, 7);
+        small_calls_of::<i64>(c, 12);
+        small_calls_of::<u8>(c, 9);
+        small_calls_of::<u32>(c, 24);
+        small_calls_of::<u64>(c, 3);
+        // Avg: the sum, divided once.
+        let mut v = [c.rank() as f64 + 1.0; 4];
+        c.all_reduce_in_place(&mut v, ReduceOp::Avg).unwrap();
+        let sum: f64 = (0..c.size()).map(|r| r as f64 + 1.0).sum();
+        assert_eq!(v, [sum / c.size() as f64; 4], "avg");
+        c.barrier().unwrap();
+    }
+
+    // Small and large calls interleaved (fast path, rings), both ways.
+    for i in 0..20u64 {
+        let mut tiny = [rank as u64 + i; 2];
+        comm.all_reduce_in_place(&mut tiny, ReduceOp::Sum).unwrap();
+        let want = (0..n as u64).map(|r| r + i).sum::<u64>();
+        assert_eq!(tiny, [want; 2], "tiny {i}");
+        let mut big = vec![rank as u64 + i; 50_000];
+        comm.all_reduce_in_place(&mut big, ReduceOp::Sum).unwrap();
+        assert!(big.iter().all(|x| *x == want), "large {i}");
+        let mut b = vec![if rank == 0 { i as u32 } else { 0 }; 100_000];
+        comm.broadcast_in_place(&mut b, 0).unwrap();
+        assert!(b.iter().all(|x| *x == i as u32), "large bcast {i}");
+        let mut t = [if rank == n - 1 { i as u32 } else { 0 }];
+        comm.broadcast_in_place(&mut t, n - 1).unwrap();
+        assert_eq!(t, [i as u32], "tiny bcast {i}");
+    }
+
+    // Non-blocking calls in flight (one large on the rings, one small on
+    // the fast path) while this thread makes small blocking calls.
+    let big = comm.iall_reduce(vec![1.0f32; 300_000], ReduceOp::Sum);
+    let tiny = comm.iall_reduce(vec![rank as u64; 3], ReduceOp::Sum);
+    let bar = comm.ibarrier();
+    for i in 0..50u32 {
+        let mut v = [i + rank as u32];
+        comm.all_reduce_in_place(&mut v, ReduceOp::Max).unwrap();
+        assert_eq!(v, [i + n as u32 - 1]);
+    }
+    bar.wait().unwrap();
+    let tiny = tiny.wait().unwrap();
+    assert_eq!(tiny, vec![(n * (n - 1) / 2) as u64; 3]);
+    let big = big.wait().unwrap();
+    assert!(big.iter().all(|x| *x == n as f32));
+
+    // Point-to-point with tags between small calls, the sender on another
+    // thread.
+    if n > 1 {
+        let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+        let sender = {
+            let comm = comm.clone();
+            std::thread::spawn(move || {
+                comm.send(&[rank as u32; 2], next, 9).unwrap();
+                comm.send(&vec![rank as u8; 200_000], next, 10).unwrap();
+            })
+        };
+        let mut v = [1u32];
+        comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(v, [n as u32]);
+        let mut second = vec![0u8; 200_000];
+        comm.recv(&mut second, prev, 10).unwrap();
+        let mut first = [0u32; 2];
+        comm.recv(&mut first, prev, 9).unwrap();
+        sender.join().unwrap();
+        assert_eq!(first, [prev as u32; 2]);
+        assert!(second.iter().all(|x| *x == prev as u8));
+    }
+
+    // Two communicators at once, on two threads: small calls on both.
+    let parity = comm.split(Some((rank % 2) as u32), 0).unwrap().unwrap();
+    let other = std::thread::spawn(move || {
+        for i in 0..200u64 {
+            let mut v = [i, parity.rank() as u64];
+            parity.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+            let m = parity.size() as u64;
+            assert_eq!(v, [i * m, m * (m - 1) / 2], "parity {i}");
+        }
+    });
+    for i in 0..200u64 {
+        let mut v = [i];
+        comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(v, [i * n as u64], "world {i}");
+    }
+    other.join().unwrap();
+
+    comm.barrier().unwrap();
+    println!("small ok {rank}");
 }
 
 fn api(comm: &Communicator) {

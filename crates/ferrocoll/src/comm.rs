@@ -18,6 +18,7 @@ use crate::plan::{self, Algorithm, Collective, Layout, Op, Plan, PlanRequest, Ro
 use crate::request::Request;
 use crate::select;
 use crate::topo::Topology;
+use crate::transport::engine::Engine;
 use crate::transport::{CallKind, Header, Signature, Transport};
 use crate::types::{DType, Element, ReduceOp};
 
@@ -86,6 +87,31 @@ struct Shared {
     profile: std::sync::OnceLock<crate::cost::Profile>,
     /// Where the ranks are (communicators made by [`crate::init()`]).
     placement: Option<Arc<crate::init::Placement>>,
+    /// The transport again, when it has a shared-memory fast path (see
+    /// [`crate::fast`]), for this communicator and the ones split from it.
+    engine: Option<Arc<Engine>>,
+    /// The fast path reaches every rank of the group.
+    fast: bool,
+    /// Collectives that may take the fast path: those it implements whose
+    /// algorithm `FERROCOLL_ALGO` does not force (bit i: `Collective::ALL[i]`).
+    fast_colls: u16,
+}
+
+/// Bit of `coll` in [`Shared::fast_colls`].
+fn coll_bit(coll: Collective) -> u16 {
+    let i = Collective::ALL
+        .iter()
+        .position(|c| *c == coll)
+        .expect("every collective is in ALL");
+    1 << i
+}
+
+/// The collectives of [`Shared::fast_colls`] under `config`.
+fn fast_colls(config: &Config) -> u16 {
+    Collective::ALL
+        .iter()
+        .filter(|&&c| crate::fast::handles(c) && config.algorithms.get(c).is_none())
+        .fold(0, |mask, &c| mask | coll_bit(c))
 }
 
 /// A group of ranks that call collectives together.
@@ -191,28 +217,34 @@ impl Communicator {
                 id: 0,
                 next_seq: AtomicU64::new(0),
                 splits: AtomicU64::new(0),
+                fast_colls: fast_colls(&config),
                 config: Arc::new(config),
                 scratch: Default::default(),
                 explained: Default::default(),
                 chosen: Default::default(),
                 profile: Default::default(),
                 placement: None,
+                engine: None,
+                fast: false,
             }),
             options: CallOptions::default(),
             reserved_seq: None,
         })
     }
 
-    /// [`Communicator::new`] for a job [`crate::init()`] has placed.
+    /// [`Communicator::new`] for a job [`crate::init()`] has placed, over
+    /// `engine`.
     pub(crate) fn with_placement(
-        transport: Arc<dyn Transport>,
+        engine: Arc<Engine>,
         config: Config,
         placement: crate::init::Placement,
     ) -> Result<Communicator> {
+        let transport: Arc<dyn Transport> = Arc::clone(&engine) as Arc<dyn Transport>;
         let mut comm = Communicator::new(transport, config)?;
-        Arc::get_mut(&mut comm.shared)
-            .expect("a new communicator has one handle")
-            .placement = Some(Arc::new(placement));
+        let shared = Arc::get_mut(&mut comm.shared).expect("a new communicator has one handle");
+        shared.placement = Some(Arc::new(placement));
+        shared.fast = engine.fast_path().is_some_and(|f| f.serves(&shared.group));
+        shared.engine = engine.fast_path().is_some().then_some(engine);
         Ok(comm)
     }
 
@@ -410,6 +442,61 @@ impl Communicator {
         blocks * count * dtype.size()
     }
 
+    /// Whether a call of `count` elements of `dtype` (the per-rank block for
+    /// the block collectives) runs on the shared-memory fast path rather
+    /// than an algorithm's plan: every rank of this communicator is on one
+    /// host with shared memory (`FERROCOLL_SHM_FAST` not `off`, checksums
+    /// off), the group has 2 to 16 ranks, the collective is an allreduce,
+    /// broadcast, reduce, allgather or barrier moving at most 96 bytes per
+    /// rank, and no algorithm is forced for it.
+    pub fn uses_fast_path(&self, coll: Collective, count: usize, dtype: DType) -> bool {
+        self.fast_engine(coll, count, dtype).is_some()
+    }
+
+    /// The engine to run a call on the fast path with, if it qualifies.
+    fn fast_engine(&self, coll: Collective, count: usize, dtype: DType) -> Option<&Engine> {
+        let engine = self.shared.engine.as_deref()?;
+        let qualifies = self.shared.fast
+            && self.options.algorithm.is_none()
+            && self.shared.fast_colls & coll_bit(coll) != 0
+            && crate::fast::eligible(coll, count, dtype, self.size());
+        qualifies.then_some(engine)
+    }
+
+    /// Runs a small call on the fast path.
+    ///
+    /// # Safety
+    /// As [`Communicator::run`].
+    unsafe fn run_fast(&self, engine: &Engine, spec: &Spec, mem: &Memory) -> Result<()> {
+        let seq = self.next_seq();
+        if self.shared.config.debug && self.rank() == 0 {
+            eprintln!(
+                "ferrocoll: {} #{seq} {} B on {} ranks -> shared-memory fast path",
+                spec.coll,
+                self.call_bytes(spec.coll, spec.count, spec.dtype),
+                self.size()
+            );
+        }
+        let call = crate::fast::Small {
+            engine,
+            group: &self.shared.group,
+            rank: self.rank(),
+            coll: spec.coll,
+            dtype: spec.dtype,
+            op: spec.op.unwrap_or(ReduceOp::Sum),
+            root: spec.root,
+            count: spec.count,
+            header: Header {
+                comm: self.shared.id,
+                seq,
+                sig: spec.signature(),
+            },
+            timeout: self.options.timeout.unwrap_or(self.shared.config.timeout),
+        };
+        // SAFETY: forwarded from this function's contract.
+        unsafe { crate::fast::run(&call, mem) }.map_err(|e| self.group_error(e))
+    }
+
     fn next_seq(&self) -> u64 {
         self.reserved_seq
             .unwrap_or_else(|| self.shared.next_seq.fetch_add(1, Ordering::Relaxed))
@@ -458,6 +545,10 @@ impl Communicator {
     /// As [`exec::execute`]: `mem` must describe live buffers of the lengths
     /// the spec implies, laid out as `Layout::in_place` says when in place.
     unsafe fn run(&self, spec: Spec, mem: Memory) -> Result<()> {
+        if let Some(engine) = self.fast_engine(spec.coll, spec.count, spec.dtype) {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { self.run_fast(engine, &spec, &mem) };
+        }
         let seq = self.next_seq();
         let elem = spec.dtype.size();
         // Every rank must choose alike, so the choice looks only at what every
@@ -1098,10 +1189,16 @@ impl Communicator {
             .iter()
             .position(|&(_, r)| r == self.rank())
             .expect("this rank has this color");
-        let group = members.iter().map(|&(_, r)| self.shared.group[r]).collect();
+        let group: Vec<usize> = members.iter().map(|&(_, r)| self.shared.group[r]).collect();
         let in_parent: Vec<usize> = members.iter().map(|&(_, r)| r).collect();
         let topology = self.shared.topology.subgroup(&in_parent);
         let id = mix(mix(self.shared.id ^ 0x9e37_79b9_7f4a_7c15) ^ split_no) ^ u64::from(color);
+        let fast = self
+            .shared
+            .engine
+            .as_ref()
+            .and_then(|e| e.fast_path())
+            .is_some_and(|f| f.serves(&group));
         Ok(Some(Communicator {
             shared: Arc::new(Shared {
                 transport: Arc::clone(&self.shared.transport),
@@ -1117,6 +1214,9 @@ impl Communicator {
                 chosen: Default::default(),
                 profile: Default::default(),
                 placement: None,
+                engine: self.shared.engine.clone(),
+                fast,
+                fast_colls: self.shared.fast_colls,
             }),
             options: self.options.clone(),
             reserved_seq: None,

@@ -26,6 +26,7 @@ use crate::store::{StoreClient, StoreServer};
 use crate::topo::Topology;
 use crate::transport::channel::{Channel, Doorbell};
 use crate::transport::engine::{Engine, LocalBell};
+use crate::transport::fastpath::FastPath;
 use crate::transport::shm::ShmNode;
 use crate::transport::tcp::TcpConnector;
 use crate::world::{Launcher, WorldSpec};
@@ -300,14 +301,20 @@ pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Res
         .filter(|&p| p == rank || use_shm(p))
         .collect();
     let mut bell: Arc<dyn Doorbell> = Arc::new(LocalBell::new());
+    let mut fast = None;
     if shm_locals.len() > 1 {
-        let node = setup_shm(spec, &mut store, &shm_locals, config.debug, my_node)?;
+        let (node, fast_ok) = setup_shm(spec, &mut store, &shm_locals, config.debug, my_node)?;
         for (lp, &peer) in shm_locals.iter().enumerate() {
             if peer != rank {
                 channels[peer] = Some(node.channel(lp));
             }
         }
         bell = node.doorbell();
+        if fast_ok {
+            fast = node
+                .mailboxes()
+                .map(|boxes| FastPath::new(boxes, shm_locals.clone(), size));
+        }
     }
 
     // Every rank predicts with rank 0's profile, so auto choices agree.
@@ -388,6 +395,9 @@ pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Res
     let mut engine = Engine::new(rank, channels, bell, name).dedicated_core(dedicated_core);
     if let Some(connector) = connector {
         engine = engine.with_connector(connector, &lazy);
+    }
+    if let Some(fast) = fast {
+        engine = engine.with_fast_path(fast);
     }
     let engine = engine.keep_alive(Box::new((server, store)));
     Communicator::with_placement(Arc::new(engine), config, placement)
@@ -470,15 +480,36 @@ fn single_copy_speeds(pid: u32, addr: u64) -> (f64, f64) {
     (bytes / best_remote, bytes / best_local)
 }
 
+/// Reads `FERROCOLL_SHM_FAST`: whether this rank may use the small-call
+/// fast path (`auto`, the default) or not (`off`). Checksums turn it off:
+/// they guard the rings, so with them every message takes the rings.
+fn shm_fast_wanted() -> Result<bool> {
+    let mode = std::env::var("FERROCOLL_SHM_FAST").unwrap_or_default();
+    match mode.trim() {
+        "" | "auto" => Ok(!crate::transport::engine::checksums()),
+        "off" | "0" => Ok(false),
+        other => Err(Error::Config {
+            var: "FERROCOLL_SHM_FAST".into(),
+            value: other.into(),
+            reason: "use auto (small collectives through cache-line mailboxes when every rank \
+                     of a communicator is on this host) or off (every call through the rings)"
+                .into(),
+        }),
+    }
+}
+
 /// Creates this rank's segment, attaches every local peer's, and removes
-/// the files once all are mapped.
+/// the files once all are mapped. Also returns whether every local rank
+/// agreed to the small-call fast path (it must be all or none: both sides
+/// of a call take the same path).
 fn setup_shm(
     spec: &WorldSpec,
     store: &mut StoreClient,
     locals: &[usize],
     debug: bool,
     node: usize,
-) -> Result<ShmNode> {
+) -> Result<(ShmNode, bool)> {
+    let fast_wanted = shm_fast_wanted()?;
     let rank = spec.rank;
     let me = locals
         .iter()
@@ -601,7 +632,12 @@ fn setup_shm(
             .and_then(|pidfd| crate::shared::PeerRegion::map(&pidfd, fd))
             .is_ok_and(|region| region.bytes(0, 16).is_ok_and(|b| b == CMA_PROBE));
     }
-    let verdict = format!("{}{}", u8::from(can_read_all), u8::from(can_map_all));
+    let verdict = format!(
+        "{}{}{}",
+        u8::from(can_read_all),
+        u8::from(can_map_all),
+        u8::from(fast_wanted)
+    );
     store.set(&format!("shm/{node}/{me}/cma"), verdict.as_bytes())?;
     let keys: Vec<String> = (0..locals.len())
         .map(|lp| format!("shm/{node}/{lp}/cma"))
@@ -611,6 +647,17 @@ fn setup_shm(
     node_seg.enable_single_copy(verdicts.iter().all(|v| v.first() == Some(&b'1')));
     let map_all = verdicts.iter().all(|v| v.get(1) == Some(&b'1'));
     node_seg.enable_shared_buffers(map_all);
+    let fast_all = verdicts.iter().all(|v| v.get(2) == Some(&b'1'));
+    if debug {
+        eprintln!(
+            "ferrocoll: rank {rank}: small collectives {}",
+            if fast_all {
+                "take the shared-memory fast path"
+            } else {
+                "go through the rings (FERROCOLL_SHM_FAST=off or checksums on some rank)"
+            }
+        );
+    }
     if debug {
         eprintln!(
             "ferrocoll: rank {rank}: peers' SharedBuffers {} in place",
@@ -632,7 +679,7 @@ fn setup_shm(
         .barrier(&format!("shm/{node}/mapped"), locals.len())
         .map_err(|e| store_error(e, "the shared-memory barrier"))?;
     node_seg.unlink();
-    Ok(node_seg)
+    Ok((node_seg, fast_all))
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ pub mod config;
 pub mod cost;
 mod error;
 mod exec;
+mod fast;
 pub mod init;
 pub mod kernels;
 pub mod local;

@@ -68,6 +68,13 @@ pub(crate) trait Channel: Send {
         ))
     }
 
+    /// Tells the peer that a control notice (mismatch, lost rank, abort)
+    /// has just been written whole into the stream, for peers that may not
+    /// be reading the stream while they work through the shared-memory fast
+    /// path ([`super::fastpath`]). Default: nothing (only shared memory has
+    /// a fast path).
+    fn alert(&mut self) {}
+
     /// Checks that the peer still exists, for channels that cannot see a
     /// closed stream (a shared-memory peer killed by a signal). Called while
     /// waiting, a few times per second.

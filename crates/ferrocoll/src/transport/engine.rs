@@ -22,6 +22,13 @@
 //! transport is dropped (so the channel closing next is a clean exit), a
 //! lost-rank notice (a peer vanished without a goodbye: every call fails
 //! naming it) and a mismatch notice (both sides of a mismatch fail alike).
+//!
+//! Small collectives among the ranks of one host bypass all of this through
+//! the engine's mailboxes ([`FastPath`]). The engine keeps what both paths
+//! share (finished calls, reported mismatches: [`Ledger`]), alerts a peer
+//! after writing it a notice (`Channel::alert`), and looks into the
+//! mailboxes when a call starts, waits or ends, so that a peer that took
+//! the fast path where this rank took the rings is a mismatch, not a hang.
 
 use std::collections::VecDeque;
 use std::io;
@@ -30,6 +37,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::channel::{Channel, Doorbell};
+use super::fastpath::{self, FastPath, Foreign, Ledger, Problem};
 use super::tcp::TcpConnector;
 use super::wire::{padded, Frame, FrameKind, HEADER_BYTES};
 use super::{Header, Incoming, Outgoing, Sink, Transport};
@@ -58,7 +66,7 @@ fn spin_override() -> Option<Duration> {
 }
 
 /// Longest sleep between checks for abort, deadline and dead peers.
-const SLEEP_SLICE: Duration = Duration::from_millis(50);
+pub(super) const SLEEP_SLICE: Duration = Duration::from_millis(50);
 
 /// How often a sleeping rank asks channels whether their peer still lives.
 const LIVENESS_EVERY: Duration = Duration::from_millis(200);
@@ -94,6 +102,9 @@ struct Outbound {
     /// A remote-data frame: the send completes when the peer acknowledges
     /// having read `remote_addr`, not when the frame is written.
     remote_addr: Option<u64>,
+    /// A control notice (mismatch, lost rank, abort): once written, alert
+    /// the peer (`Channel::alert`), which may be busy on the fast path.
+    alert: bool,
 }
 
 // SAFETY: `data` points into the sending caller's buffer, which that caller
@@ -115,6 +126,16 @@ impl Outbound {
             done: 0,
             pad: 0,
             remote_addr,
+            alert: false,
+        }
+    }
+
+    /// A control notice: a header-only frame of no call, whose peer is
+    /// alerted once it is written.
+    fn notice(prefix: Vec<u8>) -> Outbound {
+        Outbound {
+            alert: true,
+            ..Outbound::header_only(None, prefix, None)
         }
     }
 
@@ -211,7 +232,7 @@ struct RemoteRead {
 const BOUNCE_BYTES: usize = 256 << 10;
 
 /// Whether data frames carry a CRC32C (`FERROCOLL_CHECKSUM=1`), read once.
-fn checksums() -> bool {
+pub(crate) fn checksums() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         std::env::var("FERROCOLL_CHECKSUM").is_ok_and(|v| matches!(v.trim(), "1" | "on" | "true"))
@@ -301,18 +322,16 @@ struct State {
     /// The first rank known to have crashed (here or as a peer reported):
     /// from then on every call fails with `PeerLost` naming it.
     culprit: Option<usize>,
-    /// Mismatches peers reported for calls this rank has not reached yet:
-    /// (peer, the peer's call).
-    verdicts: Vec<(usize, Header)>,
-    /// The last collectives this rank finished: a message for one of them
-    /// arriving later was sent by a peer that called something else.
-    finished: VecDeque<Header>,
-    /// Set by such a late mismatch: every later call fails with it.
+    /// Set by a late mismatch (a message for a call this rank finished):
+    /// every later call fails with it.
     sticky: Option<Error>,
+    /// Finished calls and reported mismatches, shared with the fast path
+    /// (locked after this state, never before).
+    ledger: Arc<Mutex<Ledger>>,
+    /// Set with `culprit` or `sticky`, for the fast path to see without
+    /// this state's lock.
+    broken: Arc<AtomicBool>,
 }
-
-/// Finished collectives remembered for late-mismatch detection.
-const FINISHED_KEPT: usize = 64;
 
 /// A transport made of one [`Channel`] per peer.
 pub(crate) struct Engine {
@@ -330,6 +349,15 @@ pub(crate) struct Engine {
     /// Things that must live as long as the transport (the rendezvous store
     /// rank 0 serves).
     kept: Vec<Box<dyn std::any::Any + Send + Sync>>,
+    /// Finished calls, reported mismatches and the fast path's books (see
+    /// [`Ledger`]): locked after `state` when both are needed.
+    ledger: Arc<Mutex<Ledger>>,
+    /// `culprit` or `sticky` is set (see [`State`]).
+    broken: Arc<AtomicBool>,
+    /// How many verdicts the ledger keeps ([`Ledger::verdicts_hint`]).
+    verdicts: Arc<AtomicUsize>,
+    /// Mailboxes for small collectives among the ranks of this host.
+    fast: Option<FastPath>,
 }
 
 impl Engine {
@@ -358,6 +386,10 @@ impl Engine {
                 said_bye: false,
             })
             .collect();
+        let ledger = Ledger::new(0);
+        let verdicts = ledger.verdicts_hint();
+        let ledger = Arc::new(Mutex::new(ledger));
+        let broken = Arc::new(AtomicBool::new(false));
         Engine {
             rank,
             size: peers.len(),
@@ -369,16 +401,70 @@ impl Engine {
                 bounce: Vec::new(),
                 connector: None,
                 culprit: None,
-                verdicts: Vec::new(),
-                finished: VecDeque::new(),
                 sticky: None,
+                ledger: Arc::clone(&ledger),
+                broken: Arc::clone(&broken),
             }),
             bell,
             aborted: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             dedicated_core: false,
             kept: Vec::new(),
+            ledger,
+            broken,
+            verdicts,
+            fast: None,
         }
+    }
+
+    /// Serves small collectives among the ranks `fast` reaches through its
+    /// mailboxes ([`FastPath`]).
+    pub fn with_fast_path(mut self, fast: FastPath) -> Engine {
+        let ledger = Ledger::new(fast.local_size());
+        self.verdicts = ledger.verdicts_hint();
+        *lock_ledger(&self.ledger) = ledger;
+        self.fast = Some(fast);
+        self
+    }
+
+    /// The fast path, if this engine has one.
+    pub fn fast_path(&self) -> Option<&FastPath> {
+        self.fast.as_ref()
+    }
+
+    /// The ledger (see [`Ledger`] for the lock order).
+    pub(super) fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        lock_ledger(&self.ledger)
+    }
+
+    /// This rank (transport numbering).
+    pub(super) fn rank_id(&self) -> usize {
+        self.rank
+    }
+
+    /// Whether this transport was aborted (here or by a peer's notice).
+    pub(super) fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::Relaxed)
+    }
+
+    /// Whether every call fails from now on (a crashed rank, a late
+    /// mismatch).
+    pub(super) fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::Relaxed)
+    }
+
+    /// Whether this rank has a core to itself (it spins while waiting).
+    pub(super) fn has_dedicated_core(&self) -> bool {
+        self.dedicated_core
+    }
+
+    /// How long a waiting call polls before it sleeps.
+    pub(super) fn spin_time(&self) -> Duration {
+        spin_override().unwrap_or(if self.dedicated_core {
+            SPIN_DEDICATED
+        } else {
+            SPIN_SHARED
+        })
     }
 
     /// Declares whether this rank runs on a core of its own (it spins while
@@ -454,22 +540,29 @@ impl State {
     /// rank fails from now on, and tells the peer. Returns whether it was
     /// such a message (and so is dropped).
     fn late_mismatch(&mut self, me: usize, peer: usize, theirs: &Header) -> bool {
-        let Some(ours) = self
-            .finished
-            .iter()
-            .find(|h| h.key() == theirs.key())
-            .copied()
-        else {
+        self.late_mismatch_of(me, peer, theirs.key(), theirs.sig.to_string())
+    }
+
+    /// [`State::late_mismatch`] for a message with `key` whose call is
+    /// described by `remote` (a frame, or a fast-path message).
+    fn late_mismatch_of(
+        &mut self,
+        me: usize,
+        peer: usize,
+        key: (u64, u64),
+        remote: String,
+    ) -> bool {
+        let Some(ours) = lock_ledger(&self.ledger).finished_with(key) else {
             return false;
         };
         let err = Error::Mismatch {
             rank: me,
             local: ours.sig.to_string(),
             peer,
-            remote: theirs.sig.to_string(),
+            remote,
         };
         self.fail_all(&err);
-        self.sticky.get_or_insert(err);
+        self.set_sticky(err);
         let notice = Frame {
             kind: FrameKind::Mismatch,
             header: ours,
@@ -500,15 +593,12 @@ impl State {
                 });
             }
             None => {
-                let done = self
-                    .finished
-                    .iter()
-                    .find(|h| h.key() == theirs.key())
-                    .copied();
-                match done {
+                let mut ledger = lock_ledger(&self.ledger);
+                match ledger.finished_with(theirs.key()) {
                     // Our side of that point is over: the communicator is
                     // broken from here, for every call.
                     Some(ours) => {
+                        drop(ledger);
                         let err = Error::Mismatch {
                             rank: me,
                             local: ours.sig.to_string(),
@@ -516,9 +606,11 @@ impl State {
                             remote: theirs.sig.to_string(),
                         };
                         self.fail_all(&err);
-                        self.sticky.get_or_insert(err);
+                        self.set_sticky(err);
                     }
-                    None => self.verdicts.push((peer, theirs)),
+                    // Not there yet (or a fast call in flight, which looks
+                    // at the verdicts before it ends).
+                    None => ledger.add_verdict(peer, theirs),
                 }
             }
         }
@@ -533,6 +625,7 @@ impl State {
             return;
         }
         self.culprit = Some(culprit);
+        self.broken.store(true, Ordering::SeqCst);
         self.fail_all(&Error::PeerLost { rank: culprit });
         let notice = control_frame(FrameKind::Lost, culprit as u64);
         for (p, peer) in self.peers.iter_mut().enumerate() {
@@ -577,12 +670,84 @@ impl State {
                             continue;
                         }
                         let out = self.peers[p].sendq.pop_front().expect("front exists");
+                        if out.alert {
+                            chan.alert();
+                        }
                         self.sent(p, out);
                     }
                     _ => break,
                 }
             }
             self.peers[p].chan = Some(chan);
+        }
+    }
+
+    /// Every call fails with `err` from now on (the first such error
+    /// stays).
+    fn set_sticky(&mut self, err: Error) {
+        self.sticky.get_or_insert(err);
+        self.broken.store(true, Ordering::SeqCst);
+    }
+
+    /// Asks every live peer's channel whether the peer still exists, and
+    /// loses those that do not (at most every `LIVENESS_EVERY`; `now` is
+    /// the time of this check).
+    fn check_liveness(&mut self, now: Instant) {
+        self.last_liveness = now;
+        for p in 0..self.peers.len() {
+            if self.peers[p].lost.is_some() {
+                continue;
+            }
+            if let Some(chan) = self.peers[p].chan.as_mut() {
+                if let Err(e) = chan.check_alive() {
+                    self.lose(p, format!("rank {p}: {e}"));
+                }
+            }
+        }
+    }
+
+    /// Tells `peer` that its call at the point of our call `ours` differs.
+    fn notify_mismatch(&mut self, peer: usize, ours: &Header) {
+        if self.peers[peer].lost.is_some() || self.peers[peer].chan.is_none() {
+            return;
+        }
+        let notice = Frame {
+            kind: FrameKind::Mismatch,
+            header: *ours,
+            len: 0,
+            addr: 0,
+            region: 0,
+        }
+        .encode();
+        push_between_frames(&mut self.peers[peer].sendq, &notice);
+    }
+
+    /// Handles fast-path messages found where this rank used the rings
+    /// ([`FastPath::drain`]): one for a call running here fails that call
+    /// (and tells the peer); one for a finished call is a late mismatch.
+    fn fast_foreign(&mut self, me: usize, found: Vec<Foreign>) {
+        for f in found {
+            let remote = fastpath::describe(f.sig);
+            let running = self
+                .calls
+                .iter_mut()
+                .flatten()
+                .find(|c| c.header.key() == f.key);
+            match running {
+                Some(c) => {
+                    c.error.get_or_insert(Error::Mismatch {
+                        rank: me,
+                        local: c.header.sig.to_string(),
+                        peer: f.peer,
+                        remote,
+                    });
+                    let ours = c.header;
+                    self.notify_mismatch(f.peer, &ours);
+                }
+                None => {
+                    self.late_mismatch_of(me, f.peer, f.key, remote);
+                }
+            }
         }
     }
 
@@ -1023,6 +1188,9 @@ impl State {
             out.done += n;
             if out.done == out.total() {
                 let out = self.peers[p].sendq.pop_front().expect("front exists");
+                if out.alert {
+                    chan.alert();
+                }
                 self.sent(p, out);
             }
         }
@@ -1043,6 +1211,9 @@ impl State {
                     break;
                 }
                 let out = self.peers[p].sendq.pop_front().expect("front exists");
+                if out.alert {
+                    chan.alert();
+                }
                 self.sent(p, out);
             }
         }
@@ -1372,14 +1543,17 @@ impl Transport for Engine {
                     padded(s.data.len()) - s.data.len()
                 },
                 remote_addr: None,
+                alert: false,
             });
         }
-        if let Some(at) = st
-            .verdicts
-            .iter()
-            .position(|(_, h)| h.key() == header.key())
-        {
-            let (peer, theirs) = st.verdicts.swap_remove(at);
+        // Verdicts are added under the state's lock, which is held: a zero
+        // count is exact.
+        let verdict = if self.verdicts.load(Ordering::Relaxed) > 0 {
+            self.ledger().take_verdict(header.key())
+        } else {
+            None
+        };
+        if let Some((peer, theirs)) = verdict {
             st.retire(id);
             return Err(Error::Mismatch {
                 rank: self.rank,
@@ -1389,6 +1563,15 @@ impl Transport for Engine {
             });
         }
         st.match_unexpected(self.rank, id);
+        // A peer that took the fast path for this call (its message came
+        // before the call started, so it waits in the stash): a mismatch.
+        if let Some(fast) = &self.fast {
+            let found = fast.drain(&mut self.ledger(), |key| key == header.key());
+            if !found.is_empty() {
+                st.fast_foreign(self.rank, found);
+                st.flush_now();
+            }
+        }
         let state = &*st;
         let c = state.calls[id].as_ref().expect("live call");
         let gone = c
@@ -1415,9 +1598,23 @@ impl Transport for Engine {
 
     fn end_call(&self, header: &Header) -> Result<()> {
         let mut st = self.lock();
-        st.finished.push_back(*header);
-        if st.finished.len() > FINISHED_KEPT {
-            st.finished.pop_front();
+        let found = {
+            let mut ledger = self.ledger();
+            ledger.finish(header);
+            // A small call's message in a mailbox, for this call or another
+            // finished one: a peer took the fast path where this rank did
+            // not.
+            match &self.fast {
+                Some(fast) => fast.drain(&mut ledger, |_| false),
+                None => Vec::new(),
+            }
+        };
+        if !found.is_empty() {
+            st.fast_foreign(self.rank, found);
+            st.flush_now();
+            if let Some(err) = st.sticky.clone() {
+                return Err(err);
+            }
         }
         // Anything of this call left unclaimed came from a peer that called
         // something else here.
@@ -1464,8 +1661,7 @@ impl Transport for Engine {
             } else {
                 peer.sendq.clear();
             }
-            peer.sendq
-                .push_back(Outbound::header_only(None, notice.clone(), None));
+            peer.sendq.push_back(Outbound::notice(notice.clone()));
         }
         st.drain_briefly(self.rank, &self.aborted, Duration::from_millis(100));
         drop(st);
@@ -1478,6 +1674,120 @@ impl Transport for Engine {
 }
 
 impl Engine {
+    /// What a fast call cannot see in its mailboxes, checked while it
+    /// waits (and when a notice arrived): runs the engine once (notices,
+    /// abort, frames), looks for dead peers if `liveness` and it is time,
+    /// and fails the call `header` on an abort, a crashed or lost rank it
+    /// awaits (`awaited`), a mismatch a peer reported, or a frame of this
+    /// call on the rings (a peer that took the rings where this rank took
+    /// the fast path).
+    pub(super) fn fast_checkup(
+        &self,
+        fast: &FastPath,
+        header: &Header,
+        awaited: &[usize],
+        liveness: bool,
+    ) -> Result<()> {
+        if self.is_aborted() {
+            return Err(Error::Aborted);
+        }
+        // Before reading the rings, so that a notice arriving later is
+        // acted on next time.
+        fast.notices_acted();
+        let mut st = self.lock();
+        st.progress(self.rank, &self.aborted);
+        // As after an engine call's progress: bytes for another thread's
+        // call may have been delivered.
+        if self.active.load(Ordering::SeqCst) > 0 {
+            self.bell.ring_local();
+        }
+        if liveness {
+            let now = Instant::now();
+            if now.duration_since(st.last_liveness) >= LIVENESS_EVERY {
+                st.check_liveness(now);
+            }
+        }
+        if self.is_aborted() {
+            return Err(Error::Aborted);
+        }
+        if let Some(culprit) = st.culprit {
+            return Err(Error::PeerLost { rank: culprit });
+        }
+        if let Some(err) = &st.sticky {
+            return Err(err.clone());
+        }
+        let verdict = self.ledger().take_verdict(header.key());
+        if let Some((peer, theirs)) = verdict {
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                local: header.sig.to_string(),
+                peer,
+                remote: theirs.sig.to_string(),
+            });
+        }
+        for p in 0..st.peers.len() {
+            let at = st.peers[p]
+                .unexpected
+                .iter()
+                .position(|u| u.header.key() == header.key());
+            if let Some(at) = at {
+                let msg = st.peers[p]
+                    .unexpected
+                    .remove(at)
+                    .expect("position is valid");
+                if let Some((addr, _)) = msg.remote {
+                    st.queue_ack(p, &msg.header, addr);
+                }
+                st.notify_mismatch(p, header);
+                st.flush_now();
+                return Err(Error::Mismatch {
+                    rank: self.rank,
+                    local: header.sig.to_string(),
+                    peer: p,
+                    remote: msg.header.sig.to_string(),
+                });
+            }
+        }
+        if let Some(&p) = awaited.iter().find(|&&p| st.peers[p].lost.is_some()) {
+            return Err(Error::PeerLost { rank: p });
+        }
+        Ok(())
+    }
+
+    /// Fails the fast call `header` for `problem`, telling the peer where
+    /// the engine would.
+    pub(super) fn fast_fail(&self, header: &Header, problem: Problem) -> Error {
+        let mut st = self.lock();
+        match problem {
+            Problem::Mismatch { peer, theirs } => {
+                st.notify_mismatch(peer, header);
+                st.flush_now();
+                Error::Mismatch {
+                    rank: self.rank,
+                    local: header.sig.to_string(),
+                    peer,
+                    remote: fastpath::describe(theirs),
+                }
+            }
+            Problem::Late { peer, key, theirs } => {
+                st.late_mismatch_of(self.rank, peer, key, fastpath::describe(theirs));
+                st.flush_now();
+                st.sticky.clone().unwrap_or_else(|| Error::Mismatch {
+                    rank: self.rank,
+                    local: header.sig.to_string(),
+                    peer,
+                    remote: fastpath::describe(theirs),
+                })
+            }
+            Problem::Reported { peer, theirs } => Error::Mismatch {
+                rank: self.rank,
+                local: header.sig.to_string(),
+                peer,
+                remote: theirs.sig.to_string(),
+            },
+        }
+    }
+
     /// Moves everything until call `id` completes, fails or times out.
     fn drive<'a>(
         &'a self,
@@ -1526,18 +1836,20 @@ impl Engine {
                 return (st, Err(err));
             }
             if now.duration_since(st.last_liveness) >= LIVENESS_EVERY {
-                st.last_liveness = now;
-                for p in 0..st.peers.len() {
-                    if st.peers[p].lost.is_some() {
-                        continue;
-                    }
-                    if let Some(chan) = st.peers[p].chan.as_mut() {
-                        if let Err(e) = chan.check_alive() {
-                            st.lose(p, format!("rank {p}: {e}"));
-                        }
-                    }
-                }
+                st.check_liveness(now);
                 continue;
+            }
+            // A peer on the fast path where this call uses the rings: its
+            // message waits in a mailbox.
+            if let Some(fast) = self.fast.as_ref().filter(|f| f.anything_new()) {
+                let live: Vec<(u64, u64)> =
+                    st.calls.iter().flatten().map(|c| c.header.key()).collect();
+                let found = fast.drain(&mut self.ledger(), |key| live.contains(&key));
+                if !found.is_empty() {
+                    st.fast_foreign(self.rank, found);
+                    st.flush_now();
+                    continue;
+                }
             }
             if now < spin_until {
                 // Let go of the lock so other threads of this rank progress.
@@ -1618,6 +1930,11 @@ impl Engine {
     }
 }
 
+/// Locks the ledger (a panic while it was held leaves it usable).
+fn lock_ledger(ledger: &Mutex<Ledger>) -> MutexGuard<'_, Ledger> {
+    ledger.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// `poll(2)` on `fds` for at most `timeout` (interruptions are fine: the
 /// caller looks at every channel again).
 fn poll_fds(mut fds: Vec<libc::pollfd>, timeout: Duration) {
@@ -1690,7 +2007,7 @@ fn control_frame(kind: FrameKind, value: u64) -> Vec<u8> {
 /// half-written frame cannot be interrupted), ahead of the data behind it.
 fn push_between_frames(sendq: &mut VecDeque<Outbound>, bytes: &[u8]) {
     let at = usize::from(sendq.front().is_some_and(|o| o.done > 0));
-    sendq.insert(at, Outbound::header_only(None, bytes.to_vec(), None));
+    sendq.insert(at, Outbound::notice(bytes.to_vec()));
 }
 
 impl Drop for Engine {

@@ -12,10 +12,13 @@
 //! Implementations: [`thread::ThreadTransport`] (ranks as threads of one
 //! process), and for ranks that are processes one progress engine
 //! (`engine.rs`) over byte channels: shared-memory rings ([`shm`]) within a
-//! host, TCP ([`tcp`]) between hosts; `crate::init` assembles them.
+//! host, TCP ([`tcp`]) between hosts; `crate::init` assembles them. Small
+//! collectives among the ranks of one host bypass plans, executor and
+//! rings altogether through the engine's mailboxes (`fastpath.rs`).
 
 pub(crate) mod channel;
 pub(crate) mod engine;
+pub(crate) mod fastpath;
 pub mod shm;
 pub mod tcp;
 pub mod thread;

@@ -15,12 +15,21 @@
 //! ```text
 //! 0        header: magic u64 | version u32 | pid u32 | local_size u64 | ring_bytes u64
 //! B        doorbell: rings u32 (futex word) | sleepers u32
-//! 2B       ring 0   (bytes from local rank 0 to the owner)
-//! ...      ring i at 2B + i * (2B + ring_bytes):
+//! 2B       notices u64: control notices peers have written into our rings
+//! 3B       mailbox 0 (tiny messages from local rank 0 to the owner)
+//! ...      mailbox i at 3B + i * (1 + SLOTS) * B:
+//!            +0   ack u64: messages consumed (written by the owner only)
+//!            +B   SLOTS slots of B bytes: stamp u64 | comm u64 | seq u64 |
+//!                 signature u64 | payload (up to 96 bytes)
+//! M        ring 0   (bytes from local rank 0 to the owner), M = 3B + local_size * (1 + SLOTS) * B
+//! ...      ring i at M + i * (2B + ring_bytes):
 //!            +0   head u64: total bytes written (written by the sender only)
 //!            +B   tail u64: total bytes consumed (written by the receiver only)
 //!            +2B  ring_bytes of data (64-byte aligned)
 //! ```
+//!
+//! The mailboxes carry the small-collective fast path
+//! (`fastpath.rs`); their protocol is described there.
 //!
 //! Every shared word is only ever accessed through atomics, by every process.
 //! The header is written by the creator before it stores `magic` with
@@ -107,7 +116,7 @@ const NAME_PREFIX: &str = "ferrocoll-";
 /// First word of every segment header.
 const MAGIC: u64 = u64::from_le_bytes(*b"FERROSHM");
 /// Layout version, bumped on any change to the segment layout.
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Spacing of independently written words: two cache lines.
 const BLOCK: usize = 128;
 
@@ -127,8 +136,21 @@ const HDR_LEN: usize = 32;
 const BELL_RINGS: usize = BLOCK;
 /// Doorbell: number of threads inside [`Doorbell::wait`] (u32).
 const BELL_SLEEPERS: usize = BLOCK + 4;
-/// Offset of ring 0.
-const RINGS_START: usize = 2 * BLOCK;
+/// Count of control notices written to this rank (u64, see [`Mailboxes::notices`]).
+const NOTICES: usize = 2 * BLOCK;
+/// Offset of mailbox 0.
+const MAILBOXES_START: usize = 3 * BLOCK;
+/// Slots per mailbox: how many tiny messages a sender may have unconsumed.
+/// Beyond the room to run ahead, more slots mean fewer reads of the
+/// receiver's `ack` (a sender reloads it only when its cached copy says the
+/// mailbox is full, so once every `SLOTS - 1` messages in lockstep).
+pub(crate) const SLOTS: usize = 16;
+/// Bytes of one mailbox: its `ack` block and its slots.
+const MAILBOX_BYTES: usize = (1 + SLOTS) * BLOCK;
+/// Slot: header bytes before the payload (stamp, comm, seq, signature).
+const SLOT_HEADER: usize = 32;
+/// Most payload bytes one slot carries.
+pub(crate) const SLOT_PAYLOAD: usize = BLOCK - SLOT_HEADER;
 /// Ring: `head` offset within the ring.
 const RING_HEAD: usize = 0;
 /// Ring: `tail` offset within the ring.
@@ -171,12 +193,20 @@ fn validate_job(job: &str) -> io::Result<()> {
     }
 }
 
-/// Segment length for `local_size` rings of `ring_bytes`, if it fits.
+/// Offset of ring 0 in a segment of `local_size` mailboxes.
+fn rings_start(local_size: usize) -> Option<usize> {
+    MAILBOX_BYTES
+        .checked_mul(local_size)?
+        .checked_add(MAILBOXES_START)
+}
+
+/// Segment length for `local_size` mailboxes and rings of `ring_bytes`, if
+/// it fits.
 fn segment_len(local_size: usize, ring_bytes: usize) -> Option<usize> {
     ring_bytes
         .checked_add(RING_DATA)?
         .checked_mul(local_size)?
-        .checked_add(RINGS_START)
+        .checked_add(rings_start(local_size)?)
 }
 
 /// This process's pid.
@@ -297,7 +327,13 @@ impl Segment {
     /// Offset of ring `i` (bytes from local rank `i`).
     fn ring_offset(&self, i: usize) -> usize {
         assert!(i < self.local_size);
-        RINGS_START + i * (RING_DATA + self.ring_bytes)
+        MAILBOXES_START + self.local_size * MAILBOX_BYTES + i * (RING_DATA + self.ring_bytes)
+    }
+
+    /// Offset of mailbox `i` (tiny messages from local rank `i`).
+    fn mailbox_offset(&self, i: usize) -> usize {
+        assert!(i < self.local_size);
+        MAILBOXES_START + i * MAILBOX_BYTES
     }
 
     /// Ring `i`'s `head` (total bytes written by its sender).
@@ -611,6 +647,11 @@ impl ShmNode {
             seg.ring_offset(self.local_rank),
             RING_DATA + ring_bytes,
         );
+        let _ = seg.map.advise_range(
+            Advice::PopulateWrite,
+            seg.mailbox_offset(self.local_rank),
+            MAILBOX_BYTES,
+        );
         self.peers[local_peer] = Some(Arc::new(seg));
         Ok(())
     }
@@ -687,6 +728,18 @@ impl ShmNode {
     /// (the caller has checked with [`cma_read`] that the kernel allows it).
     pub fn enable_single_copy(&mut self, on: bool) {
         self.cma = on;
+    }
+
+    /// The mailboxes of the small-collective fast path: ours and our slots
+    /// in every local peer's segment. `None` until every local peer is
+    /// attached.
+    pub fn mailboxes(&self) -> Option<Mailboxes> {
+        let peers = self.peers.iter().cloned().collect::<Option<Vec<_>>>()?;
+        Some(Mailboxes {
+            own: Arc::clone(&self.own),
+            peers,
+            me: self.local_rank,
+        })
     }
 
     /// This rank's doorbell (in its own segment).
@@ -766,6 +819,172 @@ impl Doorbell for ShmDoorbell {
 
     fn ring_local(&self) {
         self.seg.ring_bell();
+    }
+}
+
+/// The mailboxes of one rank (see the layout in the module documentation):
+/// its own, which local peers write into, and its slots in theirs. The
+/// protocol on top is [`super::fastpath`]'s; this type only knows where the
+/// words are and how to touch them.
+///
+/// Every header word and the `ack` are only accessed atomically. A slot's
+/// payload is plain memory, handed over like ring data: the sender writes it
+/// before storing the slot's stamp with `Release`; the receiver reads it
+/// after loading the stamp with `Acquire` and before storing `ack` past it
+/// with `Release`; the sender writes the slot again only after loading such
+/// an `ack` with `Acquire`.
+pub(crate) struct Mailboxes {
+    /// Our segment: mailbox `i` holds what local rank `i` sends us.
+    own: Arc<Segment>,
+    /// Every local rank's segment (ours at `me`).
+    peers: Vec<Arc<Segment>>,
+    /// Our local rank.
+    me: usize,
+}
+
+/// A message read out of a slot.
+#[derive(Clone, Copy)]
+pub(crate) struct SlotMessage {
+    /// Communicator id.
+    pub comm: u64,
+    /// Call sequence number.
+    pub seq: u64,
+    /// The sender's call signature, packed (see `fastpath::pack`).
+    pub sig: u64,
+    /// The first `len` bytes of the payload (`len` as the signature says,
+    /// at most [`SLOT_PAYLOAD`]); 8-byte aligned.
+    pub data: [u64; SLOT_PAYLOAD / 8],
+}
+
+impl Mailboxes {
+    /// Number of local ranks.
+    pub fn local_size(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// Offset of slot `k` of mailbox `sender` in any segment.
+    fn slot_offset(seg: &Segment, sender: usize, k: usize) -> usize {
+        debug_assert!(k < SLOTS);
+        seg.mailbox_offset(sender) + BLOCK + (k % SLOTS) * BLOCK
+    }
+
+    /// The stamp of the slot that holds our message number `stamp` from
+    /// local rank `from` once it has arrived (stamps count from 1).
+    pub fn inbound_stamp(&self, from: usize, stamp: u64) -> &AtomicU64 {
+        let off = Self::slot_offset(&self.own, from, (stamp % SLOTS as u64) as usize);
+        self.own.u64_at(off)
+    }
+
+    /// Reads message `stamp` from local rank `from`, which the caller has
+    /// seen arrive (its stamp loaded with `Acquire` equal to `stamp`), then
+    /// marks it consumed. `payload_len` extracts the payload length from the
+    /// packed signature (clamped to [`SLOT_PAYLOAD`]).
+    pub fn take(&self, from: usize, stamp: u64, payload_len: impl Fn(u64) -> usize) -> SlotMessage {
+        let seg = &*self.own;
+        let off = Self::slot_offset(seg, from, (stamp % SLOTS as u64) as usize);
+        let comm = seg.u64_at(off + 8).load(Ordering::Relaxed);
+        let seq = seg.u64_at(off + 16).load(Ordering::Relaxed);
+        let sig = seg.u64_at(off + 24).load(Ordering::Relaxed);
+        let len = payload_len(sig).min(SLOT_PAYLOAD);
+        let mut data = [0u64; SLOT_PAYLOAD / 8];
+        // SAFETY: `off + SLOT_HEADER + len <= off + BLOCK` is inside the
+        // mapping (the slot lies inside the segment's mailbox area). The
+        // sender wrote these bytes before its `Release` store of the stamp,
+        // which the caller loaded with `Acquire`, and does not write them
+        // again before we store `ack` below (see the type's documentation).
+        // `data` is a local array of at least `len` bytes.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                seg.map.as_ptr().add(off + SLOT_HEADER),
+                data.as_mut_ptr().cast::<u8>(),
+                len,
+            );
+        }
+        seg.u64_at(seg.mailbox_offset(from))
+            .store(stamp, Ordering::Release);
+        SlotMessage {
+            comm,
+            seq,
+            sig,
+            data,
+        }
+    }
+
+    /// How many of our messages local rank `to` has consumed.
+    pub fn acked_by(&self, to: usize) -> u64 {
+        let seg = &*self.peers[to];
+        seg.u64_at(seg.mailbox_offset(self.me))
+            .load(Ordering::Acquire)
+    }
+
+    /// Writes our message number `stamp` to local rank `to` and publishes
+    /// it. The caller has checked that `to` consumed message `stamp -
+    /// SLOTS` ([`Mailboxes::acked_by`]), so the slot is free.
+    pub fn put(&self, to: usize, stamp: u64, comm: u64, seq: u64, sig: u64, payload: &[u8]) {
+        assert!(
+            payload.len() <= SLOT_PAYLOAD,
+            "payload too large for a slot"
+        );
+        let seg = &*self.peers[to];
+        let off = Self::slot_offset(seg, self.me, (stamp % SLOTS as u64) as usize);
+        seg.u64_at(off + 8).store(comm, Ordering::Relaxed);
+        seg.u64_at(off + 16).store(seq, Ordering::Relaxed);
+        seg.u64_at(off + 24).store(sig, Ordering::Relaxed);
+        // SAFETY: the destination `off + SLOT_HEADER .. + payload.len()` is
+        // inside the slot (asserted length) and so inside the mapping. The
+        // receiver consumed the slot's previous message (the caller checked
+        // its `ack` with `Acquire`) and does not read the slot again until
+        // the `Release` store of the stamp below. The source is the
+        // caller's memory, disjoint from the shared mapping.
+        unsafe {
+            ptr::copy_nonoverlapping(
+                payload.as_ptr(),
+                seg.map.as_mut_ptr().add(off + SLOT_HEADER),
+                payload.len(),
+            );
+        }
+        seg.u64_at(off).store(stamp, Ordering::Release);
+    }
+
+    /// Wakes local rank `to` if a thread of it sleeps on its doorbell. The
+    /// caller issues a `SeqCst` fence between publishing what `to` may wait
+    /// for and this call (see [`Mailboxes::sleep`]).
+    pub fn wake(&self, to: usize) {
+        let seg = &*self.peers[to];
+        if seg.sleepers().load(Ordering::Relaxed) > 0 {
+            seg.ring_bell();
+        }
+    }
+
+    /// Rings our own doorbell (wakes this rank's other threads).
+    pub fn wake_self(&self) {
+        self.own.ring_bell();
+    }
+
+    /// The count of control notices written to this rank (incremented by
+    /// peers after such a frame is in our ring: `ShmChannel::alert`).
+    pub fn notices(&self) -> u64 {
+        self.own.u64_at(NOTICES).load(Ordering::Acquire)
+    }
+
+    /// Sleeps on our doorbell for at most `timeout` unless `ready()` says
+    /// there is something to do. The waker publishes, issues a `SeqCst`
+    /// fence and then reads our sleeper count ([`Mailboxes::wake`]); we
+    /// raise the count, fence, then call `ready`: one of the two sees the
+    /// other (so a waker that finds no sleeper needs no system call, and no
+    /// wake-up is lost). The futex compares the ring count against the
+    /// token read before, so a ring between `ready` and the sleep returns
+    /// at once.
+    pub fn sleep(&self, timeout: Duration, ready: impl Fn() -> bool) {
+        let rings = self.own.rings();
+        let sleepers = self.own.sleepers();
+        let token = rings.load(Ordering::Acquire);
+        sleepers.fetch_add(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if !ready() && !timeout.is_zero() {
+            futex_wait(rings, token, timeout);
+        }
+        sleepers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -957,6 +1176,10 @@ impl Channel for ShmChannel {
             self.peer.ring_bell();
         }
         Ok(n)
+    }
+
+    fn alert(&mut self) {
+        self.peer.u64_at(NOTICES).fetch_add(1, Ordering::Release);
     }
 
     fn check_alive(&mut self) -> io::Result<()> {
@@ -1242,6 +1465,50 @@ mod tests {
             latency < Duration::from_secs(1),
             "woke {latency:?} after the send"
         );
+    }
+
+    #[test]
+    fn shm_mailboxes_carry_stamped_messages_and_wake_sleepers() {
+        let (a, b) = pair("mbox", MIN_RING_BYTES);
+        let (ma, mb) = (a.mailboxes().unwrap(), b.mailboxes().unwrap());
+        let len = |_sig: u64| 12;
+        // Nothing yet: message 1 has not arrived.
+        assert_ne!(mb.inbound_stamp(0, 1).load(Ordering::Acquire), 1);
+        assert_eq!(ma.acked_by(1), 0);
+        // Fill every slot, then take them in order; the ack follows.
+        for stamp in 1..=SLOTS as u64 {
+            let payload = [stamp as u8; 12];
+            ma.put(1, stamp, 7, 100 + stamp, 0xAB, &payload);
+        }
+        for stamp in 1..=SLOTS as u64 {
+            assert_eq!(mb.inbound_stamp(0, stamp).load(Ordering::Acquire), stamp);
+            let msg = mb.take(0, stamp, len);
+            assert_eq!((msg.comm, msg.seq, msg.sig), (7, 100 + stamp, 0xAB));
+            let bytes: &[u8] = bytemuck::cast_slice(&msg.data);
+            assert_eq!(&bytes[..12], &[stamp as u8; 12]);
+            assert_eq!(ma.acked_by(1), stamp);
+        }
+        // A slot reused: its old stamp is not the new one's.
+        let next = SLOTS as u64 + 1;
+        assert_ne!(mb.inbound_stamp(0, next).load(Ordering::Acquire), next);
+        // A sleeper wakes when a message is put and the sender wakes it.
+        let waiter = thread::spawn(move || {
+            let start = Instant::now();
+            mb.sleep(Duration::from_secs(5), || {
+                mb.inbound_stamp(0, next).load(Ordering::Acquire) == next
+            });
+            (
+                start.elapsed(),
+                mb.inbound_stamp(0, next).load(Ordering::Acquire),
+            )
+        });
+        thread::sleep(Duration::from_millis(100));
+        ma.put(1, next, 7, 0, 0, &[]);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        ma.wake(1);
+        let (slept, stamp) = waiter.join().unwrap();
+        assert_eq!(stamp, next);
+        assert!(slept < Duration::from_secs(2), "slept {slept:?}");
     }
 
     #[test]
