@@ -2,6 +2,7 @@
 # ferrocoll's process transports next to the peers, in one run, as ratios
 # (issue 4's targets, f32 sum allreduce):
 #   shm, 2 ranks   vs Open MPI (shared memory): busbw >= 2x from 512 KiB to 64 MiB; 8 B latency <= Open MPI's
+#                  (per-call p50 of 200,000 calls, bench/latency.sh, the same loop for both)
 #   shm, 4 ranks   (oversubscribed on 2 cores): 8 B median <= 50 us; 16 MiB busbw >= 1 GB/s
 #   tcp, 2 ranks   vs torch.distributed gloo (TCP loopback): busbw >= 2x from 1 MiB; 8 B latency <= 1/10 of gloo's
 # and the machine's limit: single-core memcpy bandwidth, measured here.
@@ -43,6 +44,10 @@ run_fc tcp 2 "$tmp/tcp2"
 bash "$peers/run_peers.sh" allreduce 2 8 "$hi" 2 openmpi >"$tmp/ompi2" 2>"$tmp/ompi.err" || { cat "$tmp/ompi.err" >&2; exit 1; }
 bash "$peers/run_peers.sh" allreduce 4 8 "$hi" 2 openmpi >"$tmp/ompi4" 2>>"$tmp/ompi.err" || { cat "$tmp/ompi.err" >&2; exit 1; }
 bash "$peers/run_peers.sh" allreduce 2 8 "$hi" 2 gloo >"$tmp/gloo2" 2>"$tmp/gloo.err" || { cat "$tmp/gloo.err" >&2; exit 1; }
+# The 2-rank shm latency target is judged per call, with the same timing loop
+# for both libraries (bench/latency.sh: 200,000 calls, percentiles): the
+# bench's 20-call means above catch a neighbour's preemption as often as not.
+bash bench/latency.sh 1 2 200000 >"$tmp/latency" 2>"$tmp/latency.err" || { cat "$tmp/latency.err" >&2; exit 1; }
 
 python3 - "$tmp" "$limit" <<'PY'
 import json, sys, os
@@ -72,6 +77,8 @@ def table(title, fc, peer, peer_name, bw_from, bw_ratio, lat_ratio):
             if ratio < bw_ratio:
                 bw_ok = False
             worst = ratio if worst is None else min(worst, ratio)
+    if lat_ratio is None:
+        return
     small = min(set(fc) & set(peer))
     lat = fc[small]["time_us"] / peer[small]["time_us"]
     verdicts.append(f"{title}: busbw >= {bw_ratio}x {peer_name} from {bw_from} B: "
@@ -79,8 +86,19 @@ def table(title, fc, peer, peer_name, bw_from, bw_ratio, lat_ratio):
     verdicts.append(f"{title}: {small} B latency {fc[small]['time_us']:.2f} us vs {peer[small]['time_us']:.2f} us "
                     f"= {lat:.3f} of {peer_name}'s (target <= {lat_ratio}): {'met' if lat <= lat_ratio else 'MISSED'}")
 
-table("shm, 2 ranks, vs Open MPI", load("shm2"), load("ompi2"), "ompi", 512 << 10, 2.0, 1.0)
-table("shm, 2 ranks, SharedBuffer, vs Open MPI", load("shm2s"), load("ompi2"), "ompi", 512 << 10, 2.0, 1.0)
+table("shm, 2 ranks, vs Open MPI", load("shm2"), load("ompi2"), "ompi", 512 << 10, 2.0, None)
+table("shm, 2 ranks, SharedBuffer, vs Open MPI", load("shm2s"), load("ompi2"), "ompi", 512 << 10, 2.0, None)
+print("\n## 8 B allreduce per call, 2 ranks, shm (bash bench/latency.sh 1 2 200000)")
+p50 = {}
+for line in open(os.path.join(tmp, "latency")):
+    print("  " + line.rstrip())
+    key = "fast" if line.startswith("FERROCOLL_SHM_FAST=auto") else "ompi" if line.startswith("Open MPI") else None
+    if key and " p50 " in line:
+        p50[key] = float(line.split(" p50 ")[1].split()[0])
+if "fast" in p50 and "ompi" in p50:
+    r = p50["fast"] / p50["ompi"]
+    verdicts.append(f"shm, 2 ranks: 8 B latency p50 {p50['fast']:.3f} us vs Open MPI {p50['ompi']:.3f} us "
+                    f"= {r:.3f} of ompi's (target <= 1.0): {'met' if r <= 1.0 else 'MISSED'}")
 table("tcp, 2 ranks, vs gloo", load("tcp2"), load("gloo2"), "gloo", 1 << 20, 2.0, 0.1)
 shm4, ompi4 = load("shm4"), load("ompi4")
 table("shm, 4 ranks (oversubscribed), vs Open MPI, for reference", shm4, ompi4, "ompi", 1 << 62, 0.0, float("inf"))
