@@ -77,12 +77,12 @@ def table(title, fc, peer, peer_name, bw_from, bw_ratio, lat_ratio):
             if ratio < bw_ratio:
                 bw_ok = False
             worst = ratio if worst is None else min(worst, ratio)
+    verdicts.append(f"{title}: busbw >= {bw_ratio}x {peer_name} from {bw_from} B: "
+                    f"{'met' if bw_ok else 'MISSED'} (worst {worst:.2f}x)")
     if lat_ratio is None:
         return
     small = min(set(fc) & set(peer))
     lat = fc[small]["time_us"] / peer[small]["time_us"]
-    verdicts.append(f"{title}: busbw >= {bw_ratio}x {peer_name} from {bw_from} B: "
-                    f"{'met' if bw_ok else 'MISSED'} (worst {worst:.2f}x)")
     verdicts.append(f"{title}: {small} B latency {fc[small]['time_us']:.2f} us vs {peer[small]['time_us']:.2f} us "
                     f"= {lat:.3f} of {peer_name}'s (target <= {lat_ratio}): {'met' if lat <= lat_ratio else 'MISSED'}")
 
