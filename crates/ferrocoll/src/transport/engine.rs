@@ -1858,7 +1858,11 @@ impl Engine {
                 // microseconds away), then yield: with more ranks than
                 // cores the peer we wait for may need this very core.
                 if self.dedicated_core {
-                    for _ in 0..32 {
+                    // A few pauses only: one PAUSE takes ~140 cycles on
+                    // recent x86 cores, so the 32 this loop once had made
+                    // every poll ~1.5 us late (8 B through the rings: median
+                    // 1.2-1.3 us with 32, 0.49 us with 4; bench/RESULTS.md).
+                    for _ in 0..4 {
                         std::hint::spin_loop();
                     }
                 } else {
