@@ -132,20 +132,35 @@ fn close(a: f64, b: f64, rel: f64) -> bool {
     (a - b).abs() <= rel * a.abs().max(b.abs()) + 1e-15
 }
 
-#[test]
-fn closed_forms_agree_with_the_plans() {
-    let mut checked = 0;
-    let mut failures = Vec::new();
+/// One case of the consistency tests: a shape and the plans of all its
+/// ranks.
+struct Case {
+    coll: Collective,
+    algo: Algorithm,
+    n: usize,
+    topo: Topology,
+    count: usize,
+    /// Whether blocks split evenly (closed forms exact).
+    exact: bool,
+    root: usize,
+    shape: Shape,
+    plans: Vec<Plan>,
+}
+
+/// Every algorithm of every collective (as `selected`), n = 1..64, every
+/// topology, count and root the tests cover.
+fn each_case(mut f: impl FnMut(&Case)) {
     for coll in Collective::ALL {
         for &algo in coll.algorithms().iter().filter(|&&a| selected(coll, a)) {
             for n in 1..=64usize {
                 for topo in topologies(algo, n) {
                     for (count, exact) in counts(n) {
-                        for root in if coll.has_root() {
+                        let roots = if coll.has_root() {
                             vec![0, n - 1]
                         } else {
                             vec![0]
-                        } {
+                        };
+                        for root in roots {
                             let mut shape = Shape::new(coll, n, count, 4);
                             shape.root = root;
                             shape.topology = topo.clone();
@@ -155,59 +170,89 @@ fn closed_forms_agree_with_the_plans() {
                             let plans: Vec<Plan> = (0..n)
                                 .map(|r| plan::build(algo, &shape.request(r)).unwrap())
                                 .collect();
-                            for profile in profiles() {
-                                let walked = walk(&plans, 4, &profile, &topo).unwrap();
-                                let Some(model) = predict(algo, &shape, &profile) else {
-                                    failures.push(format!("{coll}/{algo}: no closed form"));
-                                    continue;
-                                };
-                                checked += 1;
-                                let rel = if exact { 1e-9 } else { 0.02 };
-                                let ok = if algo == Algorithm::DoubleBinaryTree {
-                                    // The two trees' critical path depends on
-                                    // the depth each rank gets in each tree:
-                                    // no exact closed form in N, M and the
-                                    // segment count (cost/tree.rs); within 10 %
-                                    // with exact rounds.
-                                    close(model.total(), walked.total(), 0.10)
-                                        && close(model.latency, walked.latency, 0.10)
-                                } else if copy_delayed(coll, algo, n, &profile) {
-                                    // A core rank's copy of its own block,
-                                    // delayed until its partner has folded,
-                                    // reaches a rank that returns blocks to
-                                    // an extra rank: the form adds it to the
-                                    // largest exchanges, an upper bound
-                                    // (cost/recursive.rs), within 5 %.
-                                    model.total() >= walked.total() * (1.0 - 1e-9)
-                                        && model.total() <= walked.total() * 1.05
-                                        && close(model.latency, walked.latency, 1e-9)
-                                } else if coll == Collective::AllToAllV {
-                                    // Seed 004's form charges every step at its
-                                    // busiest pair, as if steps were globally
-                                    // synchronised; the plans only wait for their
-                                    // partners, so with skewed counts they can
-                                    // finish a little earlier. The form is an
-                                    // upper bound within 5 %, with exact rounds.
-                                    model.total() >= walked.total() * (1.0 - 1e-9)
-                                        && model.total() <= walked.total() * 1.05 + 1e-15
-                                        && close(model.latency, walked.latency, 1e-9)
-                                } else {
-                                    close(model.total(), walked.total(), rel)
-                                        && close(model.latency, walked.latency, rel)
-                                };
-                                if !ok {
-                                    failures.push(describe(
-                                        coll, algo, n, &topo, count, root, &profile, &model,
-                                        &walked,
-                                    ));
-                                }
-                            }
+                            f(&Case {
+                                coll,
+                                algo,
+                                n,
+                                topo: topo.clone(),
+                                count,
+                                exact,
+                                root,
+                                shape,
+                                plans,
+                            });
                         }
                     }
                 }
             }
         }
     }
+}
+
+#[test]
+fn closed_forms_agree_with_the_plans() {
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    each_case(|c| {
+        let Case {
+            coll,
+            algo,
+            n,
+            topo,
+            count,
+            exact,
+            root,
+            shape,
+            plans,
+        } = c;
+        let (coll, algo, n, count, exact, root) = (*coll, *algo, *n, *count, *exact, *root);
+        for profile in profiles() {
+            let walked = walk(plans, 4, &profile, topo).unwrap();
+            let Some(model) = predict(algo, shape, &profile) else {
+                failures.push(format!("{coll}/{algo}: no closed form"));
+                continue;
+            };
+            checked += 1;
+            let rel = if exact { 1e-9 } else { 0.02 };
+            let ok = if algo == Algorithm::DoubleBinaryTree {
+                // The two trees' critical path depends on
+                // the depth each rank gets in each tree:
+                // no exact closed form in N, M and the
+                // segment count (cost/tree.rs); within 10 %
+                // with exact rounds.
+                close(model.total(), walked.total(), 0.10)
+                    && close(model.latency, walked.latency, 0.10)
+            } else if copy_delayed(coll, algo, n, &profile) {
+                // A core rank's copy of its own block,
+                // delayed until its partner has folded,
+                // reaches a rank that returns blocks to
+                // an extra rank: the form adds it to the
+                // largest exchanges, an upper bound
+                // (cost/recursive.rs), within 5 %.
+                model.total() >= walked.total() * (1.0 - 1e-9)
+                    && model.total() <= walked.total() * 1.05
+                    && close(model.latency, walked.latency, 1e-9)
+            } else if coll == Collective::AllToAllV {
+                // Seed 004's form charges every step at its
+                // busiest pair, as if steps were globally
+                // synchronised; the plans only wait for their
+                // partners, so with skewed counts they can
+                // finish a little earlier. The form is an
+                // upper bound within 5 %, with exact rounds.
+                model.total() >= walked.total() * (1.0 - 1e-9)
+                    && model.total() <= walked.total() * 1.05 + 1e-15
+                    && close(model.latency, walked.latency, 1e-9)
+            } else {
+                close(model.total(), walked.total(), rel)
+                    && close(model.latency, walked.latency, rel)
+            };
+            if !ok {
+                failures.push(describe(
+                    coll, algo, n, topo, count, root, &profile, &model, &walked,
+                ));
+            }
+        }
+    });
     failures.dedup();
     assert!(
         failures.is_empty(),
@@ -274,72 +319,61 @@ fn loggp_profiles() -> Vec<(Profile, bool)> {
 fn loggp_split_agrees_with_the_plans() {
     let mut checked = 0;
     let mut failures = Vec::new();
-    for coll in Collective::ALL {
-        for &algo in coll.algorithms().iter().filter(|&&a| selected(coll, a)) {
-            for n in 1..=64usize {
-                for topo in topologies(algo, n) {
-                    for (count, exact) in counts(n) {
-                        for root in if coll.has_root() {
-                            vec![0, n - 1]
-                        } else {
-                            vec![0]
-                        } {
-                            let mut shape = Shape::new(coll, n, count, 4);
-                            shape.root = root;
-                            shape.topology = topo.clone();
-                            if coll == Collective::AllToAllV {
-                                shape.v_counts = v_counts(n, count);
-                            }
-                            let plans: Vec<Plan> = (0..n)
-                                .map(|r| plan::build(algo, &shape.request(r)).unwrap())
-                                .collect();
-                            for (profile, same_o) in loggp_profiles() {
-                                let walked = walk_cpu(&plans, 4, &profile, &topo);
-                                let busy = busiest(algo, &shape, &profile).unwrap();
-                                let ov = overlap(algo, &shape, &profile).unwrap();
-                                let model = busy.cpu(ov.loggp.overhead, &profile);
-                                checked += 1;
-                                let mixed = topo.nodes() > 1 && topo.local_size() > 1;
-                                let rel = if exact { 1e-9 } else { 0.02 };
-                                let ok = if same_o || !mixed {
-                                    close(model, walked, rel)
-                                } else {
-                                    model >= walked * (1.0 - 1e-9)
-                                };
-                                // Where both the time form and the CPU part
-                                // are exact, so is the hideable part (the
-                                // CPU part capped at the total on both sides).
-                                let time = walk(&plans, 4, &profile, &topo).unwrap().total();
-                                let split_ok = !exact
-                                    || (!same_o && mixed)
-                                    || algo == Algorithm::DoubleBinaryTree
-                                    || coll == Collective::AllToAllV
-                                    || copy_delayed(coll, algo, n, &profile)
-                                    || close(ov.hideable, time - walked.min(time), 1e-9);
-                                if !ok || !split_ok {
-                                    failures.push(format!(
-                                        "{coll}/{algo} n={n} topo={topo} count={count} root={root} o={:e}/{:e}: closed form cpu {model:e} (messages {}, reduced {}, copied {}) walk {walked:e}; hideable {:e} vs walk {:e}",
-                                        profile.intra.overhead,
-                                        profile.inter.overhead,
-                                        busy.messages,
-                                        busy.reduced,
-                                        busy.copied,
-                                        ov.hideable,
-                                        time - walked,
-                                    ));
-                                }
-                                assert!(
-                                    (0.0..=1.0).contains(&ov.hideable_fraction),
-                                    "{coll}/{algo} n={n}: fraction {}",
-                                    ov.hideable_fraction
-                                );
-                            }
-                        }
-                    }
-                }
+    each_case(|c| {
+        let Case {
+            coll,
+            algo,
+            n,
+            topo,
+            count,
+            exact,
+            root,
+            shape,
+            plans,
+        } = c;
+        let (coll, algo, n, count, exact, root) = (*coll, *algo, *n, *count, *exact, *root);
+        for (profile, same_o) in loggp_profiles() {
+            let walked = walk_cpu(plans, 4, &profile, topo);
+            let busy = busiest(algo, shape, &profile).unwrap();
+            let ov = overlap(algo, shape, &profile).unwrap();
+            let model = busy.cpu(ov.loggp.overhead, &profile);
+            checked += 1;
+            let mixed = topo.nodes() > 1 && topo.local_size() > 1;
+            let rel = if exact { 1e-9 } else { 0.02 };
+            let ok = if same_o || !mixed {
+                close(model, walked, rel)
+            } else {
+                model >= walked * (1.0 - 1e-9)
+            };
+            // Where both the time form and the CPU part
+            // are exact, so is the hideable part (the
+            // CPU part capped at the total on both sides).
+            let time = walk(plans, 4, &profile, topo).unwrap().total();
+            let split_ok = !exact
+                || (!same_o && mixed)
+                || algo == Algorithm::DoubleBinaryTree
+                || coll == Collective::AllToAllV
+                || copy_delayed(coll, algo, n, &profile)
+                || close(ov.hideable, time - walked.min(time), 1e-9);
+            if !ok || !split_ok {
+                failures.push(format!(
+                        "{coll}/{algo} n={n} topo={topo} count={count} root={root} o={:e}/{:e}: closed form cpu {model:e} (messages {}, reduced {}, copied {}) walk {walked:e}; hideable {:e} vs walk {:e}",
+                        profile.intra.overhead,
+                        profile.inter.overhead,
+                        busy.messages,
+                        busy.reduced,
+                        busy.copied,
+                        ov.hideable,
+                        time - walked,
+                    ));
             }
+            assert!(
+                (0.0..=1.0).contains(&ov.hideable_fraction),
+                "{coll}/{algo} n={n}: fraction {}",
+                ov.hideable_fraction
+            );
         }
-    }
+    });
     failures.dedup();
     assert!(
         failures.is_empty(),
