@@ -1641,9 +1641,11 @@ impl Transport for Engine {
     }
 
     fn abort(&self) {
-        self.aborted.store(true, Ordering::SeqCst);
+        // Peers first, this rank's own waiters after: a thread that returns
+        // Aborted may end the process at once, and a notice not yet written
+        // would be lost with it (a small-call waiter polls the flag without
+        // the lock, so it would not wait for this one).
         let mut st = self.lock();
-        st.fail_all(&Error::Aborted);
         // Tell every peer, so their waits end too (best effort: a full
         // channel drops the notice, and the peer's deadline still holds).
         let notice = control_frame(FrameKind::Abort, 0);
@@ -1664,6 +1666,8 @@ impl Transport for Engine {
             peer.sendq.push_back(Outbound::notice(notice.clone()));
         }
         st.drain_briefly(self.rank, &self.aborted, Duration::from_millis(100));
+        self.aborted.store(true, Ordering::SeqCst);
+        st.fail_all(&Error::Aborted);
         drop(st);
         self.bell.ring_local();
     }

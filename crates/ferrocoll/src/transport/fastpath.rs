@@ -373,7 +373,11 @@ impl FastPath {
         let n = world_of.len();
         // Stamps count from 1: the first message expected is number 1.
         FastPath {
-            notices_seen: AtomicU64::new(boxes.notices()),
+            // Not the counter's current value: a peer that finished its own
+            // start-up first may already have sent a notice (an abort) and
+            // bumped it, and that notice must still be acted on. The
+            // segment, and so the counter, started at 0.
+            notices_seen: AtomicU64::new(0),
             boxes,
             local_of,
             world_of,
@@ -423,6 +427,20 @@ impl FastPath {
         })
     }
 
+    /// The next message from local peer `lp` when it has arrived, taken
+    /// out of its slot (the slot freed and a sender waiting for it woken:
+    /// no fence, it sleeps in short slices, see SPACE_SLICE).
+    fn take_next(&self, lp: usize) -> Option<SlotMessage> {
+        let n = self.next_in[lp].load(Ordering::Relaxed);
+        if self.boxes.inbound_stamp(lp, n).load(Ordering::Acquire) != n {
+            return None;
+        }
+        let msg = self.boxes.take(lp, n, packed_len);
+        self.next_in[lp].store(n + 1, Ordering::Relaxed);
+        self.boxes.wake(lp);
+        Some(msg)
+    }
+
     /// Moves every message that has arrived into the stash and returns the
     /// stashed messages that are for `ours` (calls the engine runs) or for
     /// calls finished here: the engine's check that no peer used the fast
@@ -430,14 +448,7 @@ impl FastPath {
     pub fn drain(&self, ledger: &mut Ledger, ours: impl Fn((u64, u64)) -> bool) -> Vec<Foreign> {
         let mut stashed = false;
         for lp in 0..self.world_of.len() {
-            loop {
-                let n = self.next_in[lp].load(Ordering::Relaxed);
-                if self.boxes.inbound_stamp(lp, n).load(Ordering::Acquire) != n {
-                    break;
-                }
-                let msg = self.boxes.take(lp, n, packed_len);
-                self.next_in[lp].store(n + 1, Ordering::Relaxed);
-                self.boxes.wake(lp);
+            while let Some(msg) = self.take_next(lp) {
                 ledger.stash.push(Stashed {
                     peer: self.world_of[lp],
                     msg,
@@ -588,16 +599,7 @@ impl FastPath {
                 *to_recv &= !(1 << i);
                 continue;
             }
-            loop {
-                let n = self.next_in[lp].load(Ordering::Relaxed);
-                if self.boxes.inbound_stamp(lp, n).load(Ordering::Acquire) != n {
-                    break;
-                }
-                let msg = self.boxes.take(lp, n, packed_len);
-                self.next_in[lp].store(n + 1, Ordering::Relaxed);
-                // A sender waiting for this slot: wake it if it sleeps (no
-                // fence; it sleeps in short slices, see SPACE_SLICE).
-                self.boxes.wake(lp);
+            while let Some(msg) = self.take_next(lp) {
                 let theirs = (msg.comm, msg.seq);
                 if theirs == key {
                     if msg.sig != sig {
