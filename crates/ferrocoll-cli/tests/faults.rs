@@ -418,6 +418,13 @@ fn report(result: ferrocoll::Result<()>) {
     }
 }
 
+/// A barrier 100 ms on: where neither of two mismatched calls waits for
+/// the other, the mismatch shows by then, at the latest at this call.
+fn barrier_later(comm: &Communicator) -> ferrocoll::Result<()> {
+    std::thread::sleep(Duration::from_millis(100));
+    comm.barrier()
+}
+
 fn rank_program(role: &str, comm: &Communicator) {
     let rank = comm.rank();
     match role {
@@ -474,10 +481,7 @@ fn rank_program(role: &str, comm: &Communicator) {
             } else {
                 comm.reduce_in_place(&mut v, ReduceOp::Sum, 1)
             };
-            report(first.and_then(|()| {
-                std::thread::sleep(Duration::from_millis(100));
-                comm.barrier()
-            }));
+            report(first.and_then(|()| barrier_later(comm)));
         }
         "tiny_victim" => {
             if rank == 1 {
@@ -521,10 +525,7 @@ fn rank_program(role: &str, comm: &Communicator) {
             } else {
                 comm.reduce_in_place(&mut v, ReduceOp::Sum, 0)
             };
-            report(first.and_then(|()| {
-                std::thread::sleep(Duration::from_millis(100));
-                comm.barrier()
-            }));
+            report(first.and_then(|()| barrier_later(comm)));
         }
         "tiny_vs_large" => {
             let mut v = vec![1.0f32; if rank == 0 { 2 } else { 1000 }];
@@ -535,10 +536,7 @@ fn rank_program(role: &str, comm: &Communicator) {
             // 0 (fast path) and a large one from rank 1 (rings).
             let mut v = vec![1.0f32; if rank == 0 { 2 } else { 1000 }];
             let first = comm.broadcast_in_place(&mut v, rank);
-            report(first.and_then(|()| {
-                std::thread::sleep(Duration::from_millis(100));
-                comm.barrier()
-            }));
+            report(first.and_then(|()| barrier_later(comm)));
         }
         "tiny_vs_large_late" => {
             // Rank 0's small broadcast (fast path, only sends) is over

@@ -1022,6 +1022,24 @@ impl State {
     }
 
     /// Queues the acknowledgement of remote message `addr` of call `header`.
+    /// Removes the first unexpected message under `key` (peers in order)
+    /// and returns it with its sender, acknowledging a remote one so that
+    /// its sender may reuse the buffer.
+    fn take_unexpected(&mut self, key: (u64, u64)) -> Option<(usize, Unexpected)> {
+        for peer in 0..self.peers.len() {
+            let q = &mut self.peers[peer].unexpected;
+            let Some(at) = q.iter().position(|u| u.header.key() == key) else {
+                continue;
+            };
+            let msg = q.remove(at).expect("position is valid");
+            if let Some((addr, _)) = msg.remote {
+                self.queue_ack(peer, &msg.header, addr);
+            }
+            return Some((peer, msg));
+        }
+        None
+    }
+
     fn queue_ack(&mut self, peer: usize, header: &Header, addr: u64) {
         let ack = Frame {
             kind: FrameKind::Ack,
@@ -1618,24 +1636,11 @@ impl Transport for Engine {
         }
         // Anything of this call left unclaimed came from a peer that called
         // something else here.
-        for peer in 0..st.peers.len() {
-            let left = st.peers[peer]
-                .unexpected
-                .iter()
-                .position(|u| u.header.key() == header.key());
-            if let Some(at) = left {
-                let msg = st.peers[peer]
-                    .unexpected
-                    .remove(at)
-                    .expect("position is valid");
-                if let Some((addr, _)) = msg.remote {
-                    st.queue_ack(peer, &msg.header, addr);
-                }
-                st.late_mismatch(self.rank, peer, &msg.header);
-                let err = st.sticky.clone().expect("set by late_mismatch");
-                st.flush_now();
-                return Err(err);
-            }
+        if let Some((peer, msg)) = st.take_unexpected(header.key()) {
+            st.late_mismatch(self.rank, peer, &msg.header);
+            let err = st.sticky.clone().expect("set by late_mismatch");
+            st.flush_now();
+            return Err(err);
         }
         Ok(())
     }
@@ -1729,28 +1734,15 @@ impl Engine {
                 remote: theirs.sig.to_string(),
             });
         }
-        for p in 0..st.peers.len() {
-            let at = st.peers[p]
-                .unexpected
-                .iter()
-                .position(|u| u.header.key() == header.key());
-            if let Some(at) = at {
-                let msg = st.peers[p]
-                    .unexpected
-                    .remove(at)
-                    .expect("position is valid");
-                if let Some((addr, _)) = msg.remote {
-                    st.queue_ack(p, &msg.header, addr);
-                }
-                st.notify_mismatch(p, header);
-                st.flush_now();
-                return Err(Error::Mismatch {
-                    rank: self.rank,
-                    local: header.sig.to_string(),
-                    peer: p,
-                    remote: msg.header.sig.to_string(),
-                });
-            }
+        if let Some((p, msg)) = st.take_unexpected(header.key()) {
+            st.notify_mismatch(p, header);
+            st.flush_now();
+            return Err(Error::Mismatch {
+                rank: self.rank,
+                local: header.sig.to_string(),
+                peer: p,
+                remote: msg.header.sig.to_string(),
+            });
         }
         if let Some(&p) = awaited.iter().find(|&&p| st.peers[p].lost.is_some()) {
             return Err(Error::PeerLost { rank: p });
