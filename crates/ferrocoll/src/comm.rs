@@ -22,6 +22,8 @@ use crate::transport::engine::Engine;
 use crate::transport::{CallKind, Header, Signature, Transport};
 use crate::types::{DType, Element, ReduceOp};
 
+mod subgroup;
+
 /// Most shapes remembered for `auto`'s choices and `FERROCOLL_DEBUG=tune`.
 const SHAPE_CACHE_LIMIT: usize = 4096;
 

@@ -22,6 +22,7 @@ use std::time::Duration;
 use crate::comm::Communicator;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::rendezvous::Rendezvous;
 use crate::store::{StoreClient, StoreServer};
 use crate::topo::Topology;
 use crate::transport::channel::{Channel, Doorbell};
@@ -177,8 +178,8 @@ pub fn init_with(spec: &WorldSpec, config: Config) -> Result<Communicator> {
 
 /// [`init_with`] with the links chosen by the caller instead of
 /// `FERROCOLL_TRANSPORT`.
-pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Result<Communicator> {
-    let (rank, size) = (spec.rank, spec.size);
+pub fn init_as(spec: &WorldSpec, config: Config, kind: TransportKind) -> Result<Communicator> {
+    let rank = spec.rank;
     let connect_timeout = config
         .timeout
         .min(Duration::from_secs(120))
@@ -215,6 +216,87 @@ pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Res
     };
     let mut store = StoreClient::connect(&spec.store_addr, &spec.secret, connect_timeout)?;
     store.set_timeout(connect_timeout);
+    init_over(spec, Box::new(store), Box::new(server), config, kind)
+}
+
+/// Builds the world communicator of `size` ranks over a rendezvous store
+/// the caller already has (see [`crate::rendezvous`]): `torch.distributed`'s
+/// store, for one, so that a backend needs no port of its own. Every rank
+/// calls it with its `rank`, the same `size` and a store they all reach.
+///
+/// Rank 0 draws a job identifier and a secret and publishes them in the
+/// store (the store is trusted; the secret keeps strays off the TCP links).
+/// `route_to` (`host:port`, typically the store's address) picks the
+/// interface TCP listens on unless `FERROCOLL_SOCKET_IFNAME` names one;
+/// without it the loopback interface is used, which serves one host only.
+pub fn init_with_rendezvous(
+    rank: usize,
+    size: usize,
+    mut store: Box<dyn Rendezvous>,
+    route_to: Option<&str>,
+    config: Config,
+    kind: TransportKind,
+) -> Result<Communicator> {
+    if size == 0 || rank >= size {
+        return Err(Error::invalid(format!(
+            "init_with_rendezvous: rank {rank} of a world of {size}: the rank must be below the \
+             size"
+        )));
+    }
+    if rank == 0 {
+        let job = format!("s{:016x}", random_u64());
+        let secret = format!("{:016x}{:016x}", random_u64(), random_u64());
+        store.set("ferrocoll/job", format!("{job} {secret}").as_bytes())?;
+    }
+    let job = store
+        .wait(&["ferrocoll/job"])
+        .map_err(|e| store_error(e, "learning the job identifier from rank 0"))?
+        .remove(0);
+    let job = String::from_utf8_lossy(&job).into_owned();
+    let (job_id, secret) = job
+        .split_once(' ')
+        .ok_or_else(|| Error::Internal(format!("bad job entry {job:?} in the store")))?;
+    let spec = WorldSpec {
+        rank,
+        size,
+        local_rank: None,
+        local_size: None,
+        store_addr: route_to.unwrap_or("127.0.0.1:1").to_string(),
+        secret: secret.to_string(),
+        job_id: job_id.to_string(),
+        launcher: Launcher::Caller,
+    };
+    init_over(&spec, store, Box::new(()), config, kind)
+}
+
+/// 64 bits that differ between processes and calls (not cryptographic:
+/// the store that carries them is trusted).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+/// The start-up after the store is reached: placement, links, profile.
+/// `keep` lives as long as the transport (rank 0's store server).
+fn init_over(
+    spec: &WorldSpec,
+    mut store: Box<dyn Rendezvous>,
+    keep: Box<dyn std::any::Any + Send + Sync>,
+    mut config: Config,
+    kind: TransportKind,
+) -> Result<Communicator> {
+    let (rank, size) = (spec.rank, spec.size);
+    let connect_timeout = config
+        .timeout
+        .min(Duration::from_secs(120))
+        .max(Duration::from_secs(1));
 
     // Who is where.
     let me = host_identity();
@@ -282,15 +364,26 @@ pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Res
     let connector = if lazy.is_empty() {
         None
     } else {
-        let mut c = TcpConnector::listen(
-            rank,
-            &mut store,
-            &spec.store_addr,
-            &spec.secret,
-            connect_timeout,
+        let mut c = TcpConnector::listen(rank, &spec.store_addr, &spec.secret, connect_timeout)?;
+        store.set(
+            &format!("tcp/addr/{rank}"),
+            c.address().to_string().as_bytes(),
         )?;
-        c.learn_addresses(&mut store, &lazy)
+        // Only lower ranks are connected to (the higher rank of a pair
+        // connects), so only their addresses are needed.
+        let lower: Vec<usize> = lazy.iter().copied().filter(|&p| p < rank).collect();
+        let keys: Vec<String> = lower.iter().map(|p| format!("tcp/addr/{p}")).collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let addrs = store
+            .wait(&refs)
             .map_err(|e| store_error(e, "exchanging TCP addresses"))?;
+        for (&peer, value) in lower.iter().zip(addrs) {
+            let text = String::from_utf8_lossy(&value).into_owned();
+            let addr = text
+                .parse()
+                .map_err(|_| Error::Internal(format!("bad address {text:?} in the store")))?;
+            c.add_peer(peer, addr);
+        }
         Some(c)
     };
 
@@ -303,7 +396,7 @@ pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Res
     let mut bell: Arc<dyn Doorbell> = Arc::new(LocalBell::new());
     let mut fast = None;
     if shm_locals.len() > 1 {
-        let (node, fast_ok) = setup_shm(spec, &mut store, &shm_locals, config.debug, my_node)?;
+        let (node, fast_ok) = setup_shm(spec, store.as_mut(), &shm_locals, config.debug, my_node)?;
         for (lp, &peer) in shm_locals.iter().enumerate() {
             if peer != rank {
                 channels[peer] = Some(node.channel(lp));
@@ -399,7 +492,7 @@ pub fn init_as(spec: &WorldSpec, mut config: Config, kind: TransportKind) -> Res
     if let Some(fast) = fast {
         engine = engine.with_fast_path(fast);
     }
-    let engine = engine.keep_alive(Box::new((server, store)));
+    let engine = engine.keep_alive(Box::new((keep, std::sync::Mutex::new(store))));
     Communicator::with_placement(Arc::new(engine), config, placement)
 }
 
@@ -504,7 +597,7 @@ fn shm_fast_wanted() -> Result<bool> {
 /// of a call take the same path).
 fn setup_shm(
     spec: &WorldSpec,
-    store: &mut StoreClient,
+    store: &mut dyn Rendezvous,
     locals: &[usize],
     debug: bool,
     node: usize,
@@ -756,6 +849,96 @@ mod tests {
     #[test]
     fn allreduce_over_shm_between_threads() {
         allreduce_sizes(TransportKind::Shm);
+    }
+
+    /// A store shared by threads: what a framework's store looks like to
+    /// `init_with_rendezvous`.
+    #[derive(Clone, Default)]
+    struct SharedMap(
+        Arc<(
+            std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>,
+            std::sync::Condvar,
+        )>,
+    );
+
+    impl Rendezvous for SharedMap {
+        fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
+            let (map, cv) = &*self.0;
+            map.lock().unwrap().insert(key.into(), value.into());
+            cv.notify_all();
+            Ok(())
+        }
+        fn wait(&mut self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
+            let (map, cv) = &*self.0;
+            let mut m = map.lock().unwrap();
+            loop {
+                if keys.iter().all(|k| m.contains_key(*k)) {
+                    return Ok(keys.iter().map(|k| m[*k].clone()).collect());
+                }
+                let (next, timeout) = cv.wait_timeout(m, Duration::from_secs(20)).unwrap();
+                if timeout.timed_out() {
+                    return Err(Error::invalid(format!("{keys:?} never set")));
+                }
+                m = next;
+            }
+        }
+        fn add(&mut self, key: &str, delta: i64) -> Result<i64> {
+            let (map, cv) = &*self.0;
+            let mut m = map.lock().unwrap();
+            let now = m
+                .get(key)
+                .map_or(0, |v| String::from_utf8_lossy(v).parse::<i64>().unwrap())
+                + delta;
+            m.insert(key.into(), now.to_string().into_bytes());
+            cv.notify_all();
+            Ok(now)
+        }
+        fn describe(&self) -> String {
+            "a map shared by threads".into()
+        }
+    }
+
+    #[test]
+    fn a_world_over_a_store_the_caller_hands_in() {
+        for kind in [TransportKind::Shm, TransportKind::Tcp] {
+            let store = SharedMap::default();
+            let out: Vec<(f32, &'static str)> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..3)
+                    .map(|rank| {
+                        let store = store.clone();
+                        s.spawn(move || {
+                            let config = Config::default().with_timeout(Duration::from_secs(20));
+                            let comm = init_with_rendezvous(
+                                rank,
+                                3,
+                                Box::new(store),
+                                Some("127.0.0.1:1"),
+                                config,
+                                kind,
+                            )
+                            .unwrap();
+                            let mut v = vec![comm.rank() as f32 + 1.0; 1000];
+                            comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                            let launcher = comm.placement().unwrap().launcher.name();
+                            (v[999], launcher)
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert_eq!(out, vec![(6.0, "caller"); 3], "{kind:?}");
+        }
+        let bad = init_with_rendezvous(
+            3,
+            3,
+            Box::new(SharedMap::default()),
+            None,
+            Config::default(),
+            TransportKind::Tcp,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(bad.contains("below the size"), "{bad}");
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub mod init;
 pub mod kernels;
 pub mod local;
 pub mod plan;
+pub mod rendezvous;
 mod request;
 pub mod select;
 pub mod shared;

@@ -706,6 +706,11 @@ impl StoreClient {
         self.expect_ok("set", key, &response, |d| d.end().then_some(()))
     }
 
+    /// The store's address, as given to [`StoreClient::connect`].
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
     /// The value, or None if the key is not set (does not wait).
     pub fn get(&mut self, key: &str) -> Result<Option<Vec<u8>>> {
         check_key(key)?;

@@ -71,10 +71,13 @@ pub enum Launcher {
     Slurm,
     /// A PMI launcher: MPICH's Hydra, Intel MPI (`PMI_RANK`, `PMI_SIZE`).
     Pmi,
+    /// No launcher's variables: the caller gave rank, size and a store
+    /// ([`crate::init::init_with_rendezvous`], as the torch backend does).
+    Caller,
 }
 
 impl Launcher {
-    /// A short lowercase name: `ferrocoll`, `torchrun`, `openmpi`, `slurm`, `pmi`.
+    /// A short lowercase name: `ferrocoll`, `torchrun`, `openmpi`, `slurm`, `pmi`, `caller`.
     pub fn name(self) -> &'static str {
         match self {
             Launcher::Ferrocoll => "ferrocoll",
@@ -82,6 +85,7 @@ impl Launcher {
             Launcher::OpenMpi => "openmpi",
             Launcher::Slurm => "slurm",
             Launcher::Pmi => "pmi",
+            Launcher::Caller => "caller",
         }
     }
 }

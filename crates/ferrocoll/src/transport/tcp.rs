@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use super::channel::Channel;
 use crate::error::{Error, Result};
-use crate::store::StoreClient;
 
 /// Bytes of receive buffer per connection.
 const RECV_BUFFER: usize = 1 << 20;
@@ -349,18 +348,20 @@ pub(crate) struct TcpConnector {
 
 impl TcpConnector {
     /// Listens on the interface `FERROCOLL_SOCKET_IFNAME` names (or the one
-    /// routing to the store) and publishes the address.
+    /// the kernel routes `route_to`, the rendezvous, through). The caller
+    /// publishes [`TcpConnector::address`] and hands the peers' addresses
+    /// back with [`TcpConnector::add_peer`]: this module knows nothing of
+    /// the rendezvous store.
     pub fn listen(
         rank: usize,
-        store: &mut StoreClient,
-        store_addr: &str,
+        route_to: &str,
         secret: &str,
         timeout: Duration,
     ) -> Result<TcpConnector> {
         let ifname = std::env::var("FERROCOLL_SOCKET_IFNAME")
             .ok()
             .filter(|s| !s.is_empty());
-        let ip = listen_ip(store_addr, ifname.as_deref())?;
+        let ip = listen_ip(route_to, ifname.as_deref())?;
         let io_err = |what: String, e: io::Error| Error::Config {
             var: "FERROCOLL_SOCKET_IFNAME".into(),
             value: ifname.clone().unwrap_or_default(),
@@ -374,7 +375,6 @@ impl TcpConnector {
         let me = listener
             .local_addr()
             .map_err(|e| io_err("listener address".into(), e))?;
-        store.set(&format!("tcp/addr/{rank}"), me.to_string().as_bytes())?;
         Ok(TcpConnector {
             rank,
             listener,
@@ -388,21 +388,16 @@ impl TcpConnector {
         })
     }
 
-    /// Reads the listening addresses of `peers` lower than this rank from
-    /// the store (waiting for them to publish), so that connecting later
-    /// needs no store: rank 0, which serves it, may have exited by then.
-    pub fn learn_addresses(&mut self, store: &mut StoreClient, peers: &[usize]) -> Result<()> {
-        let lower: Vec<usize> = peers.iter().copied().filter(|&p| p < self.rank).collect();
-        let keys: Vec<String> = lower.iter().map(|p| format!("tcp/addr/{p}")).collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        for (peer, value) in lower.iter().zip(store.wait(&refs)?) {
-            let text = String::from_utf8_lossy(&value).into_owned();
-            let addr = text
-                .parse()
-                .map_err(|_| Error::Internal(format!("bad address {text:?} in the store")))?;
-            self.addrs.insert(*peer, addr);
-        }
-        Ok(())
+    /// The address this rank listens on, for peers to connect to.
+    pub fn address(&self) -> SocketAddr {
+        self.me
+    }
+
+    /// Records where `peer` listens (only lower ranks are ever connected
+    /// to), so that connecting later needs no store: rank 0, which serves
+    /// it, may have exited by then.
+    pub fn add_peer(&mut self, peer: usize, addr: SocketAddr) {
+        self.addrs.insert(peer, addr);
     }
 
     /// The listening socket, to poll for connecting peers.
@@ -593,13 +588,9 @@ mod tests {
 
     #[test]
     fn a_client_without_the_secret_is_turned_away() {
-        use crate::store::{StoreClient, StoreServer};
-        let server = StoreServer::start("127.0.0.1:0", "s").unwrap();
-        let addr = server.local_addr().to_string();
-        let mut store = StoreClient::connect(&addr, "s", Duration::from_secs(5)).unwrap();
+        let addr = "127.0.0.1:9";
         let mut rank0 =
-            TcpConnector::listen(0, &mut store, &addr, "job secret", Duration::from_secs(5))
-                .unwrap();
+            TcpConnector::listen(0, addr, "job secret", Duration::from_secs(5)).unwrap();
         let target = rank0.me;
         // A stray client (another job's secret), then garbage, then rank 1.
         let mut stray = TcpStream::connect(target).unwrap();
@@ -609,9 +600,8 @@ mod tests {
         // A client that connects and says nothing does not hold anyone up.
         let _silent = TcpStream::connect(target).unwrap();
         let mut rank1 =
-            TcpConnector::listen(1, &mut store, &addr, "job secret", Duration::from_secs(5))
-                .unwrap();
-        rank1.learn_addresses(&mut store, &[0]).unwrap();
+            TcpConnector::listen(1, addr, "job secret", Duration::from_secs(5)).unwrap();
+        rank1.add_peer(0, rank0.address());
         let mut to0 = rank1.connect(0).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut accepted = Vec::new();

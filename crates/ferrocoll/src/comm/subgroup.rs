@@ -1,0 +1,128 @@
+//! [`Communicator::subgroup`]: a communicator over chosen ranks, made by
+//! those ranks alone (MPI_Comm_create_group), for frameworks whose groups
+//! are created only on their members (`torch.distributed.new_group` never
+//! calls the backend on a rank outside the group, so a collective
+//! [`Communicator::split`] over the parent cannot be used).
+
+use std::collections::HashSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use super::{mix, Communicator, Shared};
+use crate::error::{Error, Result};
+
+impl Communicator {
+    /// A communicator over `ranks` (this communicator's rank numbers; the
+    /// new group's rank `i` is `ranks[i]`), made without talking to any
+    /// rank: every member computes the same identifier from `tag` and the
+    /// list, and non-members do nothing. Every member must call it with the
+    /// same list and tag (as MPI_Comm_create_group); members that disagree
+    /// never meet and their first call times out. Give two groups over the
+    /// same ranks different tags.
+    ///
+    /// Fails when this rank is not in `ranks`, a rank repeats or is out of
+    /// range.
+    pub fn subgroup(&self, ranks: &[usize], tag: u64) -> Result<Communicator> {
+        let size = self.size();
+        let mut seen = HashSet::new();
+        for &r in ranks {
+            if r >= size {
+                return Err(Error::invalid(format!(
+                    "subgroup: rank {r} is out of range for a communicator of {size} ranks"
+                )));
+            }
+            if !seen.insert(r) {
+                return Err(Error::invalid(format!(
+                    "subgroup: rank {r} appears twice in {ranks:?}"
+                )));
+            }
+        }
+        let Some(rank) = ranks.iter().position(|&r| r == self.rank()) else {
+            return Err(Error::invalid(format!(
+                "subgroup: this rank ({}) is not in {ranks:?}; only members create a subgroup",
+                self.rank()
+            )));
+        };
+        let group: Vec<usize> = ranks.iter().map(|&r| self.shared.group[r]).collect();
+        let topology = self.shared.topology.subgroup(ranks);
+        // Distinct from split's identifiers (another constant) and from any
+        // other member list or tag.
+        let id = ranks.iter().fold(
+            mix(self.shared.id ^ 0x5bd1_e995_c2b2_ae35) ^ mix(tag),
+            |h, &r| mix(h ^ r as u64),
+        );
+        let fast = self
+            .shared
+            .engine
+            .as_ref()
+            .and_then(|e| e.fast_path())
+            .is_some_and(|f| f.serves(&group));
+        Ok(Communicator {
+            shared: Arc::new(Shared {
+                transport: Arc::clone(&self.shared.transport),
+                group,
+                rank,
+                id: mix(id),
+                next_seq: AtomicU64::new(0),
+                splits: AtomicU64::new(0),
+                config: Arc::clone(&self.shared.config),
+                topology,
+                scratch: Default::default(),
+                explained: Default::default(),
+                chosen: Default::default(),
+                profile: Default::default(),
+                placement: None,
+                engine: self.shared.engine.clone(),
+                fast,
+                fast_colls: self.shared.fast_colls,
+            }),
+            options: self.options.clone(),
+            reserved_seq: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{local, ReduceOp};
+
+    #[test]
+    fn members_alone_make_a_subgroup_and_it_reduces_over_them() {
+        let out = local::run(5, |comm| {
+            let members = [4usize, 1, 3];
+            if !members.contains(&comm.rank()) {
+                // Non-members carry on with the parent; a parent call after
+                // the subgroup's calls must still match.
+                assert!(comm.subgroup(&members, 7).is_err());
+                let g = comm.subgroup(&[0, 2], 9)?;
+                let mut v = [comm.rank() as u32];
+                g.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+                return Ok((usize::MAX, v[0]));
+            }
+            let g = comm.subgroup(&members, 7)?;
+            let mut v = [comm.rank() as u32 + 1];
+            g.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+            Ok::<_, crate::Error>((g.rank(), v[0]))
+        })
+        .unwrap();
+        let got: Vec<(usize, u32)> = out.into_iter().map(|r| r.unwrap()).collect();
+        assert_eq!(got[4], (0, 5 + 2 + 4));
+        assert_eq!(got[1], (1, 11));
+        assert_eq!(got[3], (2, 11));
+        assert_eq!(got[0], (usize::MAX, 2));
+        assert_eq!(got[2], (usize::MAX, 2));
+    }
+
+    #[test]
+    fn bad_member_lists_are_refused() {
+        let out = local::run(2, |comm| {
+            let dup = comm.subgroup(&[0, 0, 1], 1).unwrap_err().to_string();
+            let range = comm.subgroup(&[0, 1, 2], 1).unwrap_err().to_string();
+            Ok::<_, crate::Error>((dup, range))
+        })
+        .unwrap();
+        let (dup, range) = out[0].as_ref().unwrap();
+        assert!(dup.contains("appears twice"), "{dup}");
+        assert!(range.contains("out of range"), "{range}");
+    }
+}
