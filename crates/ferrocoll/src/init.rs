@@ -853,13 +853,9 @@ mod tests {
 
     /// A store shared by threads: what a framework's store looks like to
     /// `init_with_rendezvous`.
+    type Entries = std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>;
     #[derive(Clone, Default)]
-    struct SharedMap(
-        Arc<(
-            std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>,
-            std::sync::Condvar,
-        )>,
-    );
+    struct SharedMap(Arc<(Entries, std::sync::Condvar)>);
 
     impl Rendezvous for SharedMap {
         fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
