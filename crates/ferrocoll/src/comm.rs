@@ -22,7 +22,7 @@ use crate::transport::engine::Engine;
 use crate::transport::{CallKind, Header, Signature, Transport};
 use crate::types::{DType, Element, ReduceOp};
 
-mod subgroup;
+mod handles;
 
 /// Most shapes remembered for `auto`'s choices and `FERROCOLL_DEBUG=tune`.
 const SHAPE_CACHE_LIMIT: usize = 4096;

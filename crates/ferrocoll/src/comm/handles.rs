@@ -1,8 +1,13 @@
-//! [`Communicator::subgroup`]: a communicator over chosen ranks, made by
-//! those ranks alone (MPI_Comm_create_group), for frameworks whose groups
-//! are created only on their members (`torch.distributed.new_group` never
-//! calls the backend on a rank outside the group, so a collective
-//! [`Communicator::split`] over the parent cannot be used).
+//! Handles that frameworks on top of ferrocoll need:
+//!
+//! - [`Communicator::subgroup`]: a communicator over chosen ranks, made by
+//!   those ranks alone (MPI_Comm_create_group), for frameworks whose groups
+//!   are created only on their members (`torch.distributed.new_group` never
+//!   calls the backend on a rank outside the group, so a collective
+//!   [`Communicator::split`] over the parent cannot be used).
+//! - [`Communicator::reserve_next_call`]: a call issued now and run later on
+//!   another thread (a progress worker) keeps its place in the order of
+//!   calls, as the `i*` forms do.
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
@@ -12,6 +17,19 @@ use super::{mix, Communicator, Shared};
 use crate::error::{Error, Result};
 
 impl Communicator {
+    /// A handle for exactly one collective, which takes the sequence number
+    /// this communicator would give its next call now. A caller that queues
+    /// calls for a worker thread reserves in program order (every rank the
+    /// same) and may then run them on any thread, in any order: each still
+    /// meets the same call on every other rank. Use the handle for one
+    /// collective only (a second would reuse the number and be refused as a
+    /// mismatch by the peers).
+    pub fn reserve_next_call(&self) -> Communicator {
+        let mut handle = self.clone();
+        handle.reserved_seq = Some(self.next_seq());
+        handle
+    }
+
     /// A communicator over `ranks` (this communicator's rank numbers; the
     /// new group's rank `i` is `ranks[i]`), made without talking to any
     /// rank: every member computes the same identifier from `tag` and the
@@ -111,6 +129,27 @@ mod tests {
         assert_eq!(got[3], (2, 11));
         assert_eq!(got[0], (usize::MAX, 2));
         assert_eq!(got[2], (usize::MAX, 2));
+    }
+
+    #[test]
+    fn calls_reserved_in_order_match_when_run_in_reverse() {
+        let out = local::run(3, |comm| {
+            let first = comm.reserve_next_call();
+            let second = comm.reserve_next_call();
+            // Run the second call first, on another thread.
+            let late = std::thread::spawn(move || {
+                let mut v = [10u64];
+                second.all_reduce_in_place(&mut v, ReduceOp::Max)?;
+                Ok::<_, crate::Error>(v[0])
+            });
+            let mut v = [comm.rank() as u64];
+            first.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+            Ok::<_, crate::Error>((v[0], late.join().unwrap()?))
+        })
+        .unwrap();
+        for r in out {
+            assert_eq!(r.unwrap(), (3, 10));
+        }
     }
 
     #[test]
