@@ -1,0 +1,332 @@
+//! `ferrocoll._ferrocoll`: the extension module under the `ferrocoll`
+//! Python package (python/ferrocoll). It offers a [`Comm`] with one
+//! `submit` method that runs any collective over buffers given by address;
+//! the Python layer turns numpy arrays and torch tensors into addresses,
+//! keeps them alive while a call runs, and offers the typed API.
+//!
+//! Every call releases the GIL for as long as ferrocoll works. Non-blocking
+//! calls reserve their place in the order of calls when issued and run on
+//! the communicator's progress worker (point-to-point calls, which may wait
+//! on each other, each on a thread of their own).
+
+use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use ferrocoll::init::TransportKind;
+use ferrocoll::{Communicator, Config, DType, ReduceOp};
+use pyo3::prelude::*;
+
+mod errors;
+mod jobs;
+mod store;
+mod worker;
+
+use jobs::{Buf, Job, Kind};
+use worker::{Completion, Handle, Worker};
+
+/// A ferrocoll communicator.
+#[pyclass(module = "ferrocoll._ferrocoll", frozen)]
+struct Comm {
+    inner: Communicator,
+    /// Started on the first non-blocking collective.
+    worker: OnceLock<Worker>,
+}
+
+impl Comm {
+    fn new(inner: Communicator) -> Comm {
+        Comm {
+            inner,
+            worker: OnceLock::new(),
+        }
+    }
+
+    fn worker(&self) -> PyResult<&Worker> {
+        if let Some(w) = self.worker.get() {
+            return Ok(w);
+        }
+        let name = format!("ferrocoll-progress-{}", self.inner.rank());
+        let w = Worker::start(name).map_err(|e| {
+            errors::InternalError::new_err(format!("cannot start the progress worker: {e}"))
+        })?;
+        Ok(self.worker.get_or_init(|| w))
+    }
+}
+
+fn py_err(py: Python<'_>, e: ferrocoll::Error) -> PyErr {
+    errors::to_py(py, &e)
+}
+
+fn config_with(timeout: Option<f64>) -> ferrocoll::Result<Config> {
+    let config = Config::from_env()?;
+    Ok(match timeout {
+        Some(t) if t > 0.0 => config.with_timeout(Duration::from_secs_f64(t)),
+        _ => config,
+    })
+}
+
+/// Builds the world communicator from the launcher's environment, as Rust's
+/// `ferrocoll::init()` (ferrocoll run, torchrun, mpirun, srun, PMI).
+/// `timeout` (seconds) overrides `FERROCOLL_TIMEOUT`.
+#[pyfunction]
+#[pyo3(signature = (timeout=None))]
+fn init(py: Python<'_>, timeout: Option<f64>) -> PyResult<Comm> {
+    let comm = py
+        .detach(|| {
+            let spec = ferrocoll::world::WorldSpec::from_env()?;
+            ferrocoll::init::init_with(&spec, config_with(timeout)?)
+        })
+        .map_err(|e| py_err(py, e))?;
+    Ok(Comm::new(comm))
+}
+
+/// Builds the world communicator over a key-value store every rank
+/// reaches (torch.distributed's Store: `set`, `get`, `add`, `wait`), with no
+/// rendezvous port of ferrocoll's own. `route_to` (`host:port`) picks the
+/// interface TCP listens on; `transport` is `auto`, `shm` or `tcp`
+/// (default: `FERROCOLL_TRANSPORT`).
+#[pyfunction]
+#[pyo3(signature = (store, rank, size, route_to=None, timeout=None, transport=None))]
+fn init_with_store(
+    py: Python<'_>,
+    store: Py<PyAny>,
+    rank: usize,
+    size: usize,
+    route_to: Option<String>,
+    timeout: Option<f64>,
+    transport: Option<String>,
+) -> PyResult<Comm> {
+    let what = store
+        .bind(py)
+        .repr()
+        .map_or_else(|_| "a Python store".into(), |r| r.to_string());
+    let rendezvous = Box::new(store::PyStore::new(store, what));
+    let comm = py
+        .detach(move || {
+            let kind = match transport.as_deref().map(str::trim) {
+                None | Some("") => TransportKind::from_env()?,
+                Some("auto") => TransportKind::Auto,
+                Some("shm") => TransportKind::Shm,
+                Some("tcp") => TransportKind::Tcp,
+                Some(other) => {
+                    return Err(ferrocoll::Error::invalid(format!(
+                        "transport `{other}`: use auto, shm or tcp"
+                    )))
+                }
+            };
+            ferrocoll::init::init_with_rendezvous(
+                rank,
+                size,
+                rendezvous,
+                route_to.as_deref(),
+                config_with(timeout)?,
+                kind,
+            )
+        })
+        .map_err(|e| py_err(py, e))?;
+    Ok(Comm::new(comm))
+}
+
+fn parse_dtype(py: Python<'_>, s: &str) -> PyResult<DType> {
+    DType::from_str(s).map_err(|e| py_err(py, e))
+}
+
+fn parse_op(py: Python<'_>, s: &str) -> PyResult<ReduceOp> {
+    ReduceOp::from_str(s).map_err(|e| py_err(py, e))
+}
+
+#[pymethods]
+impl Comm {
+    /// This rank, in `0..size`.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    /// Number of ranks.
+    #[getter]
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+
+    /// The transport's name: `thread`, `shm`, `tcp` or `shm+tcp`.
+    #[getter]
+    fn transport(&self) -> &'static str {
+        self.inner.transport_name()
+    }
+
+    /// MPI_Comm_split: ranks with the same `color` form a new communicator
+    /// ordered by `key`, then rank; `color=None` gets None. Collective.
+    #[pyo3(signature = (color, key=0))]
+    fn split(&self, py: Python<'_>, color: Option<u32>, key: i64) -> PyResult<Option<Comm>> {
+        let inner = self.inner.reserve_next_call();
+        let out = py
+            .detach(move || inner.split(color, key))
+            .map_err(|e| py_err(py, e))?;
+        Ok(out.map(Comm::new))
+    }
+
+    /// A communicator over `ranks` made by its members alone
+    /// (MPI_Comm_create_group); every member passes the same list and tag.
+    #[pyo3(signature = (ranks, tag=0))]
+    fn subgroup(&self, py: Python<'_>, ranks: Vec<usize>, tag: u64) -> PyResult<Comm> {
+        let inner = self
+            .inner
+            .subgroup(&ranks, tag)
+            .map_err(|e| py_err(py, e))?;
+        Ok(Comm::new(inner))
+    }
+
+    /// Aborts every call in progress on this rank and tells the peers.
+    fn abort(&self) {
+        self.inner.abort();
+    }
+
+    /// The algorithm `auto` picks for `collective` at `bytes`, and why.
+    fn choose(&self, py: Python<'_>, collective: &str, bytes: usize) -> PyResult<(String, String)> {
+        let coll = ferrocoll::Collective::from_name(collective).ok_or_else(|| {
+            errors::InvalidArgument::new_err(format!("unknown collective `{collective}`"))
+        })?;
+        let (algo, why) = self.inner.choose(coll, bytes).map_err(|e| py_err(py, e))?;
+        Ok((algo.to_string(), why))
+    }
+
+    /// Runs one call over buffers given as `(address, elements)`.
+    ///
+    /// `kind`: all_reduce, broadcast, reduce, all_gather, reduce_scatter,
+    /// all_to_all, all_to_all_v, gather, scatter, barrier, send, recv.
+    /// Blocking (`async_op=False`): returns None when done. Non-blocking:
+    /// returns a Handle at once. The buffers must stay alive and untouched
+    /// until then (the Python layer holds them).
+    #[pyo3(signature = (kind, dtype="u8", send=(0, 0), recv=(0, 0), op="sum", root=0, peer=0,
+                        tag=0, send_counts=None, recv_counts=None, scale=None, copies=None,
+                        async_op=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn submit(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        dtype: &str,
+        send: (usize, usize),
+        recv: (usize, usize),
+        op: &str,
+        root: usize,
+        peer: usize,
+        tag: u32,
+        send_counts: Option<Vec<usize>>,
+        recv_counts: Option<Vec<usize>>,
+        scale: Option<f64>,
+        copies: Option<Vec<(usize, usize, usize)>>,
+        async_op: bool,
+    ) -> PyResult<Option<Handle>> {
+        let dtype = parse_dtype(py, dtype)?;
+        let send = Buf {
+            addr: send.0,
+            len: send.1,
+        };
+        let recv = Buf {
+            addr: recv.0,
+            len: recv.1,
+        };
+        let kind = match kind {
+            "all_reduce" => Kind::AllReduce {
+                send,
+                recv,
+                op: parse_op(py, op)?,
+            },
+            "broadcast" => Kind::Broadcast { buf: recv, root },
+            "reduce" => Kind::Reduce {
+                send,
+                recv,
+                op: parse_op(py, op)?,
+                root,
+            },
+            "all_gather" => Kind::AllGather { send, recv },
+            "reduce_scatter" => Kind::ReduceScatter {
+                send,
+                recv,
+                op: parse_op(py, op)?,
+            },
+            "all_to_all" => Kind::AllToAll { send, recv },
+            "all_to_all_v" => Kind::AllToAllV {
+                send,
+                recv,
+                send_counts: send_counts.unwrap_or_default(),
+                recv_counts: recv_counts.unwrap_or_default(),
+            },
+            "gather" => Kind::Gather { send, recv, root },
+            "scatter" => Kind::Scatter { send, recv, root },
+            "barrier" => Kind::Barrier,
+            "send" => Kind::Send {
+                buf: send,
+                peer,
+                tag,
+            },
+            "recv" => Kind::Recv {
+                buf: recv,
+                peer,
+                tag,
+            },
+            other => {
+                return Err(errors::InvalidArgument::new_err(format!(
+                    "unknown call `{other}`"
+                )))
+            }
+        };
+        let job = Job {
+            kind,
+            dtype,
+            scale,
+            copies: copies.unwrap_or_default(),
+        };
+        job.check().map_err(|e| py_err(py, e))?;
+        // Collectives take their place in the order of calls now, whichever
+        // thread runs them; point-to-point calls are matched by peer and tag.
+        let comm = if job.is_p2p() {
+            self.inner.clone()
+        } else {
+            self.inner.reserve_next_call()
+        };
+        if !async_op {
+            // SAFETY: the Python caller holds the buffers for this call's
+            // duration (it is blocked in it) and `check` passed.
+            return py
+                .detach(move || unsafe { job.run(&comm) })
+                .map(|()| None)
+                .map_err(|e| py_err(py, e));
+        }
+        let p2p = job.is_p2p();
+        let state = Arc::new(Completion::default());
+        let done = Arc::clone(&state);
+        let task = move || {
+            // SAFETY: the Python layer holds the buffers until the handle
+            // completes and documents that they must not be touched before.
+            let outcome = unsafe { job.run(&comm) };
+            done.finish(outcome);
+        };
+        if p2p {
+            // A send waits for its receive: two queued behind one worker
+            // could wait on each other (isend then irecv on both ranks).
+            std::thread::Builder::new()
+                .name("ferrocoll-p2p".into())
+                .spawn(task)
+                .map_err(|e| {
+                    errors::InternalError::new_err(format!("cannot start a thread: {e}"))
+                })?;
+        } else {
+            self.worker()?.push(Box::new(task));
+        }
+        Ok(Some(Handle { state }))
+    }
+}
+
+#[pymodule]
+fn _ferrocoll(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Comm>()?;
+    m.add_class::<Handle>()?;
+    m.add_function(wrap_pyfunction!(init, m)?)?;
+    m.add_function(wrap_pyfunction!(init_with_store, m)?)?;
+    errors::register(m)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

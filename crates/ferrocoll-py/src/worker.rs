@@ -1,0 +1,229 @@
+//! Asynchrony for the Python layer: a progress worker per communicator that
+//! runs queued calls in issue order, and [`Handle`]s that complete without
+//! the GIL.
+//!
+//! Hand-off rules, so that autograd threads, a Python `wait()` and the
+//! worker can never deadlock:
+//! - the worker never takes the GIL: it runs the call, stores the result and
+//!   wakes waiters through a mutex and condition variable of its own;
+//! - `Handle.wait()` releases the GIL while it waits;
+//! - Python callbacks (`Handle.on_complete`, used to complete torch futures)
+//!   run on one separate completer thread, which is the only one that takes
+//!   the GIL for them, so a slow GIL never delays the next call.
+
+use std::collections::VecDeque;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+
+use crate::errors;
+
+/// What a finished call left: `Ok` or ferrocoll's error.
+type Outcome = Result<(), ferrocoll::Error>;
+
+#[derive(Default)]
+struct Slot {
+    outcome: Option<Outcome>,
+    callbacks: Vec<Py<PyAny>>,
+}
+
+/// The shared state of one call.
+#[derive(Default)]
+pub struct Completion {
+    slot: Mutex<Slot>,
+    done: Condvar,
+}
+
+impl Completion {
+    /// Records the outcome, wakes waiters and hands callbacks to the
+    /// completer thread. Called once, without the GIL.
+    pub fn finish(&self, outcome: Outcome) {
+        let callbacks = {
+            let mut slot = self.slot.lock().unwrap_or_else(|p| p.into_inner());
+            slot.outcome = Some(outcome.clone());
+            std::mem::take(&mut slot.callbacks)
+        };
+        self.done.notify_all();
+        if !callbacks.is_empty() {
+            completer().send((callbacks, outcome)).ok();
+        }
+    }
+}
+
+/// The completer thread's queue: callbacks and the outcome to call them with.
+type Delivery = (Vec<Py<PyAny>>, Outcome);
+
+fn completer() -> &'static mpsc::Sender<Delivery> {
+    static SENDER: OnceLock<mpsc::Sender<Delivery>> = OnceLock::new();
+    SENDER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Delivery>();
+        std::thread::Builder::new()
+            .name("ferrocoll-completer".into())
+            .spawn(move || {
+                for (callbacks, outcome) in rx {
+                    Python::attach(|py| call_back(py, callbacks, &outcome));
+                }
+            })
+            .expect("start the ferrocoll completer thread");
+        tx
+    })
+}
+
+/// Calls each callback with `None` (success) or the exception.
+fn call_back(py: Python<'_>, callbacks: Vec<Py<PyAny>>, outcome: &Outcome) {
+    for cb in callbacks {
+        let arg: Py<PyAny> = match outcome {
+            Ok(()) => py.None(),
+            Err(e) => errors::to_py(py, e).into_value(py).into_any(),
+        };
+        if let Err(err) = cb.call1(py, (arg,)) {
+            // A callback that fails must not end the completer thread.
+            err.print(py);
+        }
+    }
+}
+
+/// A call in progress, as Python sees it: `wait()`, `is_completed()`,
+/// `exception()`, `on_complete(fn)`.
+#[pyclass(module = "ferrocoll._ferrocoll", frozen)]
+pub struct Handle {
+    pub(crate) state: Arc<Completion>,
+}
+
+#[pymethods]
+impl Handle {
+    /// Blocks (without the GIL) until the call finishes and raises its
+    /// error if it failed. With `timeout` (seconds), returns False if the
+    /// call is still running then; True once it finished.
+    #[pyo3(signature = (timeout=None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let state = Arc::clone(&self.state);
+        let outcome = py.detach(move || {
+            let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+            let mut slot = state.slot.lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                if let Some(o) = &slot.outcome {
+                    return Some(o.clone());
+                }
+                match deadline {
+                    None => slot = state.done.wait(slot).unwrap_or_else(|p| p.into_inner()),
+                    Some(d) => {
+                        let left = d.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return None;
+                        }
+                        slot = state
+                            .done
+                            .wait_timeout(slot, left)
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
+                    }
+                }
+            }
+        });
+        match outcome {
+            None => Ok(false),
+            Some(Ok(())) => Ok(true),
+            Some(Err(e)) => Err(errors::to_py(py, &e)),
+        }
+    }
+
+    /// True once the call finished (successfully or not). Never blocks.
+    fn is_completed(&self) -> bool {
+        self.state
+            .slot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .outcome
+            .is_some()
+    }
+
+    /// The exception the call failed with, None if it succeeded or is still
+    /// running.
+    fn exception(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        let slot = self.state.slot.lock().unwrap_or_else(|p| p.into_inner());
+        match &slot.outcome {
+            Some(Err(e)) => Some(errors::to_py(py, e).into_value(py).into_any()),
+            _ => None,
+        }
+    }
+
+    /// Calls `callback(exc)` once the call finishes, with None on success
+    /// or the exception: at once (on this thread) if it already finished,
+    /// else on ferrocoll's completer thread.
+    fn on_complete(&self, py: Python<'_>, callback: Py<PyAny>) {
+        let done = {
+            let mut slot = self.state.slot.lock().unwrap_or_else(|p| p.into_inner());
+            match &slot.outcome {
+                Some(o) => Some(o.clone()),
+                None => {
+                    slot.callbacks.push(callback.clone_ref(py));
+                    None
+                }
+            }
+        };
+        if let Some(outcome) = done {
+            call_back(py, vec![callback], &outcome);
+        }
+    }
+}
+
+/// A unit of work for the worker.
+pub type Task = Box<dyn FnOnce() + Send>;
+
+/// One thread that runs a communicator's queued calls in issue order.
+pub struct Worker {
+    queue: Arc<(Mutex<Queue>, Condvar)>,
+}
+
+#[derive(Default)]
+struct Queue {
+    tasks: VecDeque<Task>,
+    closed: bool,
+}
+
+impl Worker {
+    /// Starts the thread.
+    pub fn start(name: String) -> std::io::Result<Worker> {
+        let queue: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
+        let q = Arc::clone(&queue);
+        std::thread::Builder::new().name(name).spawn(move || loop {
+            let task = {
+                let (lock, cv) = &*q;
+                let mut queue = lock.lock().unwrap_or_else(|p| p.into_inner());
+                loop {
+                    if let Some(t) = queue.tasks.pop_front() {
+                        break t;
+                    }
+                    if queue.closed {
+                        return;
+                    }
+                    queue = cv.wait(queue).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            task();
+        })?;
+        Ok(Worker { queue })
+    }
+
+    /// Queues `task` behind the ones already queued.
+    pub fn push(&self, task: Task) {
+        let (lock, cv) = &*self.queue;
+        lock.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tasks
+            .push_back(task);
+        cv.notify_one();
+    }
+}
+
+impl Drop for Worker {
+    /// Lets the thread finish what is queued, then end.
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.queue;
+        lock.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        cv.notify_one();
+    }
+}
