@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ferrocoll::init::TransportKind;
-use ferrocoll::{Communicator, Config, DType, ReduceOp};
+use ferrocoll::{CallOptions, Communicator, Config, DType, ReduceOp};
 use pyo3::prelude::*;
 
 mod errors;
@@ -197,10 +197,11 @@ impl Comm {
     /// all_to_all, all_to_all_v, gather, scatter, barrier, send, recv.
     /// Blocking (`async_op=False`): returns None when done. Non-blocking:
     /// returns a Handle at once. The buffers must stay alive and untouched
-    /// until then (the Python layer holds them).
+    /// until then (the Python layer holds them). `timeout` (seconds) and
+    /// `algorithm` (a name, or `auto`) apply to this call only.
     #[pyo3(signature = (kind, dtype="u8", send=(0, 0), recv=(0, 0), op="sum", root=0, peer=0,
                         tag=0, send_counts=None, recv_counts=None, scale=None, copies=None,
-                        async_op=false))]
+                        async_op=false, timeout=None, algorithm=None))]
     #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
@@ -218,6 +219,8 @@ impl Comm {
         scale: Option<f64>,
         copies: Option<Vec<(usize, usize, usize)>>,
         async_op: bool,
+        timeout: Option<f64>,
+        algorithm: Option<&str>,
     ) -> PyResult<Option<Handle>> {
         let dtype = parse_dtype(py, dtype)?;
         let send = Buf {
@@ -282,10 +285,23 @@ impl Comm {
         job.check().map_err(|e| py_err(py, e))?;
         // Collectives take their place in the order of calls now, whichever
         // thread runs them; point-to-point calls are matched by peer and tag.
-        let comm = if job.is_p2p() {
-            self.inner.clone()
+        let base = if timeout.is_some() || algorithm.is_some() {
+            let mut options = match algorithm {
+                Some(name) => CallOptions::algorithm_named(name).map_err(|e| py_err(py, e))?,
+                None => CallOptions::default(),
+            };
+            if let Some(t) = timeout.filter(|t| *t > 0.0) {
+                options = options.timeout(Duration::from_secs_f64(t));
+            }
+            Some(self.inner.with_options(options))
         } else {
-            self.inner.reserve_next_call()
+            None
+        };
+        let base = base.as_ref().unwrap_or(&self.inner);
+        let comm = if job.is_p2p() {
+            base.clone()
+        } else {
+            base.reserve_next_call()
         };
         if !async_op {
             // SAFETY: the Python caller holds the buffers for this call's

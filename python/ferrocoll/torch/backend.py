@@ -1,0 +1,837 @@
+"""``ProcessGroupFerrocoll``: torch.distributed's process-group interface over a
+ferrocoll communicator.
+
+Design:
+
+* Every operation is one ferrocoll call (the Python layer adds no algorithm):
+  the cost model, ``FERROCOLL_DEBUG``, deadlines and mismatch errors reach
+  torch users unchanged.
+* Contiguous CPU tensors are read and written in place (zero-copy). A
+  non-contiguous tensor is copied into a contiguous one and the result copied
+  back when the work completes. List forms (``allgather`` into a list,
+  ``reduce_scatter`` from a list, ``alltoall``) run on one staging tensor,
+  unless the list's tensors already lie back to back in memory; the copies out
+  of it are made by ferrocoll's worker, without the GIL.
+* Calls are asynchronous: each returns a :class:`FerrocollWork` at once and
+  runs in issue order on the communicator's progress worker, so DDP's backward
+  overlaps with communication. ``Work.wait()`` releases the GIL; torch futures
+  (``get_future()``, which DDP's comm hooks chain on) are completed by
+  ferrocoll's completer thread, the only thread that takes the GIL for them.
+* Groups: the default group is built over the store torch hands the backend
+  (no port of ferrocoll's own). ``new_group`` / ``split_group`` members build
+  their group from the world communicator without any communication
+  (``Communicator.subgroup``), since torch never calls the backend on
+  non-members.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from datetime import timedelta
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+import ferrocoll
+from ferrocoll import _ferrocoll as _core
+
+__all__ = ["ProcessGroupFerrocoll", "FerrocollWork", "register"]
+
+_RedOp = dist.ReduceOp.RedOpType
+
+#: Element types ferrocoll reduces, by torch dtype.
+_REDUCIBLE = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.bool: "u8",
+}
+
+#: Complex tensors reduce (SUM, AVG, PREMUL_SUM) as their real and imaginary parts.
+_COMPLEX = {torch.complex64: "f32", torch.complex128: "f64"}
+
+_OPS = {
+    _RedOp.SUM: "sum",
+    _RedOp.AVG: "avg",
+    _RedOp.PRODUCT: "prod",
+    _RedOp.MIN: "min",
+    _RedOp.MAX: "max",
+    _RedOp.PREMUL_SUM: "sum",
+}
+
+
+def _fail(msg: str) -> ferrocoll.InvalidArgument:
+    return ferrocoll.InvalidArgument(f"ferrocoll backend: {msg}")
+
+
+def _check_cpu(t: torch.Tensor, what: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise _fail(f"{what} is a {type(t).__name__}, not a tensor")
+    if t.device.type != "cpu":
+        raise _fail(
+            f"{what} is on {t.device}; ferrocoll is a CPU backend (use "
+            "init_process_group('cpu:ferrocoll,cuda:nccl') for GPU tensors)"
+        )
+    if t.is_sparse:
+        raise _fail(f"{what} is sparse; ferrocoll moves dense tensors only")
+
+
+def _reduce_spec(t: torch.Tensor, op: Any) -> Tuple[str, str, Optional[float], int]:
+    """``(dtype code, op name, scale, elements per tensor element)`` for a
+    reduction of ``t`` with torch's ReduceOp ``op``."""
+    kind = op.op if hasattr(op, "op") else op
+    if kind not in _OPS:
+        raise _fail(
+            f"reduction {kind} is not supported (SUM, AVG, PRODUCT, MIN, MAX and PREMUL_SUM are)"
+        )
+    name = _OPS[kind]
+    scale = None
+    if kind == _RedOp.PREMUL_SUM:
+        factor = op.factor
+        scale = float(factor.item() if isinstance(factor, torch.Tensor) else factor)
+    if t.dtype in _REDUCIBLE:
+        code = _REDUCIBLE[t.dtype]
+        if t.dtype == torch.bool:
+            # Logical or / and over 0 and 1, as NCCL does for bool.
+            if name in ("sum", "max"):
+                name = "max"
+            elif name in ("prod", "min"):
+                name = "min"
+            else:
+                raise _fail(f"{kind} of bool tensors is not defined")
+        return code, name, scale, 1
+    if t.dtype in _COMPLEX and name in ("sum", "avg"):
+        return _COMPLEX[t.dtype], name, scale, 2
+    raise _fail(
+        f"cannot reduce {t.dtype} with {kind}; ferrocoll reduces float32, float64, float16, "
+        "bfloat16, int8, uint8, int32, int64 (bool with MIN/MAX/SUM, complex with SUM/AVG)"
+    )
+
+
+def _bytes_spec(t: torch.Tensor) -> Tuple[str, int]:
+    """``(dtype code, elements per tensor element)`` for a call that only
+    moves ``t``: types ferrocoll knows travel as themselves (so a mismatch
+    names them), any other as bytes."""
+    if t.dtype in _REDUCIBLE:
+        return _REDUCIBLE[t.dtype], 1
+    return "u8", t.element_size()
+
+
+class _Staged:
+    """Tensors made contiguous for a call, and the copies back once it is done."""
+
+    __slots__ = ("back",)
+
+    def __init__(self) -> None:
+        self.back: List[Tuple[torch.Tensor, torch.Tensor]] = []
+
+    def contiguous(self, t: torch.Tensor, written: bool) -> torch.Tensor:
+        if t.is_contiguous():
+            return t
+        c = t.contiguous()
+        if written:
+            self.back.append((t, c))
+        return c
+
+    def finish(self) -> None:
+        with torch.no_grad():
+            for orig, copy in self.back:
+                orig.copy_(copy)
+        self.back = []
+
+
+def _adjacent(tensors: Sequence[torch.Tensor]) -> bool:
+    """Whether contiguous same-typed tensors lie back to back in memory, in order."""
+    if not tensors:
+        return False
+    t0 = tensors[0]
+    addr = t0.data_ptr()
+    for t in tensors:
+        if not t.is_contiguous() or t.dtype != t0.dtype or t.data_ptr() != addr:
+            return False
+        addr += t.numel() * t.element_size()
+    return True
+
+
+class FerrocollWork(dist.Work):
+    """torch's Work over one or more ferrocoll handles.
+
+    ``wait()`` blocks without the GIL and raises ferrocoll's error;
+    ``get_future()`` gives a ``torch.futures.Future`` that resolves to the
+    output tensors (what DDP's comm hooks expect).
+    """
+
+    def __init__(
+        self,
+        handles: List[Any],
+        outputs: List[torch.Tensor],
+        keep: Tuple[Any, ...],
+        staged: Optional[_Staged] = None,
+        post: Optional[Callable[[], None]] = None,
+    ) -> None:
+        super().__init__()
+        self._handles = handles
+        self._outputs = outputs
+        self._keep = keep
+        self._staged = staged
+        self._post = post
+        self._lock = threading.Lock()
+        self._finished = False
+        self._error: Optional[BaseException] = None
+        self._future: Optional[torch.futures.Future] = None
+        self._pending = len(handles)
+
+    # -- completion -------------------------------------------------------
+
+    def _finish(self) -> None:
+        """Runs the Python part of completion once (copies back, post)."""
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            try:
+                if self._staged is not None:
+                    self._staged.finish()
+                if self._post is not None:
+                    self._post()
+            except BaseException as e:  # surfaced through wait() and the future
+                self._error = e
+            self._keep = ()
+
+    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
+        """Blocks until the call finished; raises its error. A non-zero
+        ``timeout`` raises :class:`ferrocoll.Timeout` if it is still running then."""
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout or 0)
+        for h in self._handles:
+            if not h.wait(secs if secs > 0 else None):
+                raise ferrocoll.Timeout(
+                    f"ferrocoll backend: work not completed within {secs} s (it is still running)"
+                )
+        self._finish()
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        """True once every part finished (successfully or not). Never blocks."""
+        return all(h.is_completed() for h in self._handles)
+
+    def is_success(self) -> bool:
+        """True once finished without error."""
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> Optional[BaseException]:
+        """The error the call failed with, else None."""
+        if self._error is not None:
+            return self._error
+        for h in self._handles:
+            e = h.exception()
+            if e is not None:
+                return e
+        return None
+
+    def result(self) -> List[torch.Tensor]:
+        """The output tensors."""
+        return self._outputs
+
+    def get_future(self) -> torch.futures.Future:
+        """A future resolved with the output tensors (or the error) when the call finishes."""
+        with self._lock:
+            if self._future is not None:
+                return self._future
+            fut: torch.futures.Future = torch.futures.Future()
+            self._future = fut
+        if not self._handles:
+            self._deliver(None)
+            return fut
+        for h in self._handles:
+            h.on_complete(self._part_done)
+        return fut
+
+    def _part_done(self, exc: Optional[BaseException]) -> None:
+        with self._lock:
+            self._pending -= 1
+            if exc is not None and self._error is None:
+                self._error = exc
+            last = self._pending == 0
+        if last:
+            self._deliver(self._error)
+
+    def _deliver(self, exc: Optional[BaseException]) -> None:
+        self._finish()
+        exc = exc or self._error
+        fut = self._future
+        if fut is None or fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(self._outputs)
+
+
+def _tag_of(name: str) -> int:
+    """A 64-bit tag from a group name, equal on every rank (Python's hash is not)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+class ProcessGroupFerrocoll(dist.ProcessGroup):
+    """A torch process group whose collectives are ferrocoll calls."""
+
+    def __init__(self, comm: Any, rank: int, size: int) -> None:
+        super().__init__(rank, size)
+        self._comm = comm
+        self._timeout: Optional[float] = None
+        self._group_name = ""
+        self._group_desc = ""
+
+    # -- identity -----------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return "ferrocoll"
+
+    # A group returned by a backend creator has no C++ backend registered on
+    # it, so its name lives here (torch's flight recorder keys entries on it).
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def _get_backend(self, device: Any) -> "ProcessGroupFerrocoll":
+        # FSDP2 and the coalescing manager ask the group for its backend
+        # object; this group is its own backend.
+        return self
+
+    supports_coalescing = False
+    supports_splitting = False
+
+    def supports_tensor_alloc(self, device: Any) -> bool:
+        """ferrocoll reads ordinary memory in place: no special allocation."""
+        return False
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupFerrocoll(rank={self.rank()}, size={self.size()}, transport={self._comm.transport!r})"
+
+    @property
+    def communicator(self) -> ferrocoll.Communicator:
+        """The ferrocoll communicator under this group."""
+        return ferrocoll.Communicator(self._comm)
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Deadline of each wait of later calls."""
+        self._timeout = timeout.total_seconds()
+
+    def abort(self) -> None:
+        """Ends every call in progress, here and on the peers."""
+        self._comm.abort()
+
+    def shutdown(self) -> None:
+        """Nothing to release beyond what garbage collection does."""
+
+    # -- the call -------------------------------------------------------------
+
+    def _submit(self, kind: str, **kw: Any) -> Any:
+        if self._timeout is not None:
+            kw.setdefault("timeout", self._timeout)
+        return self._comm.submit(kind, async_op=True, **kw)
+
+    @staticmethod
+    def _ptr(t: torch.Tensor, units: int) -> Tuple[int, int]:
+        return (t.data_ptr(), t.numel() * units)
+
+    # -- allreduce --------------------------------------------------------
+
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> FerrocollWork:
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        if len(tensors) != 1:
+            return self.allreduce_coalesced(tensors, opts)
+        t = tensors[0]
+        _check_cpu(t, "allreduce tensor")
+        code, op, scale, units = _reduce_spec(t, opts.reduceOp)
+        staged = _Staged()
+        c = staged.contiguous(t, True)
+        h = self._submit(
+            "all_reduce", dtype=code, send=self._ptr(c, units), recv=self._ptr(c, units),
+            op=op, scale=scale,
+        )
+        return FerrocollWork([h], tensors, (c,), staged)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> FerrocollWork:
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        if not tensors:
+            return FerrocollWork([], [], ())
+        for i, t in enumerate(tensors):
+            _check_cpu(t, f"allreduce_coalesced tensor {i}")
+            if t.dtype != tensors[0].dtype:
+                raise _fail("allreduce_coalesced needs tensors of one dtype")
+        code, op, scale, units = _reduce_spec(tensors[0], opts.reduceOp)
+        if _adjacent(tensors):
+            total = sum(t.numel() for t in tensors) * units
+            h = self._submit(
+                "all_reduce", dtype=code, send=(tensors[0].data_ptr(), total),
+                recv=(tensors[0].data_ptr(), total), op=op, scale=scale,
+            )
+            return FerrocollWork([h], tensors, tuple(tensors))
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        staged = _Staged()
+        copies = []
+        offset = 0
+        for t in tensors:
+            nbytes = t.numel() * t.element_size()
+            if t.is_contiguous():
+                copies.append((flat.data_ptr() + offset, t.data_ptr(), nbytes))
+            else:
+                view = flat[offset // t.element_size() : offset // t.element_size() + t.numel()]
+                staged.back.append((t, view.view(t.shape)))
+            offset += nbytes
+        h = self._submit(
+            "all_reduce", dtype=code, send=self._ptr(flat, units), recv=self._ptr(flat, units),
+            op=op, scale=scale, copies=copies,
+        )
+        return FerrocollWork([h], tensors, (flat,) + tuple(tensors), staged)
+
+    # -- broadcast / reduce -------------------------------------------------
+
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> FerrocollWork:
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        handles = []
+        staged = _Staged()
+        keep = []
+        for i, t in enumerate(tensors):
+            _check_cpu(t, f"broadcast tensor {i}")
+            code, units = _bytes_spec(t)
+            c = staged.contiguous(t, True)
+            keep.append(c)
+            handles.append(
+                self._submit("broadcast", dtype=code, recv=self._ptr(c, units), root=opts.rootRank)
+            )
+        return FerrocollWork(handles, tensors, tuple(keep), staged)
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> FerrocollWork:
+        opts = opts if opts is not None else dist.ReduceOptions()
+        if len(tensors) != 1:
+            raise _fail("reduce takes exactly one tensor")
+        t = tensors[0]
+        _check_cpu(t, "reduce tensor")
+        code, op, scale, units = _reduce_spec(t, opts.reduceOp)
+        staged = _Staged()
+        c = staged.contiguous(t, True)
+        root = opts.rootRank
+        recv = self._ptr(c, units) if self.rank() == root else (c.data_ptr(), 0)
+        h = self._submit(
+            "reduce", dtype=code, send=self._ptr(c, units), recv=recv, op=op, root=root,
+            scale=scale,
+        )
+        return FerrocollWork([h], tensors, (c,), staged)
+
+    # -- allgather ----------------------------------------------------------
+
+    def _gather_into(
+        self, kind: str, outputs: List[torch.Tensor], inp: torch.Tensor, root: int = 0
+    ) -> FerrocollWork:
+        """allgather / gather of ``inp`` into a list of ``size`` tensors."""
+        _check_cpu(inp, f"{kind} input")
+        code, units = _bytes_spec(inp)
+        staged = _Staged()
+        src = staged.contiguous(inp, False)
+        receives = kind == "all_gather" or self.rank() == root
+        if receives and len(outputs) != self.size():
+            raise _fail(f"{kind} needs {self.size()} output tensors, got {len(outputs)}")
+        for i, o in enumerate(outputs if receives else []):
+            _check_cpu(o, f"{kind} output {i}")
+            if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                raise _fail(
+                    f"{kind} output {i} has {o.numel()} elements of {o.dtype}, but the input has "
+                    f"{inp.numel()} of {inp.dtype}"
+                )
+        if not receives:
+            h = self._submit(kind, dtype=code, send=self._ptr(src, units), recv=(0, 0), root=root)
+            return FerrocollWork([h], outputs, (src,), staged)
+        if _adjacent(outputs):
+            total = inp.numel() * units * self.size()
+            h = self._submit(
+                kind, dtype=code, send=self._ptr(src, units), recv=(outputs[0].data_ptr(), total),
+                root=root,
+            )
+            return FerrocollWork([h], outputs, (src,) + tuple(outputs), staged)
+        flat = torch.empty(inp.numel() * self.size(), dtype=inp.dtype)
+        nbytes = inp.numel() * inp.element_size()
+        copies = []
+        for i, o in enumerate(outputs):
+            if o.is_contiguous():
+                copies.append((flat.data_ptr() + i * nbytes, o.data_ptr(), nbytes))
+            else:
+                staged.back.append((o, flat[i * inp.numel() : (i + 1) * inp.numel()].view(o.shape)))
+        h = self._submit(
+            kind, dtype=code, send=self._ptr(src, units), recv=self._ptr(flat, units), root=root,
+            copies=copies,
+        )
+        return FerrocollWork([h], outputs, (src, flat) + tuple(outputs), staged)
+
+    def allgather(
+        self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> FerrocollWork:
+        if len(input_tensors) != 1 or len(output_tensors) != 1:
+            raise _fail("allgather takes one input tensor and one list of outputs")
+        work = self._gather_into("all_gather", output_tensors[0], input_tensors[0])
+        work._outputs = output_tensors  # type: ignore[assignment]
+        return work
+
+    def allgather_coalesced(
+        self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor], opts: Any = None
+    ) -> FerrocollWork:
+        works = [self._gather_into("all_gather", o, i) for o, i in zip(output_lists, input_list)]
+        return _combine(works, [t for o in output_lists for t in o])
+
+    def all_gather_single(
+        self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None
+    ) -> FerrocollWork:
+        _check_cpu(output, "all_gather output")
+        _check_cpu(inp, "all_gather input")
+        if output.numel() != inp.numel() * self.size() or output.dtype != inp.dtype:
+            raise _fail(
+                f"all_gather_into_tensor: the output has {output.numel()} elements of "
+                f"{output.dtype} but must have {self.size()} x {inp.numel()} of {inp.dtype}"
+            )
+        code, units = _bytes_spec(inp)
+        staged = _Staged()
+        src = staged.contiguous(inp, False)
+        dst = staged.contiguous(output, True)
+        h = self._submit("all_gather", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units))
+        return FerrocollWork([h], [output], (src, dst), staged)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> FerrocollWork:
+        return _combine([self.all_gather_single(o, i) for o, i in zip(outputs, inputs)], outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    # -- reduce_scatter -------------------------------------------------------
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None
+    ) -> FerrocollWork:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        _check_cpu(output, "reduce_scatter output")
+        _check_cpu(inp, "reduce_scatter input")
+        if inp.numel() != output.numel() * self.size() or output.dtype != inp.dtype:
+            raise _fail(
+                f"reduce_scatter_tensor: the input has {inp.numel()} elements of {inp.dtype} but "
+                f"must have {self.size()} x {output.numel()} of {output.dtype}"
+            )
+        code, op, scale, units = _reduce_spec(inp, opts.reduceOp)
+        staged = _Staged()
+        src = staged.contiguous(inp, False)
+        dst = staged.contiguous(output, True)
+        h = self._submit(
+            "reduce_scatter", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units),
+            op=op, scale=scale,
+        )
+        return FerrocollWork([h], [output], (src, dst), staged)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter(
+        self, output_tensors: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None
+    ) -> FerrocollWork:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        if len(output_tensors) != 1 or len(input_lists) != 1:
+            raise _fail("reduce_scatter takes one output tensor and one list of inputs")
+        out, inputs = output_tensors[0], input_lists[0]
+        if len(inputs) != self.size():
+            raise _fail(f"reduce_scatter needs {self.size()} input tensors, got {len(inputs)}")
+        for i, t in enumerate(inputs):
+            _check_cpu(t, f"reduce_scatter input {i}")
+            if t.numel() != out.numel() or t.dtype != out.dtype:
+                raise _fail(
+                    f"reduce_scatter input {i} has {t.numel()} elements of {t.dtype}, the output "
+                    f"{out.numel()} of {out.dtype}"
+                )
+        flat = inputs[0] if _adjacent(inputs) else None
+        if flat is None:
+            flat = torch.cat([t.reshape(-1) for t in inputs])
+            work = self.reduce_scatter_single(out, flat, opts)
+        else:
+            flat = torch.as_strided(inputs[0], (out.numel() * self.size(),), (1,))
+            work = self.reduce_scatter_single(out, flat, opts)
+        work._keep = work._keep + (flat,) + tuple(inputs)
+        work._outputs = output_tensors
+        return work
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
+    ) -> FerrocollWork:
+        return _combine(
+            [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs
+        )
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- all-to-all -----------------------------------------------------------
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        inp: torch.Tensor,
+        output_split_sizes: Optional[List[int]],
+        input_split_sizes: Optional[List[int]],
+        opts: Any = None,
+    ) -> FerrocollWork:
+        _check_cpu(output, "all_to_all output")
+        _check_cpu(inp, "all_to_all input")
+        if output.dtype != inp.dtype:
+            raise _fail(f"all_to_all: the input is {inp.dtype} but the output {output.dtype}")
+        n = self.size()
+        code, units = _bytes_spec(inp)
+        staged = _Staged()
+        src = staged.contiguous(inp, False)
+        dst = staged.contiguous(output, True)
+
+        def counts(t: torch.Tensor, splits: Optional[List[int]], what: str) -> List[int]:
+            row = (t.numel() // t.shape[0]) if t.dim() > 0 and t.shape[0] > 0 else 1
+            if not splits:
+                if t.dim() == 0 or t.shape[0] % n != 0:
+                    raise _fail(
+                        f"all_to_all: the {what}'s first dimension ({t.shape[0] if t.dim() else 0}) "
+                        f"does not split evenly over {n} ranks; pass {what}_split_sizes"
+                    )
+                return [t.numel() // n * units] * n
+            if len(splits) != n:
+                raise _fail(f"all_to_all: {what}_split_sizes has {len(splits)} entries for {n} ranks")
+            if sum(splits) != (t.shape[0] if t.dim() else 0):
+                raise _fail(
+                    f"all_to_all: {what}_split_sizes sum to {sum(splits)} but the {what} has "
+                    f"{t.shape[0] if t.dim() else 0} rows"
+                )
+            return [int(s) * row * units for s in splits]
+
+        send_counts = counts(src, input_split_sizes, "input")
+        recv_counts = counts(dst, output_split_sizes, "output")
+        even = not input_split_sizes and not output_split_sizes
+        if even:
+            h = self._submit(
+                "all_to_all", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units)
+            )
+        else:
+            h = self._submit(
+                "all_to_all_v", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units),
+                send_counts=send_counts, recv_counts=recv_counts,
+            )
+        return FerrocollWork([h], [output], (src, dst), staged)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(
+        self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> FerrocollWork:
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise _fail(f"alltoall needs {n} input and {n} output tensors")
+        dtype = input_tensors[0].dtype
+        for i, t in enumerate(list(input_tensors) + list(output_tensors)):
+            _check_cpu(t, f"alltoall tensor {i}")
+            if t.dtype != dtype:
+                raise _fail("alltoall needs tensors of one dtype")
+        code, units = _bytes_spec(input_tensors[0])
+        send = torch.cat([t.reshape(-1) for t in input_tensors]) if n else torch.empty(0, dtype=dtype)
+        recv = torch.empty(sum(t.numel() for t in output_tensors), dtype=dtype)
+        staged = _Staged()
+        copies = []
+        offset = 0
+        for o in output_tensors:
+            nbytes = o.numel() * o.element_size()
+            if o.is_contiguous():
+                copies.append((recv.data_ptr() + offset, o.data_ptr(), nbytes))
+            else:
+                e = offset // o.element_size()
+                staged.back.append((o, recv[e : e + o.numel()].view(o.shape)))
+            offset += nbytes
+        h = self._submit(
+            "all_to_all_v", dtype=code, send=self._ptr(send, units), recv=self._ptr(recv, units),
+            send_counts=[t.numel() * units for t in input_tensors],
+            recv_counts=[t.numel() * units for t in output_tensors], copies=copies,
+        )
+        return FerrocollWork([h], output_tensors, (send, recv) + tuple(output_tensors), staged)
+
+    # -- gather / scatter -----------------------------------------------------
+
+    def gather(
+        self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor], opts: Any = None
+    ) -> FerrocollWork:
+        opts = opts if opts is not None else dist.GatherOptions()
+        if len(input_tensors) != 1:
+            raise _fail("gather takes one input tensor")
+        outs = output_tensors[0] if output_tensors else []
+        work = self._gather_into("gather", outs, input_tensors[0], opts.rootRank)
+        work._outputs = output_tensors  # type: ignore[assignment]
+        return work
+
+    def gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> FerrocollWork:
+        opts = opts if opts is not None else dist.GatherOptions()
+        root = opts.rootRank
+        if self.rank() == root:
+            outs = list(output.reshape(-1).chunk(self.size())) if output.numel() else []
+            if output.numel() != inp.numel() * self.size():
+                raise _fail(
+                    f"gather_into_tensor: the output has {output.numel()} elements but must have "
+                    f"{self.size()} x {inp.numel()}"
+                )
+            if inp.numel() == 0:
+                outs = [output.reshape(-1)[:0]] * self.size()
+        else:
+            outs = []
+        work = self._gather_into("gather", outs, inp, root)
+        work._outputs = [output]
+        return work
+
+    gather_into_tensor = gather_single
+
+    def scatter(
+        self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]], opts: Any = None
+    ) -> FerrocollWork:
+        opts = opts if opts is not None else dist.ScatterOptions()
+        if len(output_tensors) != 1:
+            raise _fail("scatter takes one output tensor")
+        out = output_tensors[0]
+        _check_cpu(out, "scatter output")
+        code, units = _bytes_spec(out)
+        root = opts.rootRank
+        staged = _Staged()
+        dst = staged.contiguous(out, True)
+        keep: Tuple[Any, ...] = (dst,)
+        send = (0, 0)
+        if self.rank() == root:
+            inputs = input_tensors[0] if input_tensors else []
+            if len(inputs) != self.size():
+                raise _fail(f"scatter needs {self.size()} input tensors on the root, got {len(inputs)}")
+            for i, t in enumerate(inputs):
+                _check_cpu(t, f"scatter input {i}")
+                if t.numel() != out.numel() or t.dtype != out.dtype:
+                    raise _fail(
+                        f"scatter input {i} has {t.numel()} elements of {t.dtype}, the output "
+                        f"{out.numel()} of {out.dtype}"
+                    )
+            flat = torch.cat([t.reshape(-1) for t in inputs])
+            keep += (flat,)
+            send = self._ptr(flat, units)
+        h = self._submit("scatter", dtype=code, send=send, recv=self._ptr(dst, units), root=root)
+        return FerrocollWork([h], output_tensors, keep, staged)
+
+    # -- barrier and point-to-point -------------------------------------------
+
+    def barrier(self, opts: Any = None) -> FerrocollWork:
+        return FerrocollWork([self._submit("barrier")], [], ())
+
+    def monitored_barrier(self, timeout: Optional[timedelta] = None, wait_all_ranks: bool = False) -> None:
+        """A barrier whose timeout names the rank it waited for (ferrocoll's
+        Timeout and PeerLost say which)."""
+        secs = timeout.total_seconds() if timeout is not None else None
+        h = self._comm.submit("barrier", async_op=True, timeout=secs)
+        h.wait()
+
+    def send(self, tensors: List[torch.Tensor], dst: int, tag: int) -> FerrocollWork:
+        handles, keep = [], []
+        for i, t in enumerate(tensors):
+            _check_cpu(t, f"send tensor {i}")
+            code, units = _bytes_spec(t)
+            c = t.contiguous()
+            keep.append(c)
+            handles.append(self._submit("send", dtype=code, send=self._ptr(c, units), peer=dst, tag=tag))
+        return FerrocollWork(handles, tensors, tuple(keep))
+
+    def recv(self, tensors: List[torch.Tensor], src: int, tag: int) -> FerrocollWork:
+        handles, keep = [], []
+        staged = _Staged()
+        for i, t in enumerate(tensors):
+            _check_cpu(t, f"recv tensor {i}")
+            code, units = _bytes_spec(t)
+            c = staged.contiguous(t, True)
+            keep.append(c)
+            handles.append(self._submit("recv", dtype=code, recv=self._ptr(c, units), peer=src, tag=tag))
+        work = FerrocollWork(handles, tensors, tuple(keep), staged)
+        work._source = src  # type: ignore[attr-defined]
+        return work
+
+    def recv_anysource(self, tensors: List[torch.Tensor], tag: int) -> FerrocollWork:
+        raise _fail("recv from any source is not supported; name the source rank")
+
+
+def _combine(works: List[FerrocollWork], outputs: List[torch.Tensor]) -> FerrocollWork:
+    """One work over several (the coalesced forms)."""
+    handles = [h for w in works for h in w._handles]
+    staged = _Staged()
+    keep: Tuple[Any, ...] = ()
+    for w in works:
+        keep += w._keep
+        if w._staged is not None:
+            staged.back.extend(w._staged.back)
+    return FerrocollWork(handles, outputs, keep, staged)
+
+
+# ---- creation ---------------------------------------------------------------
+
+_world_lock = threading.Lock()
+#: The communicator of the default group, from which other groups are made.
+_world: Optional[Tuple[Any, int]] = None
+
+
+def _route_hint(store: Any) -> Optional[str]:
+    """``host:port`` of the TCPStore under ``store`` (or MASTER_ADDR/PORT):
+    TCP listens on the interface that reaches it."""
+    s = store
+    for _ in range(8):
+        host = getattr(s, "host", None)
+        port = getattr(s, "port", None)
+        if host and port:
+            return f"{host}:{port}"
+        s = getattr(s, "underlying_store", None)
+        if s is None:
+            break
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if addr:
+        return f"{addr}:{port or 29500}"
+    return None
+
+
+def _create(opts: Any, backend_options: Any = None) -> ProcessGroupFerrocoll:
+    """torch's creator (extended API): builds the group's communicator."""
+    global _world
+    rank, size = opts.group_rank, opts.group_size
+    timeout = opts.timeout.total_seconds() if opts.timeout is not None else None
+    global_ranks = list(opts.global_ranks_in_group or [])
+    with _world_lock:
+        default_group = not dist.is_initialized()
+        world = _world
+        if not default_group and world is not None and global_ranks:
+            comm, world_size = world
+            if max(global_ranks) < world_size:
+                sub = comm.subgroup(global_ranks, _tag_of(str(opts.group_id)))
+                return ProcessGroupFerrocoll(sub, rank, size)
+        comm = _core.init_with_store(opts.store, rank, size, _route_hint(opts.store), timeout)
+        if default_group:
+            _world = (comm, size)
+    return ProcessGroupFerrocoll(comm, rank, size)
+
+
+def register() -> None:
+    """Registers the ``"ferrocoll"`` backend with torch.distributed (done on import)."""
+    if "ferrocoll" in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend("ferrocoll", _create, extended_api=True, devices=["cpu"])
