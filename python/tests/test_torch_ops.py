@@ -1,0 +1,231 @@
+"""Every torch.distributed operation on the ferrocoll backend, against gloo's
+result computed in the same job (a gloo group over the same ranks)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, List
+
+import pytest
+
+import ranks
+
+torch = pytest.importorskip("torch")
+
+DTYPES = ["float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
+
+
+def _values(rank: int, shape: Any, dtype: Any, salt: int = 0) -> Any:
+    import torch
+
+    n = 1
+    for s in shape if isinstance(shape, tuple) else (shape,):
+        n *= s
+    v = (torch.arange(n, dtype=torch.int64) * 7 + rank * 3 + salt) % 5 + 1
+    return v.to(dtype).reshape(shape)
+
+
+def compare_with_gloo(counts: List[int]) -> List[str]:
+    """Runs each operation on ferrocoll (the default group) and on gloo."""
+    import torch
+    import torch.distributed as dist
+
+    import ferrocoll.torch  # noqa: F401
+
+    dist.init_process_group("ferrocoll")
+    gloo = dist.new_group(backend="gloo")
+    r, n = dist.get_rank(), dist.get_world_size()
+    bad: List[str] = []
+    R = dist.ReduceOp
+
+    def same(what: str, run: Callable[[Any], Any]) -> None:
+        """``run(group)`` returns tensors; ferrocoll's must equal gloo's."""
+        try:
+            got = run(None)
+        except Exception as e:  # noqa: BLE001
+            bad.append(f"rank {r}: {what}: ferrocoll raised {type(e).__name__}: {e}")
+            return
+        want = run(gloo)
+        got = got if isinstance(got, (list, tuple)) else [got]
+        want = want if isinstance(want, (list, tuple)) else [want]
+        for g, w in zip(got, want):
+            if g.dtype != w.dtype or g.shape != w.shape or not torch.equal(g, w):
+                bad.append(f"rank {r}: {what}: got {g.flatten()[:6].tolist()} want {w.flatten()[:6].tolist()}")
+
+    for name in DTYPES:
+        dtype = getattr(torch, name)
+        # gloo lacks some (type, op) pairs: compare only where gloo has it.
+        ops = [("SUM", R.SUM), ("MAX", R.MAX), ("MIN", R.MIN), ("PRODUCT", R.PRODUCT)]
+        for count in counts:
+            shape = (count,)
+            for opname, op in ops:
+                if dtype in (torch.float16, torch.bfloat16) and op == R.PRODUCT:
+                    continue  # products of 1..5 overflow low precision differently by order
+
+                def allreduce(g: Any, op: Any = op) -> Any:
+                    t = _values(r, shape, dtype)
+                    dist.all_reduce(t, op=op, group=g)
+                    return t
+
+                same(f"all_reduce {opname} {name} x{count}", allreduce)
+
+            def broadcast(g: Any) -> Any:
+                t = _values(r, shape, dtype)
+                dist.broadcast(t, src=count % n, group=g)
+                return t
+
+            same(f"broadcast {name} x{count}", broadcast)
+
+            def reduce(g: Any) -> Any:
+                t = _values(r, shape, dtype)
+                dist.reduce(t, dst=(count + 1) % n, op=R.SUM, group=g)
+                return t if r == (count + 1) % n else torch.zeros(0)
+
+            same(f"reduce {name} x{count}", reduce)
+
+            def all_gather(g: Any) -> Any:
+                out = [torch.empty(shape, dtype=dtype) for _ in range(n)]
+                dist.all_gather(out, _values(r, shape, dtype), group=g)
+                return out
+
+            same(f"all_gather list {name} x{count}", all_gather)
+
+            def all_gather_into_tensor(g: Any) -> Any:
+                out = torch.empty((n * count,), dtype=dtype)
+                dist.all_gather_into_tensor(out, _values(r, shape, dtype), group=g)
+                return out
+
+            same(f"all_gather_into_tensor {name} x{count}", all_gather_into_tensor)
+
+            def reduce_scatter_tensor(g: Any) -> Any:
+                out = torch.empty(shape, dtype=dtype)
+                dist.reduce_scatter_tensor(out, _values(r, (n * count,), dtype, 1), group=g)
+                return out
+
+            same(f"reduce_scatter_tensor {name} x{count}", reduce_scatter_tensor)
+
+            def reduce_scatter(g: Any) -> Any:
+                out = torch.empty(shape, dtype=dtype)
+                dist.reduce_scatter(out, [_values(r, shape, dtype, p) for p in range(n)], group=g)
+                return out
+
+            same(f"reduce_scatter list {name} x{count}", reduce_scatter)
+
+            def all_to_all_single(g: Any) -> Any:
+                out = torch.empty((n * count,), dtype=dtype)
+                dist.all_to_all_single(out, _values(r, (n * count,), dtype, 2), group=g)
+                return out
+
+            same(f"all_to_all_single {name} x{count}", all_to_all_single)
+
+            def all_to_all_list(g: Any) -> Any:
+                # gloo's list form needs tensors of one size.
+                out = [torch.empty(shape, dtype=dtype) for p in range(n)]
+                dist.all_to_all(out, [_values(r, shape, dtype, q) for q in range(n)], group=g)
+                return out
+
+            same(f"all_to_all list {name} x{count}", all_to_all_list)
+
+            def gather(g: Any) -> Any:
+                dst = count % n
+                out = [torch.empty(shape, dtype=dtype) for _ in range(n)] if r == dst else None
+                dist.gather(_values(r, shape, dtype), out, dst=dst, group=g)
+                return out if r == dst else [torch.zeros(0)]
+
+            same(f"gather {name} x{count}", gather)
+
+            def scatter(g: Any) -> Any:
+                src = (count + 1) % n
+                out = torch.empty(shape, dtype=dtype)
+                ins = [_values(r, shape, dtype, p) for p in range(n)] if r == src else None
+                dist.scatter(out, ins, src=src, group=g)
+                return out
+
+            same(f"scatter {name} x{count}", scatter)
+
+    # Uneven all_to_all_single splits, zeros included (what MoE layers call).
+    for rows in [0, 3]:
+        def uneven(g: Any, rows: int = rows) -> Any:
+            ins = [(r + q) % 3 * rows for q in range(n)]
+            outs = [(p + r) % 3 * rows for p in range(n)]
+            inp = _values(r, (sum(ins), 4), torch.float32, 5)
+            out = torch.empty((sum(outs), 4))
+            dist.all_to_all_single(out, inp, output_split_sizes=outs, input_split_sizes=ins, group=g)
+            return out
+
+        same(f"all_to_all_single uneven rows={rows}", uneven)
+
+    # Non-contiguous tensors are copied in and out.
+    def noncontig(g: Any) -> Any:
+        base = _values(r, (6, 4), torch.float32)
+        t = base.t()
+        dist.all_reduce(t, group=g)
+        return base
+
+    same("all_reduce non-contiguous", noncontig)
+
+    # allreduce_coalesced and the coalesced tensor forms.
+    def coalesced(g: Any) -> Any:
+        ts = [_values(r, (k + 1,), torch.float32, k) for k in range(4)]
+        with dist._coalescing_manager(group=g):
+            for t in ts:
+                dist.all_reduce(t, group=g)
+        return ts
+
+    same("coalesced all_reduce", coalesced)
+
+    # AVG and PREMUL_SUM where gloo has no such op: against the definition.
+    t = _values(r, (10,), torch.float32)
+    dist.all_reduce(t, op=R.AVG)
+    want = sum(_values(p, (10,), torch.float32) for p in range(n)) / n
+    if not torch.allclose(t, want):
+        bad.append(f"rank {r}: AVG: {t[:4].tolist()} want {want[:4].tolist()}")
+    out = torch.empty(5)
+    dist.reduce_scatter_tensor(out, _values(r, (5 * n,), torch.float32), op=dist._make_nccl_premul_sum(0.25))
+    want = (sum(_values(p, (5 * n,), torch.float32) for p in range(n)) * 0.25)[5 * r : 5 * r + 5]
+    if not torch.allclose(out, want):
+        bad.append(f"rank {r}: PREMUL_SUM: {out.tolist()} want {want.tolist()}")
+    b = torch.tensor([r == 0, False, True])
+    dist.all_reduce(b, op=R.MAX)
+    if b.tolist() != [True, False, True]:
+        bad.append(f"rank {r}: bool MAX: {b.tolist()}")
+
+    # send / recv with tags around a ring, async.
+    if n > 1:
+        got = torch.empty(7, dtype=torch.int64)
+        s = dist.isend(torch.full((7,), r, dtype=torch.int64), (r + 1) % n, tag=4)
+        q = dist.irecv(got, (r - 1) % n, tag=4)
+        q.wait()
+        s.wait()
+        if got.tolist() != [(r - 1) % n] * 7:
+            bad.append(f"rank {r}: isend/irecv: {got.tolist()}")
+
+    # Work objects and futures.
+    w = dist.all_reduce(torch.ones(4), async_op=True)
+    fut = w.get_future()
+    w.wait()
+    if not (w.is_completed() and w.is_success() and w.exception() is None):
+        bad.append(f"rank {r}: work state after wait")
+    v = fut.wait()
+    if not (isinstance(v, list) and torch.equal(v[0], torch.full((4,), float(n)))):
+        bad.append(f"rank {r}: future value {v}")
+
+    # new_group subsets, including a group of one and one without rank 0.
+    for members in [[0], list(range(1, n)), [p for p in range(n) if p % 2 == 0]]:
+        if not members:
+            continue
+        g = dist.new_group(members)
+        if r in members:
+            t = torch.tensor([float(r)])
+            dist.all_reduce(t, group=g)
+            if t.item() != float(sum(members)):
+                bad.append(f"rank {r}: new_group {members}: {t.item()}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return bad
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_operations_match_gloo(n: int) -> None:
+    counts = [0, 1, 1000] if n == 2 else [0, 5]
+    for bad in ranks.run(n, compare_with_gloo, counts, timeout=400):
+        assert bad == []

@@ -1,0 +1,111 @@
+"""DDP and FSDP2 train on ferrocoll to the same parameters as on gloo.
+
+Tolerance: the two backends sum gradients in different orders (ferrocoll's
+algorithm is chosen by its cost model; gloo's is its own), so each averaged
+gradient may differ in the last bit of float32 (relative 6e-8 per addition);
+50 SGD steps of a small model keep that drift near 1e-6, and we allow
+rtol 1e-4, atol 1e-5: orders of magnitude above rounding, orders below any
+real error (a dropped or doubled gradient moves parameters by ~1e-2).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import pytest
+
+import ranks
+
+torch = pytest.importorskip("torch")
+
+
+def _model() -> "torch.nn.Module":
+    import torch
+
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)
+    )
+
+
+def train_ddp(backend: str, steps: int) -> Dict[str, "torch.Tensor"]:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ferrocoll.torch  # noqa: F401
+
+    dist.init_process_group(backend)
+    r = dist.get_rank()
+    # Small buckets so a step issues several allreduces that overlap backward.
+    model = DDP(_model(), bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(100 + r)
+    for _ in range(steps):
+        x = torch.randn(16, 32, generator=gen)
+        y = torch.randn(16, 8, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    params = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+    dist.destroy_process_group()
+    return params
+
+
+def _close(a: Dict[str, "torch.Tensor"], b: Dict[str, "torch.Tensor"]) -> List[str]:
+    import torch
+
+    return [
+        f"{k}: max diff {(a[k] - b[k]).abs().max().item():.3g}"
+        for k in a
+        if not torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5)
+    ]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ddp_matches_gloo(n: int) -> None:
+    ours = ranks.run(n, train_ddp, "ferrocoll", 50)
+    theirs = ranks.run(n, train_ddp, "gloo", 50, hard_exit=True)
+    untrained = {k: v for k, v in _model().state_dict().items()}
+    for rank in range(n):
+        assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
+        # The ranks agree with each other, and training moved the parameters.
+        assert _close(ours[rank], ours[0]) == []
+    assert _close(ours[0], untrained) != []
+
+
+def train_fsdp2(backend: str, steps: int) -> Dict[str, "torch.Tensor"]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    import ferrocoll.torch  # noqa: F401
+
+    dist.init_process_group(backend)
+    r = dist.get_rank()
+    model = _model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(200 + r)
+    for _ in range(steps):
+        x = torch.randn(16, 32, generator=gen)
+        y = torch.randn(16, 8, generator=gen)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    # Gather the full parameters (a collective) to compare.
+    full = {k: v.full_tensor().detach().clone() for k, v in model.state_dict().items()}
+    dist.destroy_process_group()
+    return full
+
+
+def test_fsdp2_matches_gloo() -> None:
+    ours = ranks.run(2, train_fsdp2, "ferrocoll", 20)
+    theirs = ranks.run(2, train_fsdp2, "gloo", 20, hard_exit=True)
+    for rank in range(2):
+        assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
