@@ -464,10 +464,7 @@ impl Communicator {
     }
 
     /// Runs a small call on the fast path.
-    ///
-    /// # Safety
-    /// As [`Communicator::run`].
-    unsafe fn run_fast(&self, engine: &Engine, spec: &Spec, mem: &Memory) -> Result<()> {
+    fn run_fast(&self, engine: &Engine, spec: &Spec, mem: &mut Memory<'_>) -> Result<()> {
         let seq = self.next_seq();
         if self.shared.config.debug && self.rank() == 0 {
             eprintln!(
@@ -493,8 +490,7 @@ impl Communicator {
             },
             timeout: self.options.timeout.unwrap_or(self.shared.config.timeout),
         };
-        // SAFETY: forwarded from this function's contract.
-        unsafe { crate::fast::run(&call, mem) }.map_err(|e| self.group_error(e))
+        crate::fast::run(&call, mem).map_err(|e| self.group_error(e))
     }
 
     fn next_seq(&self) -> u64 {
@@ -539,15 +535,11 @@ impl Communicator {
         }
     }
 
-    /// Plans and runs one collective over raw memory.
-    ///
-    /// # Safety
-    /// As [`exec::execute`]: `mem` must describe live buffers of the lengths
-    /// the spec implies, laid out as `Layout::in_place` says when in place.
-    unsafe fn run(&self, spec: Spec, mem: Memory) -> Result<()> {
+    /// Plans and runs one collective on `mem`, which holds the lengths the
+    /// spec implies, laid out as `Layout::in_place` says when in place.
+    fn run(&self, spec: Spec, mut mem: Memory<'_>) -> Result<()> {
         if let Some(engine) = self.fast_engine(spec.coll, spec.count, spec.dtype) {
-            // SAFETY: forwarded from this function's contract.
-            return unsafe { self.run_fast(engine, &spec, &mem) };
+            return self.run_fast(engine, &spec, &mut mem);
         }
         let seq = self.next_seq();
         let elem = spec.dtype.size();
@@ -604,13 +596,13 @@ impl Communicator {
                 planned = Some((len, plan));
             }
             let (_, plan) = planned.as_ref().expect("planned above");
-            let piece = if len == spec.count {
-                mem // one slice: the whole call, whatever its buffers' shapes
+            if len == spec.count {
+                // One slice: the whole call, whatever its buffers' shapes.
+                self.execute(plan, &mut mem, &sig, seq, op)?;
             } else {
-                mem.slice(offset * elem, len * elem)
-            };
-            // SAFETY: `piece` is a sub-range of `mem` (the caller's contract).
-            unsafe { self.execute(plan, &piece, &sig, seq, op) }?;
+                let mut piece = mem.slice(offset * elem, len * elem);
+                self.execute(plan, &mut piece, &sig, seq, op)?;
+            }
         }
         let header = Header {
             comm: self.shared.id,
@@ -624,13 +616,10 @@ impl Communicator {
     }
 
     /// Runs a plan under a header.
-    ///
-    /// # Safety
-    /// As [`exec::execute`].
-    unsafe fn execute(
+    fn execute(
         &self,
         plan: &Plan,
-        mem: &Memory,
+        mem: &mut Memory<'_>,
         sig: &Signature,
         seq: u64,
         op: ReduceOp,
@@ -655,8 +644,7 @@ impl Communicator {
             .try_lock()
             .map(|mut s| std::mem::take(&mut *s))
             .unwrap_or_default();
-        // SAFETY: forwarded from this function's contract.
-        let result = unsafe { exec::execute(plan, mem, &call, &mut scratch) };
+        let result = exec::execute(plan, mem, &call, &mut scratch);
         if let Ok(mut slot) = self.shared.scratch.try_lock() {
             if slot.len() < scratch.len() {
                 *slot = scratch;
@@ -697,15 +685,7 @@ impl Communicator {
             ));
         }
         let spec = Spec::new(Collective::AllReduce, T::DTYPE, send.len()).op(op);
-        let mem = Memory {
-            input: send.as_ptr().cast(),
-            input_bytes: std::mem::size_of_val(send),
-            output: recv.as_mut_ptr().cast(),
-            output_bytes: std::mem::size_of_val(recv),
-        };
-        // SAFETY: `send` and `recv` are live, distinct borrows of the lengths
-        // given, held for the whole call.
-        unsafe { self.run(spec, mem) }?;
+        self.run(spec, Memory::separate(send, recv))?;
         self.finish_avg(op, recv);
         Ok(())
     }
@@ -715,8 +695,8 @@ impl Communicator {
         let spec = Spec::new(Collective::AllReduce, T::DTYPE, buf.len())
             .op(op)
             .in_place();
-        // SAFETY: both views point to `buf`, exclusively borrowed for the call.
-        unsafe { self.run(spec, in_place_memory(buf, 0, buf.len(), 0, buf.len())) }?;
+        let len = buf.len();
+        self.run(spec, Memory::in_place(buf, 0..len, 0..len))?;
         self.finish_avg(op, buf);
         Ok(())
     }
@@ -738,21 +718,10 @@ impl Communicator {
                 "the length of recv",
             ));
         }
-        let input_bytes = if self.rank() == root {
-            std::mem::size_of_val(recv)
-        } else {
-            0
-        };
+        // Non-roots' plans never read the input: it is empty for them.
+        let send = root_only(self.rank() == root, send);
         let spec = Spec::new(Collective::Broadcast, T::DTYPE, count).root(root);
-        let mem = Memory {
-            input: send.as_ptr().cast(),
-            input_bytes,
-            output: recv.as_mut_ptr().cast(),
-            output_bytes: std::mem::size_of_val(recv),
-        };
-        // SAFETY: live, distinct borrows; non-roots never read the input
-        // (their plans do not mention it, and its length is 0 for them).
-        unsafe { self.run(spec, mem) }
+        self.run(spec, Memory::separate(send, recv))
     }
 
     /// In-place broadcast: every rank's `buf` becomes the root's `buf`.
@@ -761,8 +730,8 @@ impl Communicator {
         let spec = Spec::new(Collective::Broadcast, T::DTYPE, buf.len())
             .root(root)
             .in_place();
-        // SAFETY: both views point to `buf`, exclusively borrowed.
-        unsafe { self.run(spec, in_place_memory(buf, 0, buf.len(), 0, buf.len())) }
+        let len = buf.len();
+        self.run(spec, Memory::in_place(buf, 0..len, 0..len))
     }
 
     // ---- reduce ------------------------------------------------------------
@@ -791,19 +760,8 @@ impl Communicator {
         let spec = Spec::new(Collective::Reduce, T::DTYPE, send.len())
             .op(op)
             .root(root);
-        let mem = Memory {
-            input: send.as_ptr().cast(),
-            input_bytes: std::mem::size_of_val(send),
-            output: recv.as_mut_ptr().cast(),
-            output_bytes: if is_root {
-                std::mem::size_of_val(recv)
-            } else {
-                0
-            },
-        };
-        // SAFETY: live, distinct borrows; non-roots' plans never touch the
-        // output (length 0 for them).
-        unsafe { self.run(spec, mem) }?;
+        // Non-roots' plans never touch the output: it is empty for them.
+        self.run(spec, Memory::separate(send, root_only_mut(is_root, recv)))?;
         if is_root {
             self.finish_avg(op, recv);
         }
@@ -824,9 +782,9 @@ impl Communicator {
             .op(op)
             .root(root)
             .in_place();
-        let out = if is_root { buf.len() } else { 0 };
-        // SAFETY: both views point to `buf`, exclusively borrowed.
-        unsafe { self.run(spec, in_place_memory(buf, 0, buf.len(), 0, out)) }?;
+        // Other ranks' plans never write the output: it is empty for them.
+        let (len, out) = (buf.len(), if is_root { buf.len() } else { 0 });
+        self.run(spec, Memory::in_place(buf, 0..len, 0..out))?;
         if is_root {
             self.finish_avg(op, buf);
         }
@@ -849,14 +807,7 @@ impl Communicator {
             ));
         }
         let spec = Spec::new(Collective::AllGather, T::DTYPE, send.len());
-        let mem = Memory {
-            input: send.as_ptr().cast(),
-            input_bytes: std::mem::size_of_val(send),
-            output: recv.as_mut_ptr().cast(),
-            output_bytes: std::mem::size_of_val(recv),
-        };
-        // SAFETY: live, distinct borrows of the given lengths.
-        unsafe { self.run(spec, mem) }
+        self.run(spec, Memory::separate(send, recv))
     }
 
     /// In-place allgather: `buf` holds `size()` blocks; this rank's block
@@ -873,8 +824,8 @@ impl Communicator {
         let c = buf.len() / n;
         let spec = Spec::new(Collective::AllGather, T::DTYPE, c).in_place();
         let r = self.rank();
-        // SAFETY: both views point into `buf`, exclusively borrowed.
-        unsafe { self.run(spec, in_place_memory(buf, r * c, c, 0, buf.len())) }
+        let len = buf.len();
+        self.run(spec, Memory::in_place(buf, r * c..(r + 1) * c, 0..len))
     }
 
     // ---- reduce-scatter ----------------------------------------------------
@@ -898,14 +849,7 @@ impl Communicator {
             ));
         }
         let spec = Spec::new(Collective::ReduceScatter, T::DTYPE, recv.len()).op(op);
-        let mem = Memory {
-            input: send.as_ptr().cast(),
-            input_bytes: std::mem::size_of_val(send),
-            output: recv.as_mut_ptr().cast(),
-            output_bytes: std::mem::size_of_val(recv),
-        };
-        // SAFETY: live, distinct borrows of the given lengths.
-        unsafe { self.run(spec, mem) }?;
+        self.run(spec, Memory::separate(send, recv))?;
         self.finish_avg(op, recv);
         Ok(())
     }
@@ -925,8 +869,8 @@ impl Communicator {
         let spec = Spec::new(Collective::ReduceScatter, T::DTYPE, c)
             .op(op)
             .in_place();
-        // SAFETY: both views point into `buf`, exclusively borrowed.
-        unsafe { self.run(spec, in_place_memory(buf, 0, buf.len(), r * c, c)) }?;
+        let len = buf.len();
+        self.run(spec, Memory::in_place(buf, 0..len, r * c..(r + 1) * c))?;
         self.finish_avg(op, &mut buf[r * c..(r + 1) * c]);
         Ok(())
     }
@@ -953,14 +897,7 @@ impl Communicator {
             ));
         }
         let spec = Spec::new(Collective::AllToAll, T::DTYPE, send.len() / n);
-        let mem = Memory {
-            input: send.as_ptr().cast(),
-            input_bytes: std::mem::size_of_val(send),
-            output: recv.as_mut_ptr().cast(),
-            output_bytes: std::mem::size_of_val(recv),
-        };
-        // SAFETY: live, distinct borrows of the given lengths.
-        unsafe { self.run(spec, mem) }
+        self.run(spec, Memory::separate(send, recv))
     }
 
     /// All-to-all with per-peer counts: `send` holds `send_counts[p]`
@@ -1013,14 +950,7 @@ impl Communicator {
         let mut spec = Spec::new(Collective::AllToAllV, T::DTYPE, 0);
         spec.send_counts = send_counts.to_vec();
         spec.recv_counts = recv_counts.to_vec();
-        let mem = Memory {
-            input: send.as_ptr().cast(),
-            input_bytes: std::mem::size_of_val(send),
-            output: recv.as_mut_ptr().cast(),
-            output_bytes: std::mem::size_of_val(recv),
-        };
-        // SAFETY: live, distinct borrows of the given lengths.
-        unsafe { self.run(spec, mem) }
+        self.run(spec, Memory::separate(send, recv))
     }
 
     // ---- gather / scatter ------------------------------------------------
@@ -1041,18 +971,8 @@ impl Communicator {
             ));
         }
         let spec = Spec::new(Collective::Gather, T::DTYPE, send.len()).root(root);
-        let mem = Memory {
-            input: send.as_ptr().cast(),
-            input_bytes: std::mem::size_of_val(send),
-            output: recv.as_mut_ptr().cast(),
-            output_bytes: if is_root {
-                std::mem::size_of_val(recv)
-            } else {
-                0
-            },
-        };
-        // SAFETY: live, distinct borrows; non-roots never touch the output.
-        unsafe { self.run(spec, mem) }
+        // Non-roots never touch the output: it is empty for them.
+        self.run(spec, Memory::separate(send, root_only_mut(is_root, recv)))
     }
 
     /// Rank r gets block r of the root's `send` (`size()` blocks of the
@@ -1071,18 +991,8 @@ impl Communicator {
             ));
         }
         let spec = Spec::new(Collective::Scatter, T::DTYPE, recv.len()).root(root);
-        let mem = Memory {
-            input: send.as_ptr().cast(),
-            input_bytes: if is_root {
-                std::mem::size_of_val(send)
-            } else {
-                0
-            },
-            output: recv.as_mut_ptr().cast(),
-            output_bytes: std::mem::size_of_val(recv),
-        };
-        // SAFETY: live, distinct borrows; non-roots never read the input.
-        unsafe { self.run(spec, mem) }
+        // Non-roots never read the input: it is empty for them.
+        self.run(spec, Memory::separate(root_only(is_root, send), recv))
     }
 
     // ---- barrier -------------------------------------------------------------
@@ -1090,14 +1000,7 @@ impl Communicator {
     /// Returns once every rank has entered the barrier.
     pub fn barrier(&self) -> Result<()> {
         let spec = Spec::new(Collective::Barrier, DType::U8, 0);
-        let mem = Memory {
-            input: std::ptr::NonNull::<u8>::dangling().as_ptr(),
-            input_bytes: 0,
-            output: std::ptr::NonNull::<u8>::dangling().as_ptr(),
-            output_bytes: 0,
-        };
-        // SAFETY: the barrier's plan only moves zero-length spans.
-        unsafe { self.run(spec, mem) }
+        self.run(spec, Memory::none())
     }
 
     // ---- point to point --------------------------------------------------
@@ -1140,14 +1043,13 @@ impl Communicator {
             peer,
             src: Span::input(0, data.len()),
         });
-        let mem = Memory {
-            input: data.as_ptr().cast(),
-            input_bytes: std::mem::size_of_val(data),
-            output: std::ptr::NonNull::<u8>::dangling().as_ptr(),
-            output_bytes: 0,
-        };
-        // SAFETY: `data` is borrowed for the call; the plan only reads it.
-        unsafe { self.execute(&plan, &mem, &sig, seq, ReduceOp::Sum) }
+        self.execute(
+            &plan,
+            &mut Memory::input_only(data),
+            &sig,
+            seq,
+            ReduceOp::Sum,
+        )
     }
 
     /// Receives exactly `buf.len()` elements from `peer` with `tag`.
@@ -1157,14 +1059,13 @@ impl Communicator {
             peer,
             dst: Span::output(0, buf.len()),
         });
-        let mem = Memory {
-            input: std::ptr::NonNull::<u8>::dangling().as_ptr(),
-            input_bytes: 0,
-            output: buf.as_mut_ptr().cast(),
-            output_bytes: std::mem::size_of_val(buf),
-        };
-        // SAFETY: `buf` is exclusively borrowed for the call.
-        unsafe { self.execute(&plan, &mem, &sig, seq, ReduceOp::Sum) }
+        self.execute(
+            &plan,
+            &mut Memory::output_only(buf),
+            &sig,
+            seq,
+            ReduceOp::Sum,
+        )
     }
 
     // ---- split -----------------------------------------------------------
@@ -1333,25 +1234,23 @@ fn single_op_plan(op: Op) -> Plan {
     }
 }
 
-/// Memory for an in-place call: input and output are element ranges of `buf`.
-fn in_place_memory<T: Element>(
-    buf: &mut [T],
-    input_at: usize,
-    input_len: usize,
-    output_at: usize,
-    output_len: usize,
-) -> Memory {
-    let size = std::mem::size_of::<T>();
-    assert!(input_at + input_len <= buf.len() && output_at + output_len <= buf.len());
-    let base = buf.as_mut_ptr().cast::<u8>();
-    // SAFETY: both offsets are within `buf` (asserted above).
-    unsafe {
-        Memory {
-            input: base.add(input_at * size).cast_const(),
-            input_bytes: input_len * size,
-            output: base.add(output_at * size),
-            output_bytes: output_len * size,
-        }
+/// `buf` on the rank that uses it, else its empty start: a buffer the
+/// collective reads only on the root (broadcast's and scatter's input).
+fn root_only<T>(is_root: bool, buf: &[T]) -> &[T] {
+    if is_root {
+        buf
+    } else {
+        &buf[..0]
+    }
+}
+
+/// [`root_only`] for a buffer written only on the root (reduce's and
+/// gather's output).
+fn root_only_mut<T>(is_root: bool, buf: &mut [T]) -> &mut [T] {
+    if is_root {
+        buf
+    } else {
+        &mut buf[..0]
     }
 }
 
