@@ -15,10 +15,11 @@
 //! the model's table the first time a shape is seen.
 //!
 //! Every rank must choose alike, so choice looks only at what every rank of
-//! the call agrees on: the collective, the size as [`call_bytes`] counts it,
-//! the group, the configuration and the profile.
+//! the call agrees on: the collective, the size as
+//! [`crate::Communicator::call_bytes`] counts it, the group, the
+//! configuration and the profile.
 //!
-//! The communicator holds a [`Memo`] and asks through a [`Chooser`], a view
+//! The communicator holds a `Memo` and asks through a `Chooser`, a view
 //! of the inputs it borrows for one question (this module does not import
 //! the communicator or the configuration, which imports it).
 
