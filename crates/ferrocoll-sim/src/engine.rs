@@ -95,8 +95,9 @@
 
 use std::borrow::Cow;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::BinaryHeap;
 
+use ferrocoll::plan::pairing::{Channel, Matcher, MessageTable};
 use ferrocoll::plan::{Op, Plan};
 
 use crate::network::Network;
@@ -303,6 +304,54 @@ struct Peer {
 
 /// A receive awaiting its send: (slot in the receive id list, bytes, reduce?).
 type PendingRecv = (u32, u64, bool);
+
+/// A channel of the message table: (sending engine rank, receiving engine
+/// rank, offset). The offset is 0 except in the aggregated mode, where it
+/// tells apart the ranks a representative stands for (see
+/// crate::symmetry).
+///
+/// The shared table ([`ferrocoll::plan::pairing`]) keeps the simulator's
+/// lean ends (a `u32` message id per send, the receive's slot, bytes and
+/// reduce flag per receive) in the same per-channel vectors of a `BTreeMap`
+/// the engine kept before it was shared, so sharing costs neither memory nor
+/// time on 16,384-rank plans.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Chan {
+    src: u32,
+    dst: u32,
+    offset: u32,
+}
+
+impl Channel for Chan {
+    fn src(&self) -> usize {
+        self.src as usize
+    }
+    fn dst(&self) -> usize {
+        self.dst as usize
+    }
+}
+
+/// Writes the table's pairs into the message list: a receive learns its
+/// message id, a message its receive slot and whether it is reduced.
+struct Pairs<'m> {
+    msgs: &'m mut [Msg],
+    recv_ids: &'m mut [u32],
+}
+
+impl Matcher<Chan, u32, PendingRecv> for Pairs<'_> {
+    fn sent_len(&self, &id: &u32) -> u64 {
+        self.msgs[id as usize].bytes
+    }
+    fn expected_len(&self, recv: &PendingRecv) -> u64 {
+        recv.1
+    }
+    fn matched(&mut self, _: Chan, _: usize, id: u32, (slot, _, reduce): PendingRecv) {
+        let m = &mut self.msgs[id as usize];
+        m.reduce = reduce;
+        m.recv_slot = slot;
+        self.recv_ids[slot as usize] = id;
+    }
+}
 
 /// One round of one rank, as ranges into the message and receive lists
 /// (`rounds` ends with a sentinel whose starts are the lists' lengths).
@@ -749,12 +798,9 @@ impl<'a> Engine<'a> {
         let mut rounds = Vec::new();
         let mut first_round = Vec::with_capacity(n + 1);
         let mut recv_ids: Vec<u32> = Vec::new();
-        // (src, dst, offset) -> sends in plan order / (recv slot, bytes,
-        // reduce) in plan order. The offset is 0 except in the aggregated
-        // mode, where it tells apart the ranks a representative stands for
-        // (see crate::symmetry).
-        let mut pair_sends: BTreeMap<(u32, u32, u32), Vec<u32>> = BTreeMap::new();
-        let mut pair_recvs: BTreeMap<(u32, u32, u32), Vec<PendingRecv>> = BTreeMap::new();
+        // The message table: sends are message ids, receives
+        // (recv slot, bytes, reduce), by channel in plan order.
+        let mut table: MessageTable<Chan, u32, PendingRecv> = MessageTable::new("bytes");
         for (g, group) in groups.iter().enumerate() {
             let (base, size) = (group_first[g], group.plans.len());
             // A peer of the plans: the engine rank that plays it, the
@@ -809,20 +855,27 @@ impl<'a> Engine<'a> {
                                     started: 0.0,
                                     recv_slot: u32::MAX,
                                 });
-                                pair_sends
-                                    .entry((rank as u32, peer.engine, peer.offset))
-                                    .or_default()
-                                    .push(id);
+                                table.send(
+                                    Chan {
+                                        src: rank as u32,
+                                        dst: peer.engine,
+                                        offset: peer.offset,
+                                    },
+                                    id,
+                                );
                             }
                             Op::Recv { peer, dst } | Op::RecvReduce { peer, dst, .. } => {
                                 let peer = check_peer(local, peer, false)?;
                                 let reduce = matches!(op, Op::RecvReduce { .. });
-                                let key = (peer.engine, rank as u32, peer.offset);
-                                pair_recvs.entry(key).or_default().push((
-                                    recv_ids.len() as u32,
-                                    dst.len as u64 * elem,
-                                    reduce,
-                                ));
+                                let chan = Chan {
+                                    src: peer.engine,
+                                    dst: rank as u32,
+                                    offset: peer.offset,
+                                };
+                                table.recv(
+                                    chan,
+                                    (recv_ids.len() as u32, dst.len as u64 * elem, reduce),
+                                );
                                 recv_ids.push(u32::MAX);
                             }
                             Op::Reduce { dst, .. } => local_reduce += dst.len as u64 * elem,
@@ -850,41 +903,12 @@ impl<'a> Engine<'a> {
             posted: 0.0,
             last: u32::MAX,
         });
-        for (&(src, dst, offset), sends) in &pair_sends {
-            let (s, d) = (who(src as usize), who(dst as usize));
-            let recvs = pair_recvs.remove(&(src, dst, offset)).unwrap_or_default();
-            if recvs.len() < sends.len() {
-                return Err(format!(
-                    "{s} sends message #{} to {d} that is never received",
-                    recvs.len()
-                ));
-            }
-            if recvs.len() > sends.len() {
-                return Err(format!(
-                    "{d} waits for message #{} from {s} that is never sent",
-                    sends.len()
-                ));
-            }
-            for (k, (&id, &(slot, bytes, reduce))) in sends.iter().zip(&recvs).enumerate() {
-                let m = &mut msgs[id as usize];
-                if m.bytes != bytes {
-                    return Err(format!(
-                        "message #{k} from {s} to {d} has {} bytes but is received into {bytes}",
-                        m.bytes
-                    ));
-                }
-                m.reduce = reduce;
-                m.recv_slot = slot;
-                recv_ids[slot as usize] = id;
-            }
-        }
-        if let Some(((src, dst, _), _)) = pair_recvs.into_iter().next() {
-            return Err(format!(
-                "{} waits for message #0 from {} that is never sent",
-                who(dst as usize),
-                who(src as usize)
-            ));
-        }
+        table
+            .pair(&mut Pairs {
+                msgs: &mut msgs,
+                recv_ids: &mut recv_ids,
+            })
+            .map_err(|e| e.describe(who))?;
         let links = net.links.len();
         let classes = net.classes.len();
         let gamma = phys

@@ -6,6 +6,8 @@
 //! place as they arrive (the transport decides the chunking: the thread
 //! transport hands over whole messages straight from the sender's memory).
 
+use std::marker::PhantomData;
+use std::ops::Range;
 use std::ptr::{self, NonNull};
 use std::time::Instant;
 
@@ -13,24 +15,113 @@ use crate::error::{Error, Result};
 use crate::kernels;
 use crate::plan::{Buf, Collective, Op, Plan, Span};
 use crate::transport::{Header, Incoming, Outgoing, Sink, Transport};
-use crate::types::{DType, ReduceOp};
+use crate::types::{DType, Element, ReduceOp};
 
-/// The caller's buffers, as raw memory.
+/// The caller's buffers for one call, borrowed for `'a`.
 ///
-/// In place, `input` and `output` point into the same allocation (see
-/// [`crate::plan::Layout`]).
-#[derive(Clone, Copy)]
-pub(crate) struct Memory {
-    pub input: *const u8,
-    pub input_bytes: usize,
-    pub output: *mut u8,
-    pub output_bytes: usize,
+/// A `Memory` is built only from borrowed slices (the constructors below),
+/// so it always describes live memory: `input` is valid for reads of
+/// `input_len` bytes and `output` for reads and writes of `output_len` bytes
+/// for `'a`, and nothing else touches them meanwhile (the `&'a mut` it holds
+/// is exclusive). In place, `input` and `output` point into the same
+/// allocation (see [`crate::plan::Layout`]), which is why it keeps raw
+/// pointers rather than a `&[u8]` and a `&mut [u8]`: the executor needs views
+/// of both at once, for spans a validated plan keeps apart.
+///
+/// Not `Clone`: a copy would be a second handle on the exclusive borrow.
+/// Views ([`Memory::input`], [`Memory::output`], [`Memory::slice`]) borrow
+/// the `Memory`, so the borrow checker keeps them from overlapping.
+pub(crate) struct Memory<'a> {
+    input: *const u8,
+    input_len: usize,
+    output: *mut u8,
+    output_len: usize,
+    /// Invariant in `'a`, as the `&'a mut` it stands for.
+    _buffers: PhantomData<&'a mut [u8]>,
 }
 
-impl Memory {
+impl<'a> Memory<'a> {
+    /// Separate input and output buffers (out of place).
+    pub fn separate<T: Element>(input: &'a [T], output: &'a mut [T]) -> Memory<'a> {
+        let input = as_bytes(input);
+        let output = as_bytes_mut(output);
+        Memory {
+            input: input.as_ptr(),
+            input_len: input.len(),
+            output: output.as_mut_ptr(),
+            output_len: output.len(),
+            _buffers: PhantomData,
+        }
+    }
+
+    /// One buffer holding both: the input is elements `input` of `buf`, the
+    /// output elements `output` (the in-place layouts of
+    /// [`crate::plan::Layout::in_place`]). Panics if a range is outside
+    /// `buf` (the callers derive them from lengths they checked).
+    pub fn in_place<T: Element>(
+        buf: &'a mut [T],
+        input: Range<usize>,
+        output: Range<usize>,
+    ) -> Memory<'a> {
+        let size = std::mem::size_of::<T>();
+        assert!(
+            input.start <= input.end
+                && input.end <= buf.len()
+                && output.start <= output.end
+                && output.end <= buf.len(),
+            "in-place ranges {input:?} and {output:?} outside a buffer of {}",
+            buf.len()
+        );
+        let base = as_bytes_mut(buf).as_mut_ptr();
+        // SAFETY: both ranges lie within `buf` (asserted above), so the
+        // offsets stay inside its allocation.
+        let (input_at, output_at) =
+            unsafe { (base.add(input.start * size), base.add(output.start * size)) };
+        Memory {
+            input: input_at.cast_const(),
+            input_len: input.len() * size,
+            output: output_at,
+            output_len: output.len() * size,
+            _buffers: PhantomData,
+        }
+    }
+
+    /// An input buffer and no output (a send).
+    pub fn input_only<T: Element>(input: &'a [T]) -> Memory<'a> {
+        Memory::separate(input, &mut [] as &mut [T])
+    }
+
+    /// An output buffer and no input (a receive).
+    pub fn output_only<T: Element>(output: &'a mut [T]) -> Memory<'a> {
+        Memory::separate(&[] as &[T], output)
+    }
+
+    /// No buffers at all (a barrier).
+    pub fn none() -> Memory<'static> {
+        Memory::separate::<u8>(&[], &mut [])
+    }
+
+    /// The input, read-only. Borrows `self`, so no output view exists
+    /// while it lives (in place they may overlap).
+    pub fn input(&self) -> &[u8] {
+        // SAFETY: the type's invariant: `input` is valid for reads of
+        // `input_len` bytes for 'a, and `&self` excludes an output view.
+        unsafe { std::slice::from_raw_parts(self.input, self.input_len) }
+    }
+
+    /// The output, writable. Borrows `self` mutably, so no other view
+    /// exists while it lives.
+    pub fn output(&mut self) -> &mut [u8] {
+        // SAFETY: the type's invariant: `output` is valid for reads and
+        // writes of `output_len` bytes for 'a, and `&mut self` excludes
+        // every other view.
+        unsafe { std::slice::from_raw_parts_mut(self.output, self.output_len) }
+    }
+
     /// Bytes `offset..offset + len` of both buffers (a buffer this rank does
-    /// not use, of length 0, stays empty).
-    pub fn slice(&self, offset: usize, len: usize) -> Memory {
+    /// not use, of length 0, stays empty), borrowing `self` for as long as
+    /// the part is used.
+    pub fn slice(&mut self, offset: usize, len: usize) -> Memory<'_> {
         let part = |base: *mut u8, bytes: usize| {
             if bytes == 0 {
                 (base, 0)
@@ -40,15 +131,24 @@ impl Memory {
                 (unsafe { base.add(offset) }, len)
             }
         };
-        let (input, input_bytes) = part(self.input.cast_mut(), self.input_bytes);
-        let (output, output_bytes) = part(self.output, self.output_bytes);
+        let (input, input_len) = part(self.input.cast_mut(), self.input_len);
+        let (output, output_len) = part(self.output, self.output_len);
         Memory {
             input: input.cast_const(),
-            input_bytes,
+            input_len,
             output,
-            output_bytes,
+            output_len,
+            _buffers: PhantomData,
         }
     }
+}
+
+fn as_bytes<T: Element>(s: &[T]) -> &[u8] {
+    bytemuck::cast_slice(s)
+}
+
+fn as_bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(s)
 }
 
 /// How a call is cut into consecutive slices: `(first element, count)`.
@@ -145,18 +245,18 @@ impl Sink for PlanSink {
 }
 
 /// Turns spans into pointers, checking bounds.
-struct Resolver<'m> {
-    mem: &'m Memory,
+struct Resolver<'m, 'a> {
+    mem: &'m Memory<'a>,
     scratch: *mut u8,
     scratch_bytes: usize,
     elem: usize,
 }
 
-impl Resolver<'_> {
+impl Resolver<'_, '_> {
     fn locate(&self, span: &Span) -> Result<(*mut u8, usize)> {
         let (base, limit) = match span.buf {
-            Buf::Input => (self.mem.input as *mut u8, self.mem.input_bytes),
-            Buf::Output => (self.mem.output, self.mem.output_bytes),
+            Buf::Input => (self.mem.input.cast_mut(), self.mem.input_len),
+            Buf::Output => (self.mem.output, self.mem.output_len),
             Buf::Scratch => (self.scratch, self.scratch_bytes),
         };
         let start = span.offset * self.elem;
@@ -178,17 +278,22 @@ impl Resolver<'_> {
 /// Runs `plan` on `mem`, with `scratch` (grown as the plan needs) as its
 /// scratch buffer.
 ///
-/// # Safety
+/// # Why this is safe to call
 ///
-/// `mem.input` must be valid for reads of `input_bytes` and `mem.output`
-/// valid for reads and writes of `output_bytes` for the whole call, with no
-/// other access to them meanwhile (in place they may overlap as the plan's
-/// [`crate::plan::Layout`] describes), and `plan` must pass
-/// [`crate::plan::validate`] for that layout (bounds are checked here again;
-/// disjointness of in-flight ops is not).
-pub(crate) unsafe fn execute(
+/// `mem` describes live, exclusively borrowed buffers (the invariant of
+/// [`Memory`]), and every span is checked against its buffer's bounds here
+/// before it becomes a pointer. What this function trusts, and does not
+/// check for speed, is that `plan` passes [`crate::plan::validate`] for
+/// `mem`'s layout: no two in-flight ops of a round touch overlapping memory
+/// (except a receive-reduce accumulating into its own local), and local ops
+/// never overlap partly. The plans it runs are crate-internal: built by
+/// [`crate::plan::build`], which the test suite validates for every
+/// algorithm, group size and layout and the call runner validates again in
+/// debug builds, or one-op send/receive plans. It is `pub(crate)` so that
+/// no other plan can reach it.
+pub(crate) fn execute(
     plan: &Plan,
-    mem: &Memory,
+    mem: &mut Memory<'_>,
     call: &Call<'_>,
     scratch: &mut Vec<u64>,
 ) -> Result<()> {
@@ -200,7 +305,7 @@ pub(crate) unsafe fn execute(
         scratch.resize(words, 0);
     }
     let res = Resolver {
-        mem,
+        mem: &*mem,
         scratch: scratch.as_mut_ptr().cast(),
         scratch_bytes: plan.scratch * elem,
         elem,

@@ -69,33 +69,20 @@ pub(crate) struct Small<'a> {
     pub timeout: Duration,
 }
 
-/// Runs `call` on `mem`.
-///
-/// # Safety
-///
-/// As [`crate::exec::execute`]: `mem.input` valid for reads of
-/// `input_bytes` and `mem.output` for reads and writes of `output_bytes`
-/// for the whole call, with no other access meanwhile; in place they may
-/// overlap as [`crate::plan::Layout`] describes. The lengths are those the
-/// collective implies for this rank (checked).
-pub(crate) unsafe fn run(call: &Small<'_>, mem: &Memory) -> Result<()> {
+/// Runs `call` on `mem`, whose lengths must be those the collective
+/// implies for this rank (checked).
+pub(crate) fn run(call: &Small<'_>, mem: &mut Memory<'_>) -> Result<()> {
     // Room for the peers' messages on the stack, sized for small groups
     // when the group is small (it is cleared on every call).
     if call.group.len() <= 4 {
-        // SAFETY: forwarded from this function's contract.
-        unsafe { run_with::<3>(call, mem) }
+        run_with::<3>(call, mem)
     } else {
-        // SAFETY: forwarded from this function's contract.
-        unsafe { run_with::<{ FAST_MAX_RANKS - 1 }>(call, mem) }
+        run_with::<{ FAST_MAX_RANKS - 1 }>(call, mem)
     }
 }
 
 /// [`run`] for groups of at most `PEERS + 1` ranks.
-///
-/// # Safety
-///
-/// As [`run`].
-unsafe fn run_with<const PEERS: usize>(call: &Small<'_>, mem: &Memory) -> Result<()> {
+fn run_with<const PEERS: usize>(call: &Small<'_>, mem: &mut Memory<'_>) -> Result<()> {
     let fast = call
         .engine
         .fast_path()
@@ -113,20 +100,15 @@ unsafe fn run_with<const PEERS: usize>(call: &Small<'_>, mem: &Memory) -> Result
     };
     let mut mine: Payload = [0; SLOT_PAYLOAD / 8];
     let mine_len = if sends { len } else { 0 };
-    if mem.input_bytes < mine_len {
+    let input = mem.input();
+    if input.len() < mine_len {
         return Err(Error::Internal(format!(
             "fast {}: input of {} bytes, {mine_len} needed",
-            call.coll, mem.input_bytes
+            call.coll,
+            input.len()
         )));
     }
-    if mine_len > 0 {
-        // SAFETY: `input` is valid for `input_bytes >= mine_len` bytes
-        // (checked above; the caller's contract), and `mine` is a local
-        // array of SLOT_PAYLOAD >= len bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(mem.input, mine.as_mut_ptr().cast::<u8>(), mine_len);
-        }
-    }
+    bytemuck::cast_slice_mut::<u64, u8>(&mut mine)[..mine_len].copy_from_slice(&input[..mine_len]);
 
     let mut others = [0usize; PEERS];
     for (slot, &w) in others.iter_mut().zip(
@@ -179,17 +161,17 @@ unsafe fn run_with<const PEERS: usize>(call: &Small<'_>, mem: &Memory) -> Result
     if out_len == 0 {
         return Ok(());
     }
-    if mem.output_bytes < out_len {
+    // The input is no longer read (copied into `mine`), so the output view
+    // may overlap it (in place); `Memory` lets it exist only now.
+    let output = mem.output();
+    if output.len() < out_len {
         return Err(Error::Internal(format!(
             "fast {}: output of {} bytes, {out_len} needed",
-            call.coll, mem.output_bytes
+            call.coll,
+            output.len()
         )));
     }
-    // SAFETY: `output` is valid for reads and writes of `output_bytes >=
-    // out_len` bytes (checked above) with no other access during the call;
-    // the input is no longer read (copied into `mine`), so a view of the
-    // output may overlap it.
-    let out = unsafe { std::slice::from_raw_parts_mut(mem.output, out_len) };
+    let out = &mut output[..out_len];
     match call.coll {
         Collective::AllReduce | Collective::Reduce => {
             out.copy_from_slice(part(0));

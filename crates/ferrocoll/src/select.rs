@@ -1,4 +1,4 @@
-//! Choosing the algorithm for a call.
+//! Choosing the algorithm for a call: the one place that does.
 //!
 //! Precedence: the per-call option ([`crate::CallOptions::algorithm`]), then
 //! `FERROCOLL_ALGO` for that collective, then a global `FERROCOLL_ALGO` name
@@ -6,16 +6,31 @@
 //!
 //! `auto` normally asks the cost model for the algorithm with the least
 //! predicted time ([`crate::cost::candidates`], on the communicator's profile
-//! and topology; `FERROCOLL_AUTO=model`, the default). [`auto`] here is the
-//! size rule it replaced (`FERROCOLL_AUTO=rule`), still used for alltoallv,
-//! whose cost depends on counts no single rank knows: binomial trees below
-//! [`SMALL_BYTES`] where latency dominates, rings above. bench/regret.sh
-//! measures both against the best forced algorithm (bench/RESULTS.md).
+//! and topology; `FERROCOLL_AUTO=model`, the default), remembering the answer
+//! per shape. [`auto`] here is the size rule it replaced
+//! (`FERROCOLL_AUTO=rule`), still used for alltoallv, whose cost depends on
+//! counts no single rank knows: binomial trees below [`SMALL_BYTES`] where
+//! latency dominates, rings above. bench/regret.sh measures both against the
+//! best forced algorithm (bench/RESULTS.md). `FERROCOLL_DEBUG=tune` prints
+//! the model's table the first time a shape is seen.
+//!
+//! Every rank must choose alike, so choice looks only at what every rank of
+//! the call agrees on: the collective, the size as
+//! [`crate::Communicator::call_bytes`] counts it, the group, the
+//! configuration and the profile.
+//!
+//! The communicator holds a `Memo` and asks through a `Chooser`, a view
+//! of the inputs it borrows for one question (this module does not import
+//! the communicator or the configuration, which imports it).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Mutex, OnceLock};
 
+use crate::cost::{self, Cost, Profile, Shape};
 use crate::error::{Error, Result};
 use crate::plan::{unknown_algorithm, Algorithm, Collective};
+use crate::topo::Topology;
+use crate::types::DType;
 
 /// Messages up to this many bytes use latency-optimal algorithms under `auto`.
 pub const SMALL_BYTES: usize = 256 * 1024;
@@ -125,6 +140,173 @@ pub fn auto(coll: Collective, bytes: usize, n: usize) -> (Algorithm, &'static st
     }
 }
 
+/// Most shapes remembered for `auto`'s choices and `FERROCOLL_DEBUG=tune`:
+/// a program with ever-new sizes must not grow them forever.
+const SHAPE_CACHE_LIMIT: usize = 4096;
+
+/// What one communicator remembers about choosing: the profile, read once,
+/// the model's choice per shape and the shapes already explained.
+#[derive(Default)]
+pub(crate) struct Memo {
+    profile: OnceLock<Profile>,
+    /// The model's choice per (collective, bytes).
+    chosen: Mutex<HashMap<(Collective, usize), Algorithm>>,
+    /// Shapes already explained under `FERROCOLL_DEBUG=tune`.
+    explained: Mutex<HashSet<(Collective, usize)>>,
+}
+
+/// The inputs of a choice for one communicator handle, borrowed.
+pub(crate) struct Chooser<'a> {
+    /// The handle's per-call option.
+    pub option: Option<Algorithm>,
+    /// `FERROCOLL_ALGO`.
+    pub forced: &'a AlgoChoice,
+    /// `FERROCOLL_AUTO=model` (else the size rule).
+    pub model: bool,
+    /// A configured profile, which wins over the calibrated file.
+    pub configured: Option<&'a Profile>,
+    /// The transport's name, which names the calibrated file.
+    pub transport: &'static str,
+    /// The group's size and topology.
+    pub n: usize,
+    pub topology: &'a Topology,
+    pub memo: &'a Memo,
+}
+
+impl Chooser<'_> {
+    /// The algorithm for `coll` moving `bytes` ([`call_bytes`]), and why,
+    /// in the precedence of the module docs.
+    pub fn choose(&self, coll: Collective, bytes: usize) -> Result<(Algorithm, String)> {
+        if let Some(a) = self.option {
+            let a = a
+                .for_collective(coll)
+                .ok_or_else(|| unknown_algorithm(coll, a.name()))?;
+            return Ok((a, "forced by call options".into()));
+        }
+        if let Some(a) = self.forced.get(coll) {
+            return Ok((a, "forced by FERROCOLL_ALGO".into()));
+        }
+        if self.model && coll != Collective::AllToAllV {
+            if let Some(a) = self.model_choice(coll, bytes) {
+                return Ok((a, "auto: least predicted time (cost model)".into()));
+            }
+        }
+        let (a, why) = auto(coll, bytes, self.n);
+        Ok((a, format!("auto: {why}")))
+    }
+
+    /// The cheapest algorithm for `bytes` on the profile and topology,
+    /// cached per shape.
+    fn model_choice(&self, coll: Collective, bytes: usize) -> Option<Algorithm> {
+        if let Some(&a) = self.memo.chosen.lock().ok()?.get(&(coll, bytes)) {
+            return Some(a);
+        }
+        // The choice depends on bytes, not on the element type: model bytes
+        // as one-byte elements.
+        let blocks = call_bytes(coll, self.n, 1, DType::U8).max(1);
+        let shape = self.shape(coll, bytes / blocks, 1);
+        let best = cost::candidates(&shape, self.profile()).first()?.0;
+        let mut chosen = self.memo.chosen.lock().ok()?;
+        if chosen.len() >= SHAPE_CACHE_LIMIT {
+            chosen.clear();
+        }
+        chosen.insert((coll, bytes), best);
+        Some(best)
+    }
+
+    /// The cost-model parameters: the configured profile, else a calibrated
+    /// file at [`Profile::default_path`] for the transport, else the
+    /// built-in one; read once per communicator.
+    pub fn profile(&self) -> &Profile {
+        self.memo.profile.get_or_init(|| {
+            if let Some(p) = self.configured {
+                return p.clone();
+            }
+            Profile::default_path(self.transport)
+                .and_then(|path| Profile::load(&path).ok())
+                .unwrap_or_else(Profile::thread_default)
+        })
+    }
+
+    /// The algorithm a call of `count` elements of `dtype` would use and
+    /// its predicted cost (`None` without a closed form, and for
+    /// alltoallv, whose cost depends on every pair's counts, which no rank
+    /// knows).
+    pub fn predict(
+        &self,
+        coll: Collective,
+        count: usize,
+        dtype: DType,
+    ) -> Result<(Algorithm, Option<Cost>)> {
+        let (algo, _) = self.choose(coll, call_bytes(coll, self.n, count, dtype))?;
+        if coll == Collective::AllToAllV {
+            return Ok((algo, None));
+        }
+        let shape = self.shape(coll, count, dtype.size());
+        Ok((algo, cost::predict(algo, &shape, self.profile())))
+    }
+
+    /// Prints the cost model's table for a shape to stderr the first time
+    /// it is seen (`FERROCOLL_DEBUG=tune`).
+    pub fn explain(&self, coll: Collective, count: usize, dtype: DType, bytes: usize) {
+        let first = self
+            .memo
+            .explained
+            .lock()
+            .map(|mut seen| seen.len() < SHAPE_CACHE_LIMIT && seen.insert((coll, bytes)))
+            .unwrap_or(false);
+        if !first || coll == Collective::AllToAllV {
+            return;
+        }
+        let shape = self.shape(coll, count, dtype.size());
+        let ranked = cost::candidates(&shape, self.profile());
+        let mut text = format!(
+            "ferrocoll tune: {coll} {bytes} B on {} ranks, predicted (us):",
+            self.n
+        );
+        for (a, c) in &ranked {
+            text.push_str(&format!(
+                "\n  {:<18} {:>10.2} = latency {:.2} + bandwidth {:.2} + compute {:.2}",
+                a.name(),
+                c.total() * 1e6,
+                c.latency * 1e6,
+                c.bandwidth * 1e6,
+                c.compute * 1e6
+            ));
+        }
+        if let [(w, wc), (r, rc), ..] = ranked.as_slice() {
+            text.push_str(&format!(
+                "\n  model's winner {w}, runner-up {r} ({:.2}x)",
+                rc.total() / wc.total().max(f64::MIN_POSITIVE)
+            ));
+        }
+        eprintln!("{text}");
+    }
+
+    fn shape(&self, coll: Collective, count: usize, elem_size: usize) -> Shape {
+        let mut shape = Shape::new(coll, self.n, count, elem_size);
+        shape.topology = self.topology.clone();
+        shape
+    }
+}
+
+/// The size in bytes that choice looks at for a call of `count` elements of
+/// `dtype` (the per-rank block for the block collectives) among `n` ranks:
+/// the size nccl-tests reports, which every rank agrees on (0 for
+/// alltoallv, whose sizes differ per rank, and for barrier).
+pub(crate) fn call_bytes(coll: Collective, n: usize, count: usize, dtype: DType) -> usize {
+    let blocks = match coll {
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => 1,
+        Collective::AllGather
+        | Collective::ReduceScatter
+        | Collective::AllToAll
+        | Collective::Gather
+        | Collective::Scatter => n,
+        Collective::AllToAllV | Collective::Barrier => 0,
+    };
+    blocks * count * dtype.size()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,5 +340,89 @@ mod tests {
         let e = AlgoChoice::parse("allredux:ring").unwrap_err();
         assert!(e.to_string().contains("allreduce"), "{e}");
         assert!(AlgoChoice::parse("nonsense").is_err());
+    }
+
+    fn chooser<'a>(
+        option: Option<Algorithm>,
+        forced: &'a AlgoChoice,
+        model: bool,
+        profile: &'a Profile,
+        topology: &'a Topology,
+        memo: &'a Memo,
+    ) -> Chooser<'a> {
+        Chooser {
+            option,
+            forced,
+            model,
+            configured: Some(profile),
+            transport: "thread",
+            n: topology.size(),
+            topology,
+            memo,
+        }
+    }
+
+    #[test]
+    fn precedence_is_option_then_algo_then_model_then_rule() {
+        let profile = Profile::thread_default();
+        let topology = Topology::flat(8);
+        let memo = Memo::default();
+        let forced = AlgoChoice::parse("allreduce:ring").unwrap();
+        let none = AlgoChoice::default();
+        let big = 64 << 20;
+        let c = chooser(
+            Some(Algorithm::Tree),
+            &forced,
+            true,
+            &profile,
+            &topology,
+            &memo,
+        );
+        let (a, why) = c.choose(Collective::AllReduce, big).unwrap();
+        assert_eq!(
+            (a, why.as_str()),
+            (Algorithm::Tree, "forced by call options")
+        );
+        // A per-call option the collective lacks is an error, not skipped.
+        assert!(c.choose(Collective::AllToAll, big).is_err());
+        let c = chooser(None, &forced, true, &profile, &topology, &memo);
+        let (a, why) = c.choose(Collective::AllReduce, big).unwrap();
+        assert_eq!(
+            (a, why.as_str()),
+            (Algorithm::Ring, "forced by FERROCOLL_ALGO")
+        );
+        let c = chooser(None, &none, true, &profile, &topology, &memo);
+        let (a, why) = c.choose(Collective::AllReduce, big).unwrap();
+        assert!(why.contains("cost model"), "{why}");
+        // The model's choice is remembered per shape.
+        assert_eq!(
+            memo.chosen
+                .lock()
+                .unwrap()
+                .get(&(Collective::AllReduce, big)),
+            Some(&a)
+        );
+        // Alltoallv, whose cost no rank knows, and FERROCOLL_AUTO=rule take
+        // the size rule.
+        let (a, why) = c.choose(Collective::AllToAllV, 0).unwrap();
+        assert_eq!(a, Algorithm::Direct);
+        assert!(why.starts_with("auto: direct"), "{why}");
+        let c = chooser(None, &none, false, &profile, &topology, &memo);
+        let (a, why) = c.choose(Collective::AllReduce, big).unwrap();
+        assert_eq!(
+            (a, why.as_str()),
+            (
+                Algorithm::Ring,
+                "auto: large message: bandwidth-optimal ring"
+            )
+        );
+    }
+
+    #[test]
+    fn call_bytes_counts_every_block_of_the_block_collectives() {
+        assert_eq!(call_bytes(Collective::AllReduce, 4, 10, DType::F32), 40);
+        assert_eq!(call_bytes(Collective::AllGather, 4, 10, DType::F32), 160);
+        assert_eq!(call_bytes(Collective::AllToAllV, 4, 10, DType::F32), 0);
+        assert_eq!(call_bytes(Collective::Barrier, 4, 0, DType::U8), 0);
     }
 }

@@ -10,10 +10,8 @@
 //!   calls, as the `i*` forms do.
 
 use std::collections::HashSet;
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
 
-use super::{mix, Communicator, Shared};
+use super::{mix, Communicator};
 use crate::error::{Error, Result};
 
 impl Communicator {
@@ -61,42 +59,13 @@ impl Communicator {
                 self.rank()
             )));
         };
-        let group: Vec<usize> = ranks.iter().map(|&r| self.shared.group[r]).collect();
-        let topology = self.shared.topology.subgroup(ranks);
         // Distinct from split's identifiers (another constant) and from any
         // other member list or tag.
         let id = ranks.iter().fold(
             mix(self.shared.id ^ 0x5bd1_e995_c2b2_ae35) ^ mix(tag),
             |h, &r| mix(h ^ r as u64),
         );
-        let fast = self
-            .shared
-            .engine
-            .as_ref()
-            .and_then(|e| e.fast_path())
-            .is_some_and(|f| f.serves(&group));
-        Ok(Communicator {
-            shared: Arc::new(Shared {
-                transport: Arc::clone(&self.shared.transport),
-                group,
-                rank,
-                id: mix(id),
-                next_seq: AtomicU64::new(0),
-                splits: AtomicU64::new(0),
-                config: Arc::clone(&self.shared.config),
-                topology,
-                scratch: Default::default(),
-                explained: Default::default(),
-                chosen: Default::default(),
-                profile: Default::default(),
-                placement: None,
-                engine: self.shared.engine.clone(),
-                fast,
-                fast_colls: self.shared.fast_colls,
-            }),
-            options: self.options.clone(),
-            reserved_seq: None,
-        })
+        Ok(self.child(ranks, rank, mix(id)))
     }
 }
 

@@ -21,9 +21,8 @@
 //! all ranks, and its latency, bandwidth and compute terms are the ones
 //! accumulated along that critical path.
 
-use std::collections::HashMap;
-
 use super::{Cost, Profile};
+use crate::plan::pairing::{Matcher, MessageTable};
 use crate::plan::{Op, Plan, Span};
 use crate::topo::Topology;
 
@@ -40,46 +39,31 @@ pub fn walk(
     let n = plans.len();
     let local = topology.local_size().max(1);
     let elem = elem_size as f64;
-    // For each rank and round: the partner rounds its messages meet.
-    // (rank, round) -> list of (peer, peer's round).
-    let mut sends: HashMap<(usize, usize, usize), usize> = HashMap::new(); // (src, dst, k) -> src round
-    let mut recvs: HashMap<(usize, usize, usize), usize> = HashMap::new(); // (src, dst, k) -> dst round
+    // For each rank and round: the partner rounds its messages meet,
+    // (peer, peer's round). Each end is its round and its length.
+    let mut table: MessageTable<(usize, usize), (usize, usize), (usize, usize)> =
+        MessageTable::new("elements");
     for (rank, plan) in plans.iter().enumerate() {
-        let mut ns = vec![0usize; n];
-        let mut nr = vec![0usize; n];
         for (ri, round) in plan.rounds.iter().enumerate() {
             for op in &round.ops {
                 match *op {
-                    Op::Send { peer, .. } => {
-                        sends.insert((rank, peer, ns[peer]), ri);
-                        ns[peer] += 1;
-                    }
-                    Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
-                        recvs.insert((peer, rank, nr[peer]), ri);
-                        nr[peer] += 1;
+                    Op::Send { peer, src } => table.send((rank, peer), (ri, src.len)),
+                    Op::Recv { peer, dst } | Op::RecvReduce { peer, dst, .. } => {
+                        table.recv((peer, rank), (ri, dst.len));
                     }
                     _ => {}
                 }
             }
         }
     }
-    let mut partners: Vec<Vec<Vec<(usize, usize)>>> = plans
-        .iter()
-        .map(|p| vec![Vec::new(); p.rounds.len()])
-        .collect();
-    for (&(src, dst, k), &sr) in &sends {
-        let dr = *recvs.get(&(src, dst, k)).ok_or_else(|| {
-            format!("rank {src} sends message #{k} to rank {dst} that is never received")
-        })?;
-        partners[src][sr].push((dst, dr));
-        partners[dst][dr].push((src, sr));
-    }
-    if let Some(k) = recvs.keys().find(|k| !sends.contains_key(k)) {
-        return Err(format!(
-            "rank {} waits for message #{} from rank {} that is never sent",
-            k.1, k.2, k.0
-        ));
-    }
+    let mut partners = Partners(
+        plans
+            .iter()
+            .map(|p| vec![Vec::new(); p.rounds.len()])
+            .collect(),
+    );
+    table.pair(&mut partners).map_err(|e| e.to_string())?;
+    let partners = partners.0;
     // start[r][k]: when rank r begins round k (its previous round's finish).
     let mut start: Vec<Vec<Option<Cost>>> = plans
         .iter()
@@ -129,6 +113,28 @@ pub fn walk(
         .iter()
         .map(|s| s.last().copied().flatten().unwrap_or(Cost::ZERO))
         .fold(Cost::ZERO, |a, b| if b.total() > a.total() { b } else { a }))
+}
+
+/// Per rank and round, the (peer, peer's round) of each of its messages.
+struct Partners(Vec<Vec<Vec<(usize, usize)>>>);
+
+impl Matcher<(usize, usize), (usize, usize), (usize, usize)> for Partners {
+    fn sent_len(&self, send: &(usize, usize)) -> u64 {
+        send.1 as u64
+    }
+    fn expected_len(&self, recv: &(usize, usize)) -> u64 {
+        recv.1 as u64
+    }
+    fn matched(
+        &mut self,
+        (src, dst): (usize, usize),
+        _: usize,
+        (sr, _): (usize, usize),
+        (dr, _): (usize, usize),
+    ) {
+        self.0[src][sr].push((dst, dr));
+        self.0[dst][dr].push((src, sr));
+    }
 }
 
 /// Cost of one round of `rank` (see the module docs).

@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::pairing::{Matcher, MessageTable};
 use super::{Buf, Collective, Op, Plan, PlanRequest, Span};
 
 /// How the caller's buffers overlap.
@@ -233,34 +234,31 @@ type Site = (usize, usize, usize);
 /// Runs the plans of all ranks against each other without data: each rank
 /// posts the sends and receives of its current round; a message moves when
 /// both ends are in the rounds that hold it (the executor's semantics, with
-/// FIFO matching per ordered pair of ranks). Fails if a message has no
-/// partner, lengths disagree, or the ranks deadlock.
+/// FIFO matching per ordered pair of ranks, as [`super::pairing`] pairs
+/// them). Fails if a message has no partner, lengths disagree, or the ranks
+/// deadlock.
 pub fn match_messages(plans: &[Plan]) -> Result<MessageStats, String> {
     let n = plans.len();
-    // Number every message on its (src, dst) pair, in plan order.
-    let mut sends: HashMap<(usize, usize, usize), (Site, usize)> = HashMap::new();
-    let mut recvs: HashMap<(usize, usize, usize), (Site, usize)> = HashMap::new();
+    // Each end is its site and its length in elements.
+    let mut table: MessageTable<(usize, usize), (Site, usize), (Site, usize)> =
+        MessageTable::new("elements");
     let mut stats = MessageStats {
         sent: vec![0; n],
         received: vec![0; n],
         ..MessageStats::default()
     };
     for (rank, plan) in plans.iter().enumerate() {
-        let mut next_send = vec![0usize; n];
-        let mut next_recv = vec![0usize; n];
         for (ri, round) in plan.rounds.iter().enumerate() {
             for (oi, op) in round.ops.iter().enumerate() {
                 match *op {
                     Op::Send { peer, src } => {
-                        sends.insert((rank, peer, next_send[peer]), ((rank, ri, oi), src.len));
-                        next_send[peer] += 1;
+                        table.send((rank, peer), ((rank, ri, oi), src.len));
                         stats.messages += 1;
                         stats.elements += src.len;
                         stats.sent[rank] += src.len;
                     }
                     Op::Recv { peer, dst } | Op::RecvReduce { peer, dst, .. } => {
-                        recvs.insert((peer, rank, next_recv[peer]), ((rank, ri, oi), dst.len));
-                        next_recv[peer] += 1;
+                        table.recv((peer, rank), ((rank, ri, oi), dst.len));
                         stats.received[rank] += dst.len;
                     }
                     _ => {}
@@ -268,29 +266,9 @@ pub fn match_messages(plans: &[Plan]) -> Result<MessageStats, String> {
             }
         }
     }
-    let mut partner: HashMap<Site, Site> = HashMap::new();
-    for (key, (site, len)) in &sends {
-        let Some((rsite, rlen)) = recvs.get(key) else {
-            return Err(format!(
-                "rank {} sends message #{} to rank {} that is never received",
-                key.0, key.2, key.1
-            ));
-        };
-        if rlen != len {
-            return Err(format!(
-                "rank {} sends {len} elements to rank {} (message #{}) but it expects {rlen}",
-                key.0, key.1, key.2
-            ));
-        }
-        partner.insert(*site, *rsite);
-        partner.insert(*rsite, *site);
-    }
-    if let Some(key) = recvs.keys().find(|k| !sends.contains_key(k)) {
-        return Err(format!(
-            "rank {} waits for message #{} from rank {} that is never sent",
-            key.1, key.2, key.0
-        ));
-    }
+    let mut partner = Partners(HashMap::new());
+    table.pair(&mut partner).map_err(|e| e.to_string())?;
+    let partner = partner.0;
     // Step the ranks in lock-step "ticks": in a tick, every message whose
     // two ends are both in their current rounds completes.
     let mut round_of = vec![0usize; n];
@@ -338,6 +316,22 @@ pub fn match_messages(plans: &[Plan]) -> Result<MessageStats, String> {
                 .collect();
             return Err(format!("deadlock: {}", stuck.join(", ")));
         }
+    }
+}
+
+/// The other end of every message, both ways.
+struct Partners(HashMap<Site, Site>);
+
+impl Matcher<(usize, usize), (Site, usize), (Site, usize)> for Partners {
+    fn sent_len(&self, send: &(Site, usize)) -> u64 {
+        send.1 as u64
+    }
+    fn expected_len(&self, recv: &(Site, usize)) -> u64 {
+        recv.1 as u64
+    }
+    fn matched(&mut self, _: (usize, usize), _: usize, send: (Site, usize), recv: (Site, usize)) {
+        self.0.insert(send.0, recv.0);
+        self.0.insert(recv.0, send.0);
     }
 }
 

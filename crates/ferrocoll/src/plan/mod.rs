@@ -42,6 +42,7 @@ mod dbtree;
 mod direct;
 mod halving_doubling;
 mod hier;
+pub mod pairing;
 mod pairwise;
 mod ring;
 mod torus;

@@ -1,0 +1,281 @@
+//! The call runner: what every collective does once its arguments are
+//! checked. It takes the next sequence number, runs small calls on the
+//! shared-memory fast path, and otherwise chooses the algorithm
+//! ([`crate::select`]), builds the plan (cut into cache-sized slices for
+//! large elementwise calls), runs it with [`exec::execute`], ends the call
+//! on the transport and reports errors in this group's ranks.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{coll_bit, Communicator};
+use crate::error::{Error, Result};
+use crate::exec::{self, Call, Memory};
+use crate::plan::{self, Collective, Layout, Op, Plan, PlanRequest, Round};
+use crate::transport::engine::Engine;
+use crate::transport::{CallKind, Header, Signature};
+use crate::types::{DType, ReduceOp};
+
+/// Everything that describes one collective call.
+pub(super) struct Spec {
+    pub(super) coll: Collective,
+    pub(super) dtype: DType,
+    pub(super) op: Option<ReduceOp>,
+    pub(super) count: usize,
+    pub(super) root: usize,
+    pub(super) send_counts: Vec<usize>,
+    pub(super) recv_counts: Vec<usize>,
+    pub(super) in_place: bool,
+}
+
+impl Spec {
+    pub(super) fn new(coll: Collective, dtype: DType, count: usize) -> Spec {
+        Spec {
+            coll,
+            dtype,
+            op: None,
+            count,
+            root: 0,
+            send_counts: Vec::new(),
+            recv_counts: Vec::new(),
+            in_place: false,
+        }
+    }
+    pub(super) fn op(mut self, op: ReduceOp) -> Spec {
+        self.op = Some(op);
+        self
+    }
+    pub(super) fn root(mut self, root: usize) -> Spec {
+        self.root = root;
+        self
+    }
+    pub(super) fn in_place(mut self) -> Spec {
+        self.in_place = true;
+        self
+    }
+    pub(super) fn signature(&self) -> Signature {
+        Signature {
+            kind: CallKind::Collective(self.coll),
+            dtype: self.dtype,
+            op: self.op,
+            count: self.count,
+            root: self.coll.has_root().then_some(self.root),
+        }
+    }
+}
+
+impl Communicator {
+    /// The engine to run a call on the fast path with, if it qualifies.
+    pub(super) fn fast_engine(
+        &self,
+        coll: Collective,
+        count: usize,
+        dtype: DType,
+    ) -> Option<&Engine> {
+        let engine = self.shared.engine.as_deref()?;
+        let qualifies = self.shared.fast
+            && self.options.algorithm.is_none()
+            && self.shared.fast_colls & coll_bit(coll) != 0
+            && crate::fast::eligible(coll, count, dtype, self.size());
+        qualifies.then_some(engine)
+    }
+
+    /// Runs a small call on the fast path.
+    fn run_fast(&self, engine: &Engine, spec: &Spec, mem: &mut Memory<'_>) -> Result<()> {
+        let seq = self.next_seq();
+        if self.shared.config.debug && self.rank() == 0 {
+            eprintln!(
+                "ferrocoll: {} #{seq} {} B on {} ranks -> shared-memory fast path",
+                spec.coll,
+                self.call_bytes(spec.coll, spec.count, spec.dtype),
+                self.size()
+            );
+        }
+        let call = crate::fast::Small {
+            engine,
+            group: &self.shared.group,
+            rank: self.rank(),
+            coll: spec.coll,
+            dtype: spec.dtype,
+            op: spec.op.unwrap_or(ReduceOp::Sum),
+            root: spec.root,
+            count: spec.count,
+            header: Header {
+                comm: self.shared.id,
+                seq,
+                sig: spec.signature(),
+            },
+            timeout: self.options.timeout.unwrap_or(self.shared.config.timeout),
+        };
+        crate::fast::run(&call, mem).map_err(|e| self.group_error(e))
+    }
+
+    pub(super) fn next_seq(&self) -> u64 {
+        self.reserved_seq
+            .unwrap_or_else(|| self.shared.next_seq.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.options.timeout.unwrap_or(self.shared.config.timeout)
+    }
+
+    /// Rewrites transport (world) ranks in an error into this group's ranks.
+    fn group_error(&self, err: Error) -> Error {
+        let g = |w: usize| self.shared.group.iter().position(|&x| x == w).unwrap_or(w);
+        match err {
+            Error::Timeout {
+                collective,
+                seq,
+                rank,
+                peer,
+                waited,
+            } => Error::Timeout {
+                collective,
+                seq,
+                rank: g(rank),
+                peer: g(peer),
+                waited,
+            },
+            Error::Mismatch {
+                rank,
+                local,
+                peer,
+                remote,
+            } => Error::Mismatch {
+                rank: g(rank),
+                local,
+                peer: g(peer),
+                remote,
+            },
+            Error::PeerLost { rank } => Error::PeerLost { rank: g(rank) },
+            other => other,
+        }
+    }
+
+    /// Plans and runs one collective on `mem`, which holds the lengths the
+    /// spec implies, laid out as `Layout::in_place` says when in place.
+    pub(super) fn run(&self, spec: Spec, mut mem: Memory<'_>) -> Result<()> {
+        if let Some(engine) = self.fast_engine(spec.coll, spec.count, spec.dtype) {
+            return self.run_fast(engine, &spec, &mut mem);
+        }
+        let seq = self.next_seq();
+        let elem = spec.dtype.size();
+        // Every rank must choose alike, so the choice looks only at what every
+        // rank agrees on (not, say, the root's larger gather buffer).
+        let bytes = self.call_bytes(spec.coll, spec.count, spec.dtype);
+        let (algo, why) = self.choose(spec.coll, bytes)?;
+        if self.shared.config.debug && self.rank() == 0 {
+            eprintln!(
+                "ferrocoll: {} #{seq} {bytes} B on {} ranks -> {algo} ({why})",
+                spec.coll,
+                self.size()
+            );
+            if self.shared.config.debug_tune {
+                self.chooser()
+                    .explain(spec.coll, spec.count, spec.dtype, bytes);
+            }
+        }
+        let req = PlanRequest {
+            collective: spec.coll,
+            n: self.size(),
+            rank: self.rank(),
+            count: spec.count,
+            root: spec.root,
+            elem_size: elem,
+            send_counts: spec.send_counts.clone(),
+            recv_counts: spec.recv_counts.clone(),
+            topology: self.shared.topology.clone(),
+        };
+        let layout = if spec.in_place {
+            Layout::in_place(&req).expect("in-place form exists")
+        } else {
+            Layout::OUT_OF_PLACE
+        };
+        let sig = spec.signature();
+        let op = spec.op.unwrap_or(ReduceOp::Sum);
+        // Elementwise collectives of many bytes run as consecutive slices,
+        // each a whole collective on a cache-sized piece (see
+        // `exec::slices`); everything else runs as one plan.
+        let mut planned: Option<(usize, Plan)> = None;
+        for (offset, len) in
+            exec::slices(spec.coll, spec.count, elem, self.shared.config.slice_bytes)
+        {
+            if planned.as_ref().map(|(l, _)| *l) != Some(len) {
+                let req = PlanRequest {
+                    count: len,
+                    ..req.clone()
+                };
+                let plan = plan::build(algo, &req)?;
+                if cfg!(debug_assertions) {
+                    plan::validate(&plan, &req, layout).map_err(|e| {
+                        Error::Internal(format!("{algo} plan for {}: {e}", spec.coll))
+                    })?;
+                }
+                planned = Some((len, plan));
+            }
+            let (_, plan) = planned.as_ref().expect("planned above");
+            if len == spec.count {
+                // One slice: the whole call, whatever its buffers' shapes.
+                self.execute(plan, &mut mem, &sig, seq, op)?;
+            } else {
+                let mut piece = mem.slice(offset * elem, len * elem);
+                self.execute(plan, &mut piece, &sig, seq, op)?;
+            }
+        }
+        let header = Header {
+            comm: self.shared.id,
+            seq,
+            sig,
+        };
+        self.shared
+            .transport
+            .end_call(&header)
+            .map_err(|e| self.group_error(e))
+    }
+
+    /// Runs a plan under a header.
+    pub(super) fn execute(
+        &self,
+        plan: &Plan,
+        mem: &mut Memory<'_>,
+        sig: &Signature,
+        seq: u64,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let call = Call {
+            transport: &*self.shared.transport,
+            group: &self.shared.group,
+            header: Header {
+                comm: self.shared.id,
+                seq,
+                sig: *sig,
+            },
+            dtype: sig.dtype,
+            op,
+            deadline: self.deadline(),
+        };
+        // Reuse the communicator's scratch memory; a call running alongside
+        // (non-blocking) finds it taken and uses a fresh buffer.
+        let mut scratch = self
+            .shared
+            .scratch
+            .try_lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default();
+        let result = exec::execute(plan, mem, &call, &mut scratch);
+        if let Ok(mut slot) = self.shared.scratch.try_lock() {
+            if slot.len() < scratch.len() {
+                *slot = scratch;
+            }
+        }
+        result.map_err(|e| self.group_error(e))
+    }
+}
+
+/// A plan of one op in one round (send and recv).
+pub(super) fn single_op_plan(op: Op) -> Plan {
+    Plan {
+        rounds: vec![Round { ops: vec![op] }],
+        scratch: 0,
+    }
+}

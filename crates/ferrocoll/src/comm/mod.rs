@@ -1,0 +1,391 @@
+//! The [`Communicator`]: a group of ranks and the collectives they call.
+//!
+//! Every rank of a communicator must call the same collectives in the same
+//! order with matching arguments (MPI/NCCL semantics). Each call gets the
+//! next sequence number; messages carry it, so calls never match messages of
+//! another call, non-blocking calls may overlap blocking ones, and a rank that
+//! calls something else gets [`Error::Mismatch`] instead of garbage.
+//!
+//! The communicator's code is split by job:
+//!
+//! * this file: the [`Communicator`] and its options, construction, what a
+//!   handle knows (rank, size, topology, configuration), algorithm choice's
+//!   entry points (the choice itself is in [`crate::select`]) and `split`;
+//! * `api.rs`: the typed blocking collectives and send/recv, which check
+//!   their arguments and describe the call (a `Spec` and the caller's
+//!   buffers as an `exec::Memory`);
+//! * `call.rs`: the call runner: sequence numbers, the small-call fast path,
+//!   choosing, planning and executing, errors in group ranks;
+//! * `nonblocking.rs`: the `i*` forms, which own their buffers and run the
+//!   blocking forms on a background thread.
+//!
+//! The children use this file's items; this file uses none of theirs (it
+//! calls their methods on `Communicator` only), so no two modules import
+//! each other.
+
+mod api;
+mod call;
+mod handles;
+mod nonblocking;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::plan::{Algorithm, Collective};
+use crate::select::{self, Chooser};
+use crate::topo::Topology;
+use crate::transport::engine::Engine;
+use crate::transport::Transport;
+use crate::types::DType;
+
+/// Options for the calls made through one communicator handle; see
+/// [`Communicator::with_options`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CallOptions {
+    /// Force this algorithm (an error for collectives that lack it); `None`
+    /// follows `FERROCOLL_ALGO`, then `auto`.
+    pub algorithm: Option<Algorithm>,
+    /// Deadline for each wait; `None` uses the communicator's
+    /// (`FERROCOLL_TIMEOUT`).
+    pub timeout: Option<Duration>,
+}
+
+impl CallOptions {
+    /// Options forcing `algorithm`.
+    pub fn algorithm(algorithm: Algorithm) -> CallOptions {
+        CallOptions {
+            algorithm: Some(algorithm),
+            ..CallOptions::default()
+        }
+    }
+
+    /// Options forcing the algorithm named `name` (`"auto"` clears it).
+    pub fn algorithm_named(name: &str) -> Result<CallOptions> {
+        if name.eq_ignore_ascii_case("auto") {
+            return Ok(CallOptions::default());
+        }
+        let algorithm = Algorithm::from_name(name).ok_or_else(|| {
+            Error::invalid(format!(
+                "unknown algorithm `{name}`; use auto or one of {}",
+                Algorithm::ALL.map(|a| a.name()).join(", ")
+            ))
+        })?;
+        Ok(CallOptions::algorithm(algorithm))
+    }
+
+    /// Sets the per-wait deadline.
+    pub fn timeout(mut self, timeout: Duration) -> CallOptions {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+struct Shared {
+    transport: Arc<dyn Transport>,
+    /// Group rank -> transport rank.
+    group: Vec<usize>,
+    rank: usize,
+    id: u64,
+    next_seq: AtomicU64,
+    splits: AtomicU64,
+    config: Arc<Config>,
+    topology: Topology,
+    /// Scratch memory kept between calls (plans declare what they need).
+    scratch: std::sync::Mutex<Vec<u64>>,
+    /// The profile and what choice remembers per shape (see
+    /// [`crate::select`]).
+    choice: select::Memo,
+    /// Where the ranks are (communicators made by [`crate::init()`]).
+    placement: Option<Arc<crate::init::Placement>>,
+    /// The transport again, when it has a shared-memory fast path (see
+    /// [`crate::fast`]), for this communicator and the ones split from it.
+    engine: Option<Arc<Engine>>,
+    /// The fast path reaches every rank of the group.
+    fast: bool,
+    /// Collectives that may take the fast path: those it implements whose
+    /// algorithm `FERROCOLL_ALGO` does not force (bit i: `Collective::ALL[i]`).
+    fast_colls: u16,
+}
+
+/// Bit of `coll` in [`Shared::fast_colls`].
+fn coll_bit(coll: Collective) -> u16 {
+    let i = Collective::ALL
+        .iter()
+        .position(|c| *c == coll)
+        .expect("every collective is in ALL");
+    1 << i
+}
+
+/// The collectives of [`Shared::fast_colls`] under `config`.
+fn fast_colls(config: &Config) -> u16 {
+    Collective::ALL
+        .iter()
+        .filter(|&&c| crate::fast::handles(c) && config.algorithms.get(c).is_none())
+        .fold(0, |mask, &c| mask | coll_bit(c))
+}
+
+/// A group of ranks that call collectives together.
+///
+/// Cloning gives another handle on the same communicator (same sequence of
+/// calls); [`Communicator::with_options`] gives one with different per-call
+/// options.
+#[derive(Clone)]
+pub struct Communicator {
+    shared: Arc<Shared>,
+    options: CallOptions,
+    /// Set on the handle a non-blocking call runs on: the sequence number
+    /// reserved when the call was issued.
+    reserved_seq: Option<u64>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank())
+            .field("size", &self.size())
+            .field("transport", &self.shared.transport.name())
+            .finish()
+    }
+}
+
+impl Communicator {
+    /// A communicator over every rank of `transport`, with the topology of
+    /// `config` (flat if it has none). Fails if that topology does not have
+    /// the transport's number of ranks.
+    pub fn new(transport: Arc<dyn Transport>, config: Config) -> Result<Communicator> {
+        let size = transport.size();
+        let rank = transport.rank();
+        let topology = config
+            .topology
+            .clone()
+            .unwrap_or_else(|| Topology::flat(size));
+        topology.check_size(size)?;
+        Ok(Communicator {
+            shared: Arc::new(Shared {
+                topology,
+                transport,
+                group: (0..size).collect(),
+                rank,
+                id: 0,
+                next_seq: AtomicU64::new(0),
+                splits: AtomicU64::new(0),
+                fast_colls: fast_colls(&config),
+                config: Arc::new(config),
+                scratch: Default::default(),
+                choice: Default::default(),
+                placement: None,
+                engine: None,
+                fast: false,
+            }),
+            options: CallOptions::default(),
+            reserved_seq: None,
+        })
+    }
+
+    /// [`Communicator::new`] for a job [`crate::init()`] has placed, over
+    /// `engine`.
+    pub(crate) fn with_placement(
+        engine: Arc<Engine>,
+        config: Config,
+        placement: crate::init::Placement,
+    ) -> Result<Communicator> {
+        let transport: Arc<dyn Transport> = Arc::clone(&engine) as Arc<dyn Transport>;
+        let mut comm = Communicator::new(transport, config)?;
+        let shared = Arc::get_mut(&mut comm.shared).expect("a new communicator has one handle");
+        shared.placement = Some(Arc::new(placement));
+        shared.fast = engine.fast_path().is_some_and(|f| f.serves(&shared.group));
+        shared.engine = engine.fast_path().is_some().then_some(engine);
+        Ok(comm)
+    }
+
+    /// Where the world's ranks run and how this rank reaches each (set by
+    /// [`crate::init()`]; `None` for in-process ranks and split groups).
+    pub fn placement(&self) -> Option<&crate::init::Placement> {
+        self.shared.placement.as_deref()
+    }
+
+    /// How this group's ranks nest into nodes.
+    pub fn topology(&self) -> &Topology {
+        &self.shared.topology
+    }
+
+    /// This rank, `0..size()`.
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.shared.group.len()
+    }
+
+    /// Name of the transport underneath (`thread`, ...).
+    pub fn transport_name(&self) -> &'static str {
+        self.shared.transport.name()
+    }
+
+    /// The configuration this communicator runs with.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// A handle on the same communicator whose calls use `options`.
+    ///
+    /// ```
+    /// # use ferrocoll::{local, CallOptions, Algorithm, ReduceOp};
+    /// local::run(3, |comm| {
+    ///     let ring = comm.with_options(CallOptions::algorithm(Algorithm::Ring));
+    ///     let mut v = vec![1.0f32; 10];
+    ///     ring.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+    ///     assert_eq!(v, vec![3.0; 10]);
+    /// }).unwrap();
+    /// ```
+    pub fn with_options(&self, options: CallOptions) -> Communicator {
+        Communicator {
+            options,
+            ..self.clone()
+        }
+    }
+
+    /// Makes every pending and future wait on this communicator's transport
+    /// (on every rank that shares it) fail with [`Error::Aborted`]. Callable
+    /// from any thread.
+    pub fn abort(&self) {
+        self.shared.transport.abort();
+    }
+
+    /// The algorithm a collective of `bytes` would use, and why.
+    ///
+    /// `bytes` is the size of the call as nccl-tests counts it, which every
+    /// rank agrees on (so every rank chooses alike): the buffer for allreduce,
+    /// broadcast and reduce; all `size()` blocks for allgather, reducescatter,
+    /// alltoall, gather and scatter; 0 for alltoallv (whose sizes differ per
+    /// rank) and barrier. [`Communicator::call_bytes`] computes it. The
+    /// precedence is [`crate::select`]'s.
+    pub fn choose(&self, coll: Collective, bytes: usize) -> Result<(Algorithm, String)> {
+        self.chooser().choose(coll, bytes)
+    }
+
+    /// The cost-model parameters this communicator predicts with: the
+    /// configured profile, else a calibrated file at
+    /// [`crate::cost::Profile::default_path`] for this transport, else the
+    /// transport's built-in one.
+    pub fn profile(&self) -> crate::cost::Profile {
+        self.chooser().profile().clone()
+    }
+
+    /// The algorithm a call of `count` elements of `dtype` would use and its
+    /// predicted cost on [`Communicator::profile`] (`None` if the cost model
+    /// has no closed form for it).
+    pub fn predict(
+        &self,
+        coll: Collective,
+        count: usize,
+        dtype: DType,
+    ) -> Result<(Algorithm, Option<crate::cost::Cost>)> {
+        self.chooser().predict(coll, count, dtype)
+    }
+
+    /// What [`crate::select`] chooses from for this handle.
+    fn chooser(&self) -> Chooser<'_> {
+        let config = &self.shared.config;
+        Chooser {
+            option: self.options.algorithm,
+            forced: &config.algorithms,
+            model: config.auto_model,
+            configured: config.profile.as_ref(),
+            transport: self.transport_name(),
+            n: self.size(),
+            topology: &self.shared.topology,
+            memo: &self.shared.choice,
+        }
+    }
+
+    /// The size in bytes that algorithm choice looks at (see
+    /// [`Communicator::choose`]) for a call of `count` elements of `dtype`
+    /// (the per-rank block for the block collectives).
+    pub fn call_bytes(&self, coll: Collective, count: usize, dtype: DType) -> usize {
+        select::call_bytes(coll, self.size(), count, dtype)
+    }
+
+    /// Whether a call of `count` elements of `dtype` (the per-rank block for
+    /// the block collectives) runs on the shared-memory fast path rather
+    /// than an algorithm's plan: every rank of this communicator is on one
+    /// host with shared memory (`FERROCOLL_SHM_FAST` not `off`, checksums
+    /// off), the group has 2 to 16 ranks, the collective is an allreduce,
+    /// broadcast, reduce, allgather or barrier moving at most 96 bytes per
+    /// rank, and no algorithm is forced for it.
+    pub fn uses_fast_path(&self, coll: Collective, count: usize, dtype: DType) -> bool {
+        self.fast_engine(coll, count, dtype).is_some()
+    }
+
+    /// Splits the communicator (MPI_Comm_split): ranks passing the same
+    /// `Some(color)` form a new communicator, ordered by `key` then by rank
+    /// here; ranks passing `None` get `None`. Every rank must call it.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        let mine = [color.map_or(-1, i64::from), key];
+        let mut all = vec![0i64; 2 * self.size()];
+        self.all_gather(&mine, &mut all)?;
+        let split_no = self.shared.splits.fetch_add(1, Ordering::Relaxed);
+        let Some(color) = color else {
+            return Ok(None);
+        };
+        let mut members: Vec<(i64, usize)> = (0..self.size())
+            .filter(|&r| all[2 * r] == i64::from(color))
+            .map(|r| (all[2 * r + 1], r))
+            .collect();
+        members.sort_unstable();
+        let rank = members
+            .iter()
+            .position(|&(_, r)| r == self.rank())
+            .expect("this rank has this color");
+        let in_parent: Vec<usize> = members.iter().map(|&(_, r)| r).collect();
+        let id = mix(mix(self.shared.id ^ 0x9e37_79b9_7f4a_7c15) ^ split_no) ^ u64::from(color);
+        Ok(Some(self.child(&in_parent, rank, mix(id))))
+    }
+
+    /// The communicator over `in_parent` (this communicator's ranks, in the
+    /// new order), where this rank is `rank`, with identifier `id`: what
+    /// [`Communicator::split`] and [`Communicator::subgroup`] build.
+    fn child(&self, in_parent: &[usize], rank: usize, id: u64) -> Communicator {
+        let group: Vec<usize> = in_parent.iter().map(|&r| self.shared.group[r]).collect();
+        let topology = self.shared.topology.subgroup(in_parent);
+        let fast = self
+            .shared
+            .engine
+            .as_ref()
+            .and_then(|e| e.fast_path())
+            .is_some_and(|f| f.serves(&group));
+        Communicator {
+            shared: Arc::new(Shared {
+                transport: Arc::clone(&self.shared.transport),
+                group,
+                rank,
+                id,
+                next_seq: AtomicU64::new(0),
+                splits: AtomicU64::new(0),
+                config: Arc::clone(&self.shared.config),
+                topology,
+                scratch: Default::default(),
+                choice: Default::default(),
+                placement: None,
+                engine: self.shared.engine.clone(),
+                fast,
+                fast_colls: self.shared.fast_colls,
+            }),
+            options: self.options.clone(),
+            reserved_seq: None,
+        }
+    }
+}
+
+/// SplitMix64 finaliser: spreads communicator ids so that split groups get
+/// distinct ids with overwhelming probability.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
