@@ -93,7 +93,8 @@ def dtype_code(dtype: np.dtype) -> str:
 
 
 def _array(x: Any, what: str, writable: bool) -> np.ndarray:
-    """``x`` as a C-contiguous numpy array sharing its memory."""
+    """``x`` as a C-contiguous numpy array sharing its memory (the extension
+    checks contiguity, writability and the element type)."""
     arr = x if isinstance(x, np.ndarray) else np.asarray(memoryview(x))
     if not arr.flags.c_contiguous:
         raise InvalidArgument(
@@ -103,6 +104,11 @@ def _array(x: Any, what: str, writable: bool) -> np.ndarray:
     if writable and not arr.flags.writeable:
         raise InvalidArgument(f"{what} is read-only but the call writes into it")
     return arr
+
+
+def _nd(x: Any) -> np.ndarray:
+    """``x`` as a numpy array without copying (the buffer protocol for non-arrays)."""
+    return x if isinstance(x, np.ndarray) else np.asarray(memoryview(x))
 
 
 def _addr(arr: np.ndarray) -> int:
@@ -217,65 +223,45 @@ class Communicator:
         """Every rank gets ``op`` over every rank's ``send`` in ``recv``
         (in place on ``send`` when ``recv`` is omitted). ``op``: sum, prod,
         min, max, avg."""
-        s = _array(send, "send", recv is None)
-        r = s if recv is None else _array(recv, "recv", True)
-        code = dtype_code(s.dtype)
-        if r.dtype != s.dtype:
-            raise InvalidArgument(f"all_reduce: send is {s.dtype} but recv is {r.dtype}")
-        return self._submit(
-            "all_reduce", (s, r), r, async_op,
-            dtype=code, send=(_addr(s), s.size), recv=(_addr(r), r.size), op=_check_op(op),
-        )
+        s = _nd(send)
+        r = s if recv is None else _nd(recv)
+        h = self._comm.call("all_reduce", s, r, op, 0, async_op)
+        return Request(h, (s, r), r) if async_op else None
 
     def broadcast(self, buf: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Every rank's ``buf`` becomes the root's ``buf``."""
-        b = _array(buf, "buf", True)
-        return self._submit(
-            "broadcast", (b,), b, async_op,
-            dtype=dtype_code(b.dtype), recv=(_addr(b), b.size), root=root,
-        )
+        b = _nd(buf)
+        h = self._comm.call("broadcast", b, None, "sum", root, async_op)
+        return Request(h, (b,), b) if async_op else None
 
     def reduce(
         self, send: Any, recv: Any = None, op: str = "sum", root: int = 0, *, async_op: bool = False
     ) -> Any:
         """The root gets ``op`` over every rank's ``send`` in ``recv`` (in
         place on ``send`` when omitted; other ranks' ``recv`` is not used)."""
-        s = _array(send, "send", recv is None)
-        r = s if recv is None else _array(recv, "recv", True)
-        return self._submit(
-            "reduce", (s, r), r, async_op,
-            dtype=dtype_code(s.dtype), send=(_addr(s), s.size),
-            recv=(_addr(r), r.size if self.rank == root else 0), op=_check_op(op), root=root,
-        )
+        s = _nd(send)
+        r = s if recv is None else _nd(recv)
+        h = self._comm.call("reduce", s, r, op, root, async_op)
+        return Request(h, (s, r), r) if async_op else None
 
     def all_gather(self, send: Any, recv: Any, *, async_op: bool = False) -> Any:
         """``recv`` (``size`` times ``send``) gets every rank's ``send`` in rank order."""
-        s = _array(send, "send", False)
-        r = _array(recv, "recv", True)
-        return self._submit(
-            "all_gather", (s, r), r, async_op,
-            dtype=dtype_code(s.dtype), send=(_addr(s), s.size), recv=(_addr(r), r.size),
-        )
+        s, r = _nd(send), _nd(recv)
+        h = self._comm.call("all_gather", s, r, "sum", 0, async_op)
+        return Request(h, (s, r), r) if async_op else None
 
     def reduce_scatter(self, send: Any, recv: Any, op: str = "sum", *, async_op: bool = False) -> Any:
         """Rank r's ``recv`` gets ``op`` over block r of every rank's ``send``
         (``send`` holds ``size`` blocks of ``recv``'s length)."""
-        s = _array(send, "send", False)
-        r = _array(recv, "recv", True)
-        return self._submit(
-            "reduce_scatter", (s, r), r, async_op,
-            dtype=dtype_code(s.dtype), send=(_addr(s), s.size), recv=(_addr(r), r.size),
-            op=_check_op(op),
-        )
+        s, r = _nd(send), _nd(recv)
+        h = self._comm.call("reduce_scatter", s, r, op, 0, async_op)
+        return Request(h, (s, r), r) if async_op else None
 
     def all_to_all(self, send: Any, recv: Any, *, async_op: bool = False) -> Any:
         """Block p of ``send`` goes to rank p; block p of ``recv`` comes from rank p."""
-        s = _array(send, "send", False)
-        r = _array(recv, "recv", True)
-        return self._submit(
-            "all_to_all", (s, r), r, async_op,
-            dtype=dtype_code(s.dtype), send=(_addr(s), s.size), recv=(_addr(r), r.size),
-        )
+        s, r = _nd(send), _nd(recv)
+        h = self._comm.call("all_to_all", s, r, "sum", 0, async_op)
+        return Request(h, (s, r), r) if async_op else None
 
     def all_to_all_v(
         self,
@@ -298,27 +284,23 @@ class Communicator:
 
     def gather(self, send: Any, recv: Any = None, root: int = 0, *, async_op: bool = False) -> Any:
         """The root's ``recv`` (``size`` times ``send``) gets every rank's ``send``."""
-        s = _array(send, "send", False)
+        s = _nd(send)
         if recv is None:
             if self.rank == root:
                 raise InvalidArgument("gather: the root needs a recv buffer")
             r = np.empty(0, dtype=s.dtype)
         else:
-            r = _array(recv, "recv", True)
-        return self._submit(
-            "gather", (s, r), r, async_op,
-            dtype=dtype_code(s.dtype), send=(_addr(s), s.size), recv=(_addr(r), r.size), root=root,
-        )
+            r = _nd(recv)
+        h = self._comm.call("gather", s, r, "sum", root, async_op)
+        return Request(h, (s, r), r) if async_op else None
 
     def scatter(self, send: Any, recv: Any, root: int = 0, *, async_op: bool = False) -> Any:
         """Rank r's ``recv`` gets block r of the root's ``send`` (``send`` is
         ignored elsewhere and may be None)."""
-        r = _array(recv, "recv", True)
-        s = _array(send, "send", False) if send is not None else np.empty(0, dtype=r.dtype)
-        return self._submit(
-            "scatter", (s, r), r, async_op,
-            dtype=dtype_code(r.dtype), send=(_addr(s), s.size), recv=(_addr(r), r.size), root=root,
-        )
+        r = _nd(recv)
+        s = _nd(send) if send is not None else np.empty(0, dtype=r.dtype)
+        h = self._comm.call("scatter", s, r, "sum", root, async_op)
+        return Request(h, (s, r), r) if async_op else None
 
     def barrier(self, *, async_op: bool = False) -> Any:
         """Returns once every rank has called it."""

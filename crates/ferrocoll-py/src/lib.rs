@@ -17,6 +17,7 @@ use ferrocoll::init::TransportKind;
 use ferrocoll::{CallOptions, Communicator, Config, DType, ReduceOp};
 use pyo3::prelude::*;
 
+mod arrays;
 mod errors;
 mod jobs;
 mod store;
@@ -196,12 +197,16 @@ impl Comm {
     /// `kind`: all_reduce, broadcast, reduce, all_gather, reduce_scatter,
     /// all_to_all, all_to_all_v, gather, scatter, barrier, send, recv.
     /// Blocking (`async_op=False`): returns None when done. Non-blocking:
-    /// returns a Handle at once. The buffers must stay alive and untouched
-    /// until then (the Python layer holds them). `timeout` (seconds) and
-    /// `algorithm` (a name, or `auto`) apply to this call only.
+    /// returns a Handle at once, the call queued on the progress worker;
+    /// with `eager=True` it runs on this thread first (the GIL released) and
+    /// the handle comes back completed: for callers that will wait at once
+    /// (torch's synchronous calls), which saves two thread hand-offs. The
+    /// buffers must stay alive and untouched until the handle completes
+    /// (the Python layer holds them). `timeout` (seconds) and `algorithm` (a
+    /// name, or `auto`) apply to this call only.
     #[pyo3(signature = (kind, dtype="u8", send=(0, 0), recv=(0, 0), op="sum", root=0, peer=0,
                         tag=0, send_counts=None, recv_counts=None, scale=None, copies=None,
-                        async_op=false, timeout=None, algorithm=None))]
+                        async_op=false, timeout=None, algorithm=None, eager=false))]
     #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
@@ -221,8 +226,8 @@ impl Comm {
         async_op: bool,
         timeout: Option<f64>,
         algorithm: Option<&str>,
+        eager: bool,
     ) -> PyResult<Option<Handle>> {
-        let dtype = parse_dtype(py, dtype)?;
         let send = Buf {
             addr: send.0,
             len: send.1,
@@ -231,60 +236,176 @@ impl Comm {
             addr: recv.0,
             len: recv.1,
         };
-        let kind = match kind {
-            "all_reduce" => Kind::AllReduce {
-                send,
-                recv,
-                op: parse_op(py, op)?,
-            },
-            "broadcast" => Kind::Broadcast { buf: recv, root },
-            "reduce" => Kind::Reduce {
-                send,
-                recv,
-                op: parse_op(py, op)?,
-                root,
-            },
-            "all_gather" => Kind::AllGather { send, recv },
-            "reduce_scatter" => Kind::ReduceScatter {
-                send,
-                recv,
-                op: parse_op(py, op)?,
-            },
-            "all_to_all" => Kind::AllToAll { send, recv },
-            "all_to_all_v" => Kind::AllToAllV {
-                send,
-                recv,
-                send_counts: send_counts.unwrap_or_default(),
-                recv_counts: recv_counts.unwrap_or_default(),
-            },
-            "gather" => Kind::Gather { send, recv, root },
-            "scatter" => Kind::Scatter { send, recv, root },
-            "barrier" => Kind::Barrier,
-            "send" => Kind::Send {
-                buf: send,
-                peer,
-                tag,
-            },
-            "recv" => Kind::Recv {
-                buf: recv,
-                peer,
-                tag,
-            },
-            other => {
-                return Err(errors::InvalidArgument::new_err(format!(
-                    "unknown call `{other}`"
-                )))
-            }
+        let how = Args {
+            op: parse_op(py, op)?,
+            root,
+            peer,
+            tag,
         };
+        let kind = make_kind(kind, send, recv, &how, send_counts, recv_counts)?;
         let job = Job {
             kind,
-            dtype,
+            dtype: parse_dtype(py, dtype)?,
             scale,
             copies: copies.unwrap_or_default(),
         };
+        let mode = match (async_op, eager) {
+            (false, _) => Mode::Block,
+            (true, false) => Mode::Queue,
+            (true, true) => Mode::Eager,
+        };
+        self.start(py, job, mode, timeout, algorithm)
+    }
+
+    /// [`Comm::submit`] for numpy arrays (or anything with numpy's
+    /// `__array_struct__`): the element type and lengths come from the
+    /// arrays. `recv=None` works in place on `send` (broadcast: `send` is
+    /// the buffer). The arrays must stay alive and untouched until the call
+    /// completes. numpy bools reduce as logical or (sum, max) and and
+    /// (prod, min).
+    #[pyo3(signature = (kind, send, recv=None, op="sum", root=0, async_op=false))]
+    fn call(
+        &self,
+        py: Python<'_>,
+        kind: &str,
+        send: &Bound<'_, PyAny>,
+        recv: Option<&Bound<'_, PyAny>>,
+        op: &str,
+        root: usize,
+        async_op: bool,
+    ) -> PyResult<Option<Handle>> {
+        let in_place = recv.is_none() || recv.is_some_and(|r| r.is(send));
+        let writes_send = in_place || kind == "broadcast";
+        let s = arrays::read(send, "send", writes_send)?;
+        let r = match recv {
+            Some(obj) if !in_place => arrays::read(obj, "recv", true)?,
+            _ => arrays::Array {
+                buf: s.buf,
+                dtype: s.dtype,
+                is_bool: s.is_bool,
+            },
+        };
+        if r.dtype != s.dtype {
+            return Err(errors::InvalidArgument::new_err(format!(
+                "{kind}: send is {} but recv is {}",
+                s.dtype, r.dtype
+            )));
+        }
+        let mut op = parse_op(py, op)?;
+        if s.is_bool {
+            op = match op {
+                ReduceOp::Sum | ReduceOp::Max => ReduceOp::Max,
+                ReduceOp::Prod | ReduceOp::Min => ReduceOp::Min,
+                ReduceOp::Avg => {
+                    return Err(errors::InvalidArgument::new_err(
+                        "avg of bool arrays is not defined",
+                    ))
+                }
+            };
+        }
+        // A reduce's output matters on the root only.
+        let recv_buf = if kind == "reduce" && self.inner.rank() != root {
+            Buf {
+                addr: r.buf.addr,
+                len: 0,
+            }
+        } else {
+            r.buf
+        };
+        let how = Args {
+            op,
+            root,
+            peer: 0,
+            tag: 0,
+        };
+        let kind = make_kind(kind, s.buf, recv_buf, &how, None, None)?;
+        let job = Job {
+            kind,
+            dtype: s.dtype,
+            scale: None,
+            copies: Vec::new(),
+        };
+        let mode = if async_op { Mode::Queue } else { Mode::Block };
+        self.start(py, job, mode, None, None)
+    }
+}
+
+/// The per-call arguments besides buffers.
+struct Args {
+    op: ReduceOp,
+    root: usize,
+    peer: usize,
+    tag: u32,
+}
+
+/// Where a call runs: on this thread to the end (`Block`), on the progress
+/// worker (`Queue`), or on this thread with a completed handle (`Eager`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Block,
+    Queue,
+    Eager,
+}
+
+fn make_kind(
+    kind: &str,
+    send: Buf,
+    recv: Buf,
+    a: &Args,
+    send_counts: Option<Vec<usize>>,
+    recv_counts: Option<Vec<usize>>,
+) -> PyResult<Kind> {
+    let (op, root) = (a.op, a.root);
+    Ok(match kind {
+        "all_reduce" => Kind::AllReduce { send, recv, op },
+        "broadcast" => Kind::Broadcast { buf: recv, root },
+        "reduce" => Kind::Reduce {
+            send,
+            recv,
+            op,
+            root,
+        },
+        "all_gather" => Kind::AllGather { send, recv },
+        "reduce_scatter" => Kind::ReduceScatter { send, recv, op },
+        "all_to_all" => Kind::AllToAll { send, recv },
+        "all_to_all_v" => Kind::AllToAllV {
+            send,
+            recv,
+            send_counts: send_counts.unwrap_or_default(),
+            recv_counts: recv_counts.unwrap_or_default(),
+        },
+        "gather" => Kind::Gather { send, recv, root },
+        "scatter" => Kind::Scatter { send, recv, root },
+        "barrier" => Kind::Barrier,
+        "send" => Kind::Send {
+            buf: send,
+            peer: a.peer,
+            tag: a.tag,
+        },
+        "recv" => Kind::Recv {
+            buf: recv,
+            peer: a.peer,
+            tag: a.tag,
+        },
+        other => {
+            return Err(errors::InvalidArgument::new_err(format!(
+                "unknown call `{other}`"
+            )))
+        }
+    })
+}
+
+impl Comm {
+    /// Checks `job` and runs it as `mode` says.
+    fn start(
+        &self,
+        py: Python<'_>,
+        job: Job,
+        mode: Mode,
+        timeout: Option<f64>,
+        algorithm: Option<&str>,
+    ) -> PyResult<Option<Handle>> {
         job.check().map_err(|e| py_err(py, e))?;
-        // Collectives take their place in the order of calls now, whichever
-        // thread runs them; point-to-point calls are matched by peer and tag.
         let base = if timeout.is_some() || algorithm.is_some() {
             let mut options = match algorithm {
                 Some(name) => CallOptions::algorithm_named(name).map_err(|e| py_err(py, e))?,
@@ -298,20 +419,32 @@ impl Comm {
             None
         };
         let base = base.as_ref().unwrap_or(&self.inner);
-        let comm = if job.is_p2p() {
+        // Collectives take their place in the order of calls now, whichever
+        // thread runs them; point-to-point calls are matched by peer and tag.
+        let p2p = job.is_p2p();
+        let comm = if p2p {
             base.clone()
         } else {
             base.reserve_next_call()
         };
-        if !async_op {
+        // A send waits for its receive: run eagerly, an isend followed by an
+        // irecv on both ranks would wait forever.
+        let mode = if p2p && mode == Mode::Eager {
+            Mode::Queue
+        } else {
+            mode
+        };
+        if mode != Mode::Queue {
             // SAFETY: the Python caller holds the buffers for this call's
             // duration (it is blocked in it) and `check` passed.
-            return py
-                .detach(move || unsafe { job.run(&comm) })
-                .map(|()| None)
-                .map_err(|e| py_err(py, e));
+            let outcome = py.detach(move || unsafe { job.run(&comm) });
+            if mode == Mode::Block {
+                return outcome.map(|()| None).map_err(|e| py_err(py, e));
+            }
+            let state = Arc::new(Completion::default());
+            state.finish(outcome);
+            return Ok(Some(Handle { state }));
         }
-        let p2p = job.is_p2p();
         let state = Arc::new(Completion::default());
         let done = Arc::clone(&state);
         let task = move || {
@@ -321,8 +454,8 @@ impl Comm {
             done.finish(outcome);
         };
         if p2p {
-            // A send waits for its receive: two queued behind one worker
-            // could wait on each other (isend then irecv on both ranks).
+            // Each point-to-point call on a thread of its own: two queued
+            // behind one worker could wait on each other.
             std::thread::Builder::new()
                 .name("ferrocoll-p2p".into())
                 .spawn(task)

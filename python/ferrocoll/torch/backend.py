@@ -68,6 +68,10 @@ _OPS = {
 }
 
 
+#: The reductions of the allreduce fast path (no scale, no type change).
+_FAST_OPS = {_RedOp.SUM: "sum", _RedOp.AVG: "avg", _RedOp.MAX: "max", _RedOp.MIN: "min"}
+
+
 def _fail(msg: str) -> ferrocoll.InvalidArgument:
     return ferrocoll.InvalidArgument(f"ferrocoll backend: {msg}")
 
@@ -344,10 +348,15 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
 
     # -- the call -------------------------------------------------------------
 
-    def _submit(self, kind: str, **kw: Any) -> Any:
+    def _submit(self, opts: Any, kind: str, **kw: Any) -> Any:
+        """Starts one ferrocoll call. A synchronous torch call (``opts.asyncOp``
+        false: ``dist.all_reduce(t)`` waits at once) runs eagerly on this
+        thread, which saves the two hand-offs to and from the worker; an
+        asynchronous one (DDP's buckets, ``async_op=True``) is queued."""
         if self._timeout is not None:
             kw.setdefault("timeout", self._timeout)
-        return self._comm.submit(kind, async_op=True, **kw)
+        eager = opts is not None and not getattr(opts, "asyncOp", True)
+        return self._comm.submit(kind, async_op=True, eager=eager, **kw)
 
     @staticmethod
     def _ptr(t: torch.Tensor, units: int) -> Tuple[int, int]:
@@ -357,6 +366,23 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
 
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> FerrocollWork:
         opts = opts if opts is not None else dist.AllreduceOptions()
+        if len(tensors) == 1:
+            # The common case (DDP's buckets, dist.all_reduce) without the
+            # general path's checks: one contiguous dense CPU tensor of a
+            # type ferrocoll reduces, summed or averaged.
+            t = tensors[0]
+            code = _REDUCIBLE.get(t.dtype)
+            op = _FAST_OPS.get(opts.reduceOp.op)
+            if code is not None and op is not None and t.is_cpu and t.layout == torch.strided and t.is_contiguous() and t.dtype != torch.bool:
+                p = (t.data_ptr(), t.numel())
+                eager = not opts.asyncOp
+                if self._timeout is None:
+                    h = self._comm.submit("all_reduce", code, p, p, op, async_op=True, eager=eager)
+                else:
+                    h = self._comm.submit(
+                        "all_reduce", code, p, p, op, async_op=True, eager=eager, timeout=self._timeout
+                    )
+                return FerrocollWork([h], tensors, (t,))
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         t = tensors[0]
@@ -365,7 +391,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         staged = _Staged()
         c = staged.contiguous(t, True)
         h = self._submit(
-            "all_reduce", dtype=code, send=self._ptr(c, units), recv=self._ptr(c, units),
+            opts, "all_reduce", dtype=code, send=self._ptr(c, units), recv=self._ptr(c, units),
             op=op, scale=scale,
         )
         return FerrocollWork([h], tensors, (c,), staged)
@@ -382,7 +408,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         if _adjacent(tensors):
             total = sum(t.numel() for t in tensors) * units
             h = self._submit(
-                "all_reduce", dtype=code, send=(tensors[0].data_ptr(), total),
+                opts, "all_reduce", dtype=code, send=(tensors[0].data_ptr(), total),
                 recv=(tensors[0].data_ptr(), total), op=op, scale=scale,
             )
             return FerrocollWork([h], tensors, tuple(tensors))
@@ -399,7 +425,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
                 staged.back.append((t, view.view(t.shape)))
             offset += nbytes
         h = self._submit(
-            "all_reduce", dtype=code, send=self._ptr(flat, units), recv=self._ptr(flat, units),
+            opts, "all_reduce", dtype=code, send=self._ptr(flat, units), recv=self._ptr(flat, units),
             op=op, scale=scale, copies=copies,
         )
         return FerrocollWork([h], tensors, (flat,) + tuple(tensors), staged)
@@ -417,7 +443,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             c = staged.contiguous(t, True)
             keep.append(c)
             handles.append(
-                self._submit("broadcast", dtype=code, recv=self._ptr(c, units), root=opts.rootRank)
+                self._submit(opts, "broadcast", dtype=code, recv=self._ptr(c, units), root=opts.rootRank)
             )
         return FerrocollWork(handles, tensors, tuple(keep), staged)
 
@@ -433,7 +459,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         root = opts.rootRank
         recv = self._ptr(c, units) if self.rank() == root else (c.data_ptr(), 0)
         h = self._submit(
-            "reduce", dtype=code, send=self._ptr(c, units), recv=recv, op=op, root=root,
+            opts, "reduce", dtype=code, send=self._ptr(c, units), recv=recv, op=op, root=root,
             scale=scale,
         )
         return FerrocollWork([h], tensors, (c,), staged)
@@ -441,7 +467,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
     # -- allgather ----------------------------------------------------------
 
     def _gather_into(
-        self, kind: str, outputs: List[torch.Tensor], inp: torch.Tensor, root: int = 0
+        self, kind: str, outputs: List[torch.Tensor], inp: torch.Tensor, root: int = 0, opts: Any = None
     ) -> FerrocollWork:
         """allgather / gather of ``inp`` into a list of ``size`` tensors."""
         _check_cpu(inp, f"{kind} input")
@@ -459,12 +485,12 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
                     f"{inp.numel()} of {inp.dtype}"
                 )
         if not receives:
-            h = self._submit(kind, dtype=code, send=self._ptr(src, units), recv=(0, 0), root=root)
+            h = self._submit(opts, kind, dtype=code, send=self._ptr(src, units), recv=(0, 0), root=root)
             return FerrocollWork([h], outputs, (src,), staged)
         if _adjacent(outputs):
             total = inp.numel() * units * self.size()
             h = self._submit(
-                kind, dtype=code, send=self._ptr(src, units), recv=(outputs[0].data_ptr(), total),
+                opts, kind, dtype=code, send=self._ptr(src, units), recv=(outputs[0].data_ptr(), total),
                 root=root,
             )
             return FerrocollWork([h], outputs, (src,) + tuple(outputs), staged)
@@ -477,7 +503,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             else:
                 staged.back.append((o, flat[i * inp.numel() : (i + 1) * inp.numel()].view(o.shape)))
         h = self._submit(
-            kind, dtype=code, send=self._ptr(src, units), recv=self._ptr(flat, units), root=root,
+            opts, kind, dtype=code, send=self._ptr(src, units), recv=self._ptr(flat, units), root=root,
             copies=copies,
         )
         return FerrocollWork([h], outputs, (src, flat) + tuple(outputs), staged)
@@ -487,7 +513,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
     ) -> FerrocollWork:
         if len(input_tensors) != 1 or len(output_tensors) != 1:
             raise _fail("allgather takes one input tensor and one list of outputs")
-        work = self._gather_into("all_gather", output_tensors[0], input_tensors[0])
+        work = self._gather_into("all_gather", output_tensors[0], input_tensors[0], 0, opts)
         work._outputs = output_tensors  # type: ignore[assignment]
         return work
 
@@ -511,7 +537,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         staged = _Staged()
         src = staged.contiguous(inp, False)
         dst = staged.contiguous(output, True)
-        h = self._submit("all_gather", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units))
+        h = self._submit(opts, "all_gather", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units))
         return FerrocollWork([h], [output], (src, dst), staged)
 
     _allgather_base = all_gather_single
@@ -541,7 +567,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         src = staged.contiguous(inp, False)
         dst = staged.contiguous(output, True)
         h = self._submit(
-            "reduce_scatter", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units),
+            opts, "reduce_scatter", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units),
             op=op, scale=scale,
         )
         return FerrocollWork([h], [output], (src, dst), staged)
@@ -627,11 +653,11 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         even = not input_split_sizes and not output_split_sizes
         if even:
             h = self._submit(
-                "all_to_all", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units)
+                opts, "all_to_all", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units)
             )
         else:
             h = self._submit(
-                "all_to_all_v", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units),
+                opts, "all_to_all_v", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units),
                 send_counts=send_counts, recv_counts=recv_counts,
             )
         return FerrocollWork([h], [output], (src, dst), staged)
@@ -664,7 +690,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
                 staged.back.append((o, recv[e : e + o.numel()].view(o.shape)))
             offset += nbytes
         h = self._submit(
-            "all_to_all_v", dtype=code, send=self._ptr(send, units), recv=self._ptr(recv, units),
+            opts, "all_to_all_v", dtype=code, send=self._ptr(send, units), recv=self._ptr(recv, units),
             send_counts=[t.numel() * units for t in input_tensors],
             recv_counts=[t.numel() * units for t in output_tensors], copies=copies,
         )
@@ -679,7 +705,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         if len(input_tensors) != 1:
             raise _fail("gather takes one input tensor")
         outs = output_tensors[0] if output_tensors else []
-        work = self._gather_into("gather", outs, input_tensors[0], opts.rootRank)
+        work = self._gather_into("gather", outs, input_tensors[0], opts.rootRank, opts)
         work._outputs = output_tensors  # type: ignore[assignment]
         return work
 
@@ -697,7 +723,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
                 outs = [output.reshape(-1)[:0]] * self.size()
         else:
             outs = []
-        work = self._gather_into("gather", outs, inp, root)
+        work = self._gather_into("gather", outs, inp, root, opts)
         work._outputs = [output]
         return work
 
@@ -731,19 +757,19 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             flat = torch.cat([t.reshape(-1) for t in inputs])
             keep += (flat,)
             send = self._ptr(flat, units)
-        h = self._submit("scatter", dtype=code, send=send, recv=self._ptr(dst, units), root=root)
+        h = self._submit(opts, "scatter", dtype=code, send=send, recv=self._ptr(dst, units), root=root)
         return FerrocollWork([h], output_tensors, keep, staged)
 
     # -- barrier and point-to-point -------------------------------------------
 
     def barrier(self, opts: Any = None) -> FerrocollWork:
-        return FerrocollWork([self._submit("barrier")], [], ())
+        return FerrocollWork([self._submit(opts, "barrier")], [], ())
 
     def monitored_barrier(self, timeout: Optional[timedelta] = None, wait_all_ranks: bool = False) -> None:
         """A barrier whose timeout names the rank it waited for (ferrocoll's
         Timeout and PeerLost say which)."""
         secs = timeout.total_seconds() if timeout is not None else None
-        h = self._comm.submit("barrier", async_op=True, timeout=secs)
+        h = self._comm.submit("barrier", async_op=True, timeout=secs, eager=True)
         h.wait()
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int) -> FerrocollWork:
@@ -753,7 +779,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             code, units = _bytes_spec(t)
             c = t.contiguous()
             keep.append(c)
-            handles.append(self._submit("send", dtype=code, send=self._ptr(c, units), peer=dst, tag=tag))
+            handles.append(self._submit(None, "send", dtype=code, send=self._ptr(c, units), peer=dst, tag=tag))
         return FerrocollWork(handles, tensors, tuple(keep))
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int) -> FerrocollWork:
@@ -764,7 +790,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             code, units = _bytes_spec(t)
             c = staged.contiguous(t, True)
             keep.append(c)
-            handles.append(self._submit("recv", dtype=code, recv=self._ptr(c, units), peer=src, tag=tag))
+            handles.append(self._submit(None, "recv", dtype=code, recv=self._ptr(c, units), peer=src, tag=tag))
         work = FerrocollWork(handles, tensors, tuple(keep), staged)
         work._source = src  # type: ignore[attr-defined]
         return work
