@@ -264,6 +264,7 @@ impl Comm {
     /// completes. numpy bools reduce as logical or (sum, max) and and
     /// (prod, min).
     #[pyo3(signature = (kind, send, recv=None, op="sum", root=0, async_op=false))]
+    #[allow(clippy::too_many_arguments)]
     fn call(
         &self,
         py: Python<'_>,
