@@ -109,3 +109,56 @@ def test_fsdp2_matches_gloo() -> None:
     theirs = ranks.run(2, train_fsdp2, "gloo", 20, hard_exit=True)
     for rank in range(2):
         assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
+
+
+def train_patterns(backend: str) -> Dict[str, "torch.Tensor"]:
+    """What other trainers do: DDP with the fp16 compression comm hook,
+    find_unused_parameters and no_sync; HSDP (FSDP2 over a 2 x (n/2) device
+    mesh, whose groups come from new_group)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ferrocoll.torch  # noqa: F401
+
+    dist.init_process_group(backend)
+    r, n = dist.get_rank(), dist.get_world_size()
+    gen = torch.Generator().manual_seed(300 + r)
+    ddp = DDP(_model(), find_unused_parameters=True)
+    ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(6):
+        x, y = torch.randn(8, 32, generator=gen), torch.randn(8, 8, generator=gen)
+        if step % 3 == 0:
+            with ddp.no_sync():
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+            continue
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    out = {f"ddp.{k}": v.detach().clone() for k, v in ddp.module.state_dict().items()}
+    mesh = init_device_mesh("cpu", (2, n // 2), mesh_dim_names=("replicate", "shard"))
+    model = _model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(4):
+        x, y = torch.randn(8, 32, generator=gen), torch.randn(8, 8, generator=gen)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    out.update({f"hsdp.{k}": v.full_tensor().detach().clone() for k, v in model.state_dict().items()})
+    dist.destroy_process_group()
+    return out
+
+
+def test_comm_hooks_unused_parameters_and_hsdp_match_gloo() -> None:
+    ours = ranks.run(4, train_patterns, "ferrocoll", timeout=400)
+    theirs = ranks.run(4, train_patterns, "gloo", timeout=400, hard_exit=True)
+    for rank in range(4):
+        assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
