@@ -277,9 +277,15 @@ class Communicator:
         s = _array(send, "send", False)
         r = _array(recv, "recv", True)
         return self._submit(
-            "all_to_all_v", (s, r), r, async_op,
-            dtype=dtype_code(s.dtype), send=(_addr(s), s.size), recv=(_addr(r), r.size),
-            send_counts=[int(c) for c in send_counts], recv_counts=[int(c) for c in recv_counts],
+            "all_to_all_v",
+            (s, r),
+            r,
+            async_op,
+            dtype=dtype_code(s.dtype),
+            send=(_addr(s), s.size),
+            recv=(_addr(r), r.size),
+            send_counts=[int(c) for c in send_counts],
+            recv_counts=[int(c) for c in recv_counts],
         )
 
     def gather(self, send: Any, recv: Any = None, root: int = 0, *, async_op: bool = False) -> Any:
@@ -310,16 +316,28 @@ class Communicator:
         """Sends ``buf`` to ``peer``; returns once the receiver took it."""
         b = _array(buf, "buf", False)
         return self._submit(
-            "send", (b,), None, async_op,
-            dtype=dtype_code(b.dtype), send=(_addr(b), b.size), peer=peer, tag=tag,
+            "send",
+            (b,),
+            None,
+            async_op,
+            dtype=dtype_code(b.dtype),
+            send=(_addr(b), b.size),
+            peer=peer,
+            tag=tag,
         )
 
     def recv(self, buf: Any, peer: int, tag: int = 0, *, async_op: bool = False) -> Any:
         """Receives exactly ``buf``'s length from ``peer`` with ``tag``."""
         b = _array(buf, "buf", True)
         return self._submit(
-            "recv", (b,), b, async_op,
-            dtype=dtype_code(b.dtype), recv=(_addr(b), b.size), peer=peer, tag=tag,
+            "recv",
+            (b,),
+            b,
+            async_op,
+            dtype=dtype_code(b.dtype),
+            recv=(_addr(b), b.size),
+            peer=peer,
+            tag=tag,
         )
 
     # ---- the non-blocking names of the Rust API ------------------------------

@@ -93,7 +93,6 @@ def _worker(mode: str, backend: str, sizes: List[int], out_path: str) -> None:
                     out = torch.empty(count * n)
                     part = torch.ones(count)
                     fn = lambda: dist.all_gather_into_tensor(out, part)  # noqa: E731
-                    nbytes_eff = count * n * 4
                 elif op == "reduce_scatter_tensor":
                     out = torch.empty(count // n)
                     fn = lambda: dist.reduce_scatter_tensor(out, x)  # noqa: E731
@@ -111,9 +110,7 @@ def _worker(mode: str, backend: str, sizes: List[int], out_path: str) -> None:
 
             import ferrocoll
 
-            comm = ferrocoll.init_with_store(
-                dist.distributed_c10d._get_default_store(), r, n
-            )
+            comm = ferrocoll.init_with_store(dist.distributed_c10d._get_default_store(), r, n)
             a = np.ones(2, dtype=np.float32)
             results["numpy"] = _per_call(lambda: comm.all_reduce(a), barrier)
     elif mode == "ddp":
@@ -174,12 +171,28 @@ def _launch(n: int, mode: str, backend: str, sizes: List[int]) -> Dict[str, Any]
         procs = []
         for rank in range(n):
             env = dict(
-                os.environ, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
-                LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                os.environ,
+                RANK=str(rank),
+                WORLD_SIZE=str(n),
+                LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(n),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
                 OMP_NUM_THREADS="1",
             )
-            cmd = [sys.executable, "-m", "ferrocoll.bench", "--worker", mode, "--backend", backend,
-                   "--sizes", ",".join(map(str, sizes)), "--out", out]
+            cmd = [
+                sys.executable,
+                "-m",
+                "ferrocoll.bench",
+                "--worker",
+                mode,
+                "--backend",
+                backend,
+                "--sizes",
+                ",".join(map(str, sizes)),
+                "--out",
+                out,
+            ]
             procs.append(subprocess.Popen(cmd, env=env))
         codes = [p.wait() for p in procs]
         if any(codes):
@@ -208,8 +221,11 @@ def _fmt_t(t: float) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m ferrocoll.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m ferrocoll.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--ranks", default="2,4", help="group sizes, comma-separated (2,4)")
     p.add_argument("--min", default="8", help="smallest message (8)")
     p.add_argument("--max", default="64M", help="largest message (64M)")
@@ -232,8 +248,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         s *= 8 if s < (1 << 20) else 4
     everything: Dict[str, Any] = {"sizes": sizes}
     print(f"# python -m ferrocoll.bench {' '.join(argv or sys.argv[1:])}")
-    print(f"# {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, {os.cpu_count()} cores, "
-          f"load {open('/proc/loadavg').read().split()[0]}")
+    print(
+        f"# {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}, {os.cpu_count()} cores, "
+        f"load {open('/proc/loadavg').read().split()[0]}"
+    )
     for n in [int(x) for x in a.ranks.split(",")]:
         ours = _launch(n, "sweep", "ferrocoll", sizes)
         theirs = _launch(n, "sweep", "gloo", sizes)
@@ -245,7 +263,10 @@ def main(argv: Optional[List[str]] = None) -> None:
             op, size = key.split("/")
             g = theirs[key]
             f = _busbw_factor(op, n) * int(size)
-            print(f"| {op} | {size} | {_fmt_t(t)} | {_fmt_t(g)} | {f / t / 1e9:.3f} | {f / g / 1e9:.3f} | {g / t:.2f}x |")
+            print(
+                f"| {op} | {size} | {_fmt_t(t)} | {_fmt_t(g)} | {f / t / 1e9:.3f} | "
+                f"{f / g / 1e9:.3f} | {g / t:.2f}x |"
+            )
         lat_f = _launch(n, "latency", "ferrocoll", [])
         lat_g = _launch(n, "latency", "gloo", [])
         rust = _rust_latency(a.rust, n) if a.rust else None
@@ -254,18 +275,25 @@ def main(argv: Optional[List[str]] = None) -> None:
         print("| Rust API | numpy API | torch backend ferrocoll | torch gloo | gloo / ferrocoll |")
         print("|---:|---:|---:|---:|---:|")
         rs = f"{rust * 1e6:.2f}" if rust is not None else "-"
-        print(f"| {rs} | {lat_f['numpy'] * 1e6:.2f} | {lat_f['torch'] * 1e6:.2f} | {lat_g['torch'] * 1e6:.1f} | "
-              f"{lat_g['torch'] / lat_f['torch']:.1f}x |")
+        print(
+            f"| {rs} | {lat_f['numpy'] * 1e6:.2f} | {lat_f['torch'] * 1e6:.2f} | "
+            f"{lat_g['torch'] * 1e6:.1f} | "
+            f"{lat_g['torch'] / lat_f['torch']:.1f}x |"
+        )
         if rust is not None:
-            print(f"\noverhead over the Rust API: numpy {(lat_f['numpy'] - rust) * 1e6:.2f} us, "
-                  f"torch backend {(lat_f['torch'] - rust) * 1e6:.2f} us per call")
+            print(
+                f"\noverhead over the Rust API: numpy {(lat_f['numpy'] - rust) * 1e6:.2f} us, "
+                f"torch backend {(lat_f['torch'] - rust) * 1e6:.2f} us per call"
+            )
         if a.ddp and n == 2:
             d_f = _launch(n, "ddp", "ferrocoll", [])
             d_g = _launch(n, "ddp", "gloo", [])
             everything["ddp"] = {"ferrocoll": d_f, "gloo": d_g}
             print(f"\n## DDP step, {d_f['params'] / 1e6:.1f} M float32 parameters, 2 processes\n")
-            print(f"ferrocoll {d_f['step'] * 1e3:.1f} ms, gloo {d_g['step'] * 1e3:.1f} ms: "
-                  f"{d_f['step'] / d_g['step']:.2f}x gloo's step time")
+            print(
+                f"ferrocoll {d_f['step'] * 1e3:.1f} ms, gloo {d_g['step'] * 1e3:.1f} ms: "
+                f"{d_f['step'] / d_g['step']:.2f}x gloo's step time"
+            )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(everything, f, indent=1)

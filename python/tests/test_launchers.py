@@ -26,7 +26,9 @@ def _ferrocoll_binary() -> str:
         if os.path.exists(os.path.join(ROOT, "target", profile, "ferrocoll"))
     ]
     if not found:
-        pytest.fail("no target/*/ferrocoll: build it with `cargo build -p ferrocoll-cli` (scripts/test.sh does)")
+        pytest.fail(
+            "no target/*/ferrocoll: build it with `cargo build -p ferrocoll-cli` (scripts/test.sh does)"
+        )
     return max(found, key=os.path.getmtime)
 
 
@@ -40,13 +42,26 @@ def test_ddp_example_under_both_launchers() -> None:
         env.pop(var, None)
     under_run = subprocess.run(
         [_ferrocoll_binary(), "run", "-n", "2", "--", sys.executable, EXAMPLE],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert under_run.returncode == 0, under_run.stdout + under_run.stderr
     under_torchrun = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         f"--master-port={ranks.free_port()}", EXAMPLE],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            f"--master-port={ranks.free_port()}",
+            EXAMPLE,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert under_torchrun.returncode == 0, under_torchrun.stdout + under_torchrun.stderr
     a, b = _losses(under_run.stdout), _losses(under_torchrun.stdout)

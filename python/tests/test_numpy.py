@@ -71,10 +71,14 @@ def every_collective(counts: List[int]) -> List[str]:
     # Uneven all-to-all-v with zeros: rank p sends (p + q) % 3 elements to q.
     send_counts = [(r + q) % 3 for q in range(n)]
     recv_counts = [(p + r) % 3 for p in range(n)]
-    send = np.concatenate([np.full(c, 10 * r + q, dtype=np.int32) for q, c in enumerate(send_counts)] + [np.zeros(0, np.int32)])
+    send = np.concatenate(
+        [np.full(c, 10 * r + q, dtype=np.int32) for q, c in enumerate(send_counts)] + [np.zeros(0, np.int32)]
+    )
     recv = np.zeros(sum(recv_counts), dtype=np.int32)
     comm.all_to_all_v(send, send_counts, recv, recv_counts)
-    want = np.concatenate([np.full(c, 10 * p + r, dtype=np.int32) for p, c in enumerate(recv_counts)] + [np.zeros(0, np.int32)])
+    want = np.concatenate(
+        [np.full(c, 10 * p + r, dtype=np.int32) for p, c in enumerate(recv_counts)] + [np.zeros(0, np.int32)]
+    )
     check("all_to_all_v uneven", recv, want)
     comm.barrier()
     return bad
@@ -190,8 +194,15 @@ def test_wrong_arguments_are_invalid_argument_errors() -> None:
 def test_exception_classes() -> None:
     import ferrocoll
 
-    for cls in [ferrocoll.Timeout, ferrocoll.Mismatch, ferrocoll.PeerLost, ferrocoll.Aborted,
-                ferrocoll.Corrupted, ferrocoll.InvalidArgument, ferrocoll.ConfigError]:
+    for cls in [
+        ferrocoll.Timeout,
+        ferrocoll.Mismatch,
+        ferrocoll.PeerLost,
+        ferrocoll.Aborted,
+        ferrocoll.Corrupted,
+        ferrocoll.InvalidArgument,
+        ferrocoll.ConfigError,
+    ]:
         assert issubclass(cls, ferrocoll.Error)
     assert issubclass(ferrocoll.Error, RuntimeError)
     assert issubclass(ferrocoll.UnknownAlgorithm, ferrocoll.InvalidArgument)

@@ -49,7 +49,9 @@ def compare_with_gloo(counts: List[int]) -> List[str]:
         want = want if isinstance(want, (list, tuple)) else [want]
         for g, w in zip(got, want):
             if g.dtype != w.dtype or g.shape != w.shape or not torch.equal(g, w):
-                bad.append(f"rank {r}: {what}: got {g.flatten()[:6].tolist()} want {w.flatten()[:6].tolist()}")
+                bad.append(
+                    f"rank {r}: {what}: got {g.flatten()[:6].tolist()} want {w.flatten()[:6].tolist()}"
+                )
 
     for name in DTYPES:
         dtype = getattr(torch, name)
@@ -144,6 +146,7 @@ def compare_with_gloo(counts: List[int]) -> List[str]:
 
     # Uneven all_to_all_single splits, zeros included (what MoE layers call).
     for rows in [0, 3]:
+
         def uneven(g: Any, rows: int = rows) -> Any:
             ins = [(r + q) % 3 * rows for q in range(n)]
             outs = [(p + r) % 3 * rows for p in range(n)]

@@ -93,9 +93,7 @@ def _reduce_spec(t: torch.Tensor, op: Any) -> Tuple[str, str, Optional[float], i
     reduction of ``t`` with torch's ReduceOp ``op``."""
     kind = op.op if hasattr(op, "op") else op
     if kind not in _OPS:
-        raise _fail(
-            f"reduction {kind} is not supported (SUM, AVG, PRODUCT, MIN, MAX and PREMUL_SUM are)"
-        )
+        raise _fail(f"reduction {kind} is not supported (SUM, AVG, PRODUCT, MIN, MAX and PREMUL_SUM are)")
     name = _OPS[kind]
     scale = None
     if kind == _RedOp.PREMUL_SUM:
@@ -328,7 +326,8 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         return False
 
     def __repr__(self) -> str:
-        return f"ProcessGroupFerrocoll(rank={self.rank()}, size={self.size()}, transport={self._comm.transport!r})"
+        transport = self._comm.transport
+        return f"ProcessGroupFerrocoll(rank={self.rank()}, size={self.size()}, transport={transport!r})"
 
     @property
     def communicator(self) -> ferrocoll.Communicator:
@@ -373,7 +372,14 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             t = tensors[0]
             code = _REDUCIBLE.get(t.dtype)
             op = _FAST_OPS.get(opts.reduceOp.op)
-            if code is not None and op is not None and t.is_cpu and t.layout == torch.strided and t.is_contiguous() and t.dtype != torch.bool:
+            if (
+                code is not None
+                and op is not None
+                and t.is_cpu
+                and t.layout == torch.strided
+                and t.is_contiguous()
+                and t.dtype != torch.bool
+            ):
                 p = (t.data_ptr(), t.numel())
                 eager = not opts.asyncOp
                 if self._timeout is None:
@@ -391,8 +397,13 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         staged = _Staged()
         c = staged.contiguous(t, True)
         h = self._submit(
-            opts, "all_reduce", dtype=code, send=self._ptr(c, units), recv=self._ptr(c, units),
-            op=op, scale=scale,
+            opts,
+            "all_reduce",
+            dtype=code,
+            send=self._ptr(c, units),
+            recv=self._ptr(c, units),
+            op=op,
+            scale=scale,
         )
         return FerrocollWork([h], tensors, (c,), staged)
 
@@ -408,8 +419,13 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         if _adjacent(tensors):
             total = sum(t.numel() for t in tensors) * units
             h = self._submit(
-                opts, "all_reduce", dtype=code, send=(tensors[0].data_ptr(), total),
-                recv=(tensors[0].data_ptr(), total), op=op, scale=scale,
+                opts,
+                "all_reduce",
+                dtype=code,
+                send=(tensors[0].data_ptr(), total),
+                recv=(tensors[0].data_ptr(), total),
+                op=op,
+                scale=scale,
             )
             return FerrocollWork([h], tensors, tuple(tensors))
         flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -425,8 +441,14 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
                 staged.back.append((t, view.view(t.shape)))
             offset += nbytes
         h = self._submit(
-            opts, "all_reduce", dtype=code, send=self._ptr(flat, units), recv=self._ptr(flat, units),
-            op=op, scale=scale, copies=copies,
+            opts,
+            "all_reduce",
+            dtype=code,
+            send=self._ptr(flat, units),
+            recv=self._ptr(flat, units),
+            op=op,
+            scale=scale,
+            copies=copies,
         )
         return FerrocollWork([h], tensors, (flat,) + tuple(tensors), staged)
 
@@ -459,7 +481,13 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         root = opts.rootRank
         recv = self._ptr(c, units) if self.rank() == root else (c.data_ptr(), 0)
         h = self._submit(
-            opts, "reduce", dtype=code, send=self._ptr(c, units), recv=recv, op=op, root=root,
+            opts,
+            "reduce",
+            dtype=code,
+            send=self._ptr(c, units),
+            recv=recv,
+            op=op,
+            root=root,
             scale=scale,
         )
         return FerrocollWork([h], tensors, (c,), staged)
@@ -490,7 +518,11 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         if _adjacent(outputs):
             total = inp.numel() * units * self.size()
             h = self._submit(
-                opts, kind, dtype=code, send=self._ptr(src, units), recv=(outputs[0].data_ptr(), total),
+                opts,
+                kind,
+                dtype=code,
+                send=self._ptr(src, units),
+                recv=(outputs[0].data_ptr(), total),
                 root=root,
             )
             return FerrocollWork([h], outputs, (src,) + tuple(outputs), staged)
@@ -503,7 +535,12 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             else:
                 staged.back.append((o, flat[i * inp.numel() : (i + 1) * inp.numel()].view(o.shape)))
         h = self._submit(
-            opts, kind, dtype=code, send=self._ptr(src, units), recv=self._ptr(flat, units), root=root,
+            opts,
+            kind,
+            dtype=code,
+            send=self._ptr(src, units),
+            recv=self._ptr(flat, units),
+            root=root,
             copies=copies,
         )
         return FerrocollWork([h], outputs, (src, flat) + tuple(outputs), staged)
@@ -523,9 +560,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         works = [self._gather_into("all_gather", o, i) for o, i in zip(output_lists, input_list)]
         return _combine(works, [t for o in output_lists for t in o])
 
-    def all_gather_single(
-        self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None
-    ) -> FerrocollWork:
+    def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> FerrocollWork:
         _check_cpu(output, "all_gather output")
         _check_cpu(inp, "all_gather input")
         if output.numel() != inp.numel() * self.size() or output.dtype != inp.dtype:
@@ -537,7 +572,9 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         staged = _Staged()
         src = staged.contiguous(inp, False)
         dst = staged.contiguous(output, True)
-        h = self._submit(opts, "all_gather", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units))
+        h = self._submit(
+            opts, "all_gather", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units)
+        )
         return FerrocollWork([h], [output], (src, dst), staged)
 
     _allgather_base = all_gather_single
@@ -567,8 +604,13 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         src = staged.contiguous(inp, False)
         dst = staged.contiguous(output, True)
         h = self._submit(
-            opts, "reduce_scatter", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units),
-            op=op, scale=scale,
+            opts,
+            "reduce_scatter",
+            dtype=code,
+            send=self._ptr(src, units),
+            recv=self._ptr(dst, units),
+            op=op,
+            scale=scale,
         )
         return FerrocollWork([h], [output], (src, dst), staged)
 
@@ -604,9 +646,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(
         self, outputs: List[torch.Tensor], inputs: List[torch.Tensor], opts: Any = None
     ) -> FerrocollWork:
-        return _combine(
-            [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs
-        )
+        return _combine([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)], outputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -657,8 +697,13 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             )
         else:
             h = self._submit(
-                opts, "all_to_all_v", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units),
-                send_counts=send_counts, recv_counts=recv_counts,
+                opts,
+                "all_to_all_v",
+                dtype=code,
+                send=self._ptr(src, units),
+                recv=self._ptr(dst, units),
+                send_counts=send_counts,
+                recv_counts=recv_counts,
             )
         return FerrocollWork([h], [output], (src, dst), staged)
 
@@ -690,9 +735,14 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
                 staged.back.append((o, recv[e : e + o.numel()].view(o.shape)))
             offset += nbytes
         h = self._submit(
-            opts, "all_to_all_v", dtype=code, send=self._ptr(send, units), recv=self._ptr(recv, units),
+            opts,
+            "all_to_all_v",
+            dtype=code,
+            send=self._ptr(send, units),
+            recv=self._ptr(recv, units),
             send_counts=[t.numel() * units for t in input_tensors],
-            recv_counts=[t.numel() * units for t in output_tensors], copies=copies,
+            recv_counts=[t.numel() * units for t in output_tensors],
+            copies=copies,
         )
         return FerrocollWork([h], output_tensors, (send, recv) + tuple(output_tensors), staged)
 
@@ -779,7 +829,9 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             code, units = _bytes_spec(t)
             c = t.contiguous()
             keep.append(c)
-            handles.append(self._submit(None, "send", dtype=code, send=self._ptr(c, units), peer=dst, tag=tag))
+            handles.append(
+                self._submit(None, "send", dtype=code, send=self._ptr(c, units), peer=dst, tag=tag)
+            )
         return FerrocollWork(handles, tensors, tuple(keep))
 
     def recv(self, tensors: List[torch.Tensor], src: int, tag: int) -> FerrocollWork:
@@ -790,7 +842,9 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             code, units = _bytes_spec(t)
             c = staged.contiguous(t, True)
             keep.append(c)
-            handles.append(self._submit(None, "recv", dtype=code, recv=self._ptr(c, units), peer=src, tag=tag))
+            handles.append(
+                self._submit(None, "recv", dtype=code, recv=self._ptr(c, units), peer=src, tag=tag)
+            )
         work = FerrocollWork(handles, tensors, tuple(keep), staged)
         work._source = src  # type: ignore[attr-defined]
         return work
