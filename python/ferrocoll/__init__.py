@@ -20,6 +20,7 @@ ferrocoll's message (the collective, its sequence number, the rank, the peer).
 
 from __future__ import annotations
 
+import atexit
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -57,6 +58,11 @@ __all__ = [
 ]
 
 __version__: str = _core.__version__
+
+# Before the interpreter finalizes, stop ferrocoll's completer thread from
+# taking the GIL (a thread that does so during finalization takes the process
+# down): callbacks of calls still running at exit are dropped.
+atexit.register(_core._shutdown)
 
 #: numpy element types ferrocoll reduces, by their ferrocoll name.
 _NUMPY_DTYPES = {

@@ -102,4 +102,7 @@ def run(
                 failures.append(f"--- rank {rank} (exit {code}):\n{text[-4000:]}")
         if failures and not allow_failure:
             raise RankFailed("\n".join(failures))
+        if failures:
+            # Shown by pytest when the test then fails.
+            print("\n".join(failures), file=sys.stderr)
         return results

@@ -78,6 +78,7 @@ def lost_rank() -> Tuple[str, str, float]:
             return ("future resolved", "", took)
         except Exception as fe:  # noqa: BLE001
             assert type(fe).__name__ in (type(e).__name__, "RuntimeError"), fe
+        dist.destroy_process_group()
         return (type(e).__name__, str(e), took)
 
 

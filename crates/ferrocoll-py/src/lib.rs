@@ -476,6 +476,7 @@ fn _ferrocoll(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Handle>()?;
     m.add_function(wrap_pyfunction!(init, m)?)?;
     m.add_function(wrap_pyfunction!(init_with_store, m)?)?;
+    m.add_function(wrap_pyfunction!(worker::_shutdown, m)?)?;
     errors::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -63,12 +63,66 @@ fn completer() -> &'static mpsc::Sender<Delivery> {
             .name("ferrocoll-completer".into())
             .spawn(move || {
                 for (callbacks, outcome) in rx {
+                    if !COMPLETER.begin() {
+                        // The interpreter is shutting down: taking the GIL
+                        // now would end this thread inside Rust code (3.11's
+                        // take_gil calls pthread_exit, whose forced unwind
+                        // aborts the process). Leak the callbacks instead of
+                        // dropping Python objects without the GIL.
+                        std::mem::forget(callbacks);
+                        continue;
+                    }
                     Python::attach(|py| call_back(py, callbacks, &outcome));
+                    COMPLETER.end();
                 }
             })
             .expect("start the ferrocoll completer thread");
         tx
     })
+}
+
+/// Whether the completer may take the GIL, and whether it holds or waits
+/// for it now: [`shutdown`] (from an `atexit` handler, before the
+/// interpreter starts finalizing) stops new deliveries and waits for the
+/// one in progress.
+struct CompleterGate {
+    state: Mutex<(bool, bool)>, // (shutting down, delivering)
+    idle: Condvar,
+}
+
+static COMPLETER: CompleterGate = CompleterGate {
+    state: Mutex::new((false, false)),
+    idle: Condvar::new(),
+};
+
+impl CompleterGate {
+    fn begin(&self) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.0 {
+            return false;
+        }
+        s.1 = true;
+        true
+    }
+
+    fn end(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).1 = false;
+        self.idle.notify_all();
+    }
+}
+
+/// Stops the completer from taking the GIL again and waits (without the GIL)
+/// for a delivery in progress. Registered with `atexit` by the Python
+/// package; callbacks of calls that finish later are not run.
+#[pyfunction]
+pub fn _shutdown(py: Python<'_>) {
+    py.detach(|| {
+        let mut s = COMPLETER.state.lock().unwrap_or_else(|p| p.into_inner());
+        s.0 = true;
+        while s.1 {
+            s = COMPLETER.idle.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    });
 }
 
 /// Calls each callback with `None` (success) or the exception.
