@@ -36,19 +36,16 @@ pub mod cost;
 mod error;
 mod exec;
 mod fast;
-pub mod init;
 pub mod kernels;
+pub mod launch;
 pub mod local;
 pub mod plan;
-pub mod rendezvous;
 mod request;
 pub mod select;
 pub mod shared;
-pub mod store;
 pub mod topo;
 pub mod transport;
 mod types;
-pub mod world;
 
 /// Entry points for the fuzz targets in `fuzz/` (not a stable API).
 #[doc(hidden)]
@@ -71,7 +68,10 @@ pub mod fuzzing {
 pub use comm::{CallOptions, Communicator};
 pub use config::Config;
 pub use error::{Error, Result};
-pub use init::init;
+pub use launch::init::init;
+/// The launch layer's modules under their former paths (`ferrocoll::init::...`,
+/// `ferrocoll::world::...`, `ferrocoll::store::...`).
+pub use launch::{init, rendezvous, store, world};
 pub use plan::{Algorithm, Collective};
 pub use request::Request;
 pub use shared::SharedBuffer;

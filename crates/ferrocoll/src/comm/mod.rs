@@ -99,7 +99,7 @@ struct Shared {
     /// [`crate::select`]).
     choice: select::Memo,
     /// Where the ranks are (communicators made by [`crate::init()`]).
-    placement: Option<Arc<crate::init::Placement>>,
+    placement: Option<Arc<crate::launch::Placement>>,
     /// The transport again, when it has a shared-memory fast path (see
     /// [`crate::fast`]), for this communicator and the ones split from it.
     engine: Option<Arc<Engine>>,
@@ -190,7 +190,7 @@ impl Communicator {
     pub(crate) fn with_placement(
         engine: Arc<Engine>,
         config: Config,
-        placement: crate::init::Placement,
+        placement: crate::launch::Placement,
     ) -> Result<Communicator> {
         let transport: Arc<dyn Transport> = Arc::clone(&engine) as Arc<dyn Transport>;
         let mut comm = Communicator::new(transport, config)?;
@@ -203,7 +203,7 @@ impl Communicator {
 
     /// Where the world's ranks run and how this rank reaches each (set by
     /// [`crate::init()`]; `None` for in-process ranks and split groups).
-    pub fn placement(&self) -> Option<&crate::init::Placement> {
+    pub fn placement(&self) -> Option<&crate::launch::Placement> {
         self.shared.placement.as_deref()
     }
 

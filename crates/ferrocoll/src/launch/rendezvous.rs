@@ -12,8 +12,8 @@
 //! others publish, and a counter (for barriers). Every key is written once
 //! per job; waits are bounded by the store's own timeout.
 
+use super::store::StoreClient;
 use crate::error::{Error, Result};
-use crate::store::StoreClient;
 
 /// A key-value store every rank of a job can reach during start-up.
 ///
