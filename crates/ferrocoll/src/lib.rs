@@ -35,7 +35,6 @@ pub mod config;
 pub mod cost;
 mod error;
 mod exec;
-mod fast;
 pub mod init;
 pub mod kernels;
 pub mod local;
