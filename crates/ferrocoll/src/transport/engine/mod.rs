@@ -49,6 +49,8 @@ mod faults;
 mod frames;
 mod ledger;
 mod receive;
+#[cfg(test)]
+mod tests;
 mod wait;
 
 pub(crate) use driver::{checksums, Bypass, Engine, Link};
