@@ -35,7 +35,6 @@ pub mod config;
 pub mod cost;
 mod error;
 mod exec;
-mod fast;
 pub mod kernels;
 pub mod launch;
 pub mod local;

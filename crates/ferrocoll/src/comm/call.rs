@@ -12,8 +12,7 @@ use super::{coll_bit, Communicator};
 use crate::error::{Error, Result};
 use crate::exec::{self, Call, Memory};
 use crate::plan::{self, Collective, Layout, Op, Plan, PlanRequest, Round};
-use crate::transport::engine::Engine;
-use crate::transport::{CallKind, Header, Signature};
+use crate::transport::{CallKind, Header, Signature, SmallBuffers, SmallCall, SmallCollectives};
 use crate::types::{DType, ReduceOp};
 
 /// Everything that describes one collective call.
@@ -65,23 +64,33 @@ impl Spec {
 }
 
 impl Communicator {
-    /// The engine to run a call on the fast path with, if it qualifies.
-    pub(super) fn fast_engine(
+    /// The transport's small-collective path to run a call on, if the
+    /// call qualifies.
+    pub(super) fn small_path(
         &self,
         coll: Collective,
         count: usize,
         dtype: DType,
-    ) -> Option<&Engine> {
-        let engine = self.shared.engine.as_deref()?;
-        let qualifies = self.shared.fast
-            && self.options.algorithm.is_none()
-            && self.shared.fast_colls & coll_bit(coll) != 0
-            && crate::fast::eligible(coll, count, dtype, self.size());
-        qualifies.then_some(engine)
+    ) -> Option<&dyn SmallCollectives> {
+        if !self.shared.fast
+            || self.options.algorithm.is_some()
+            || self.shared.fast_colls & coll_bit(coll) == 0
+        {
+            return None;
+        }
+        let small = self.shared.transport.small_collectives()?;
+        small
+            .eligible(coll, count, dtype, self.size())
+            .then_some(small)
     }
 
     /// Runs a small call on the fast path.
-    fn run_fast(&self, engine: &Engine, spec: &Spec, mem: &mut Memory<'_>) -> Result<()> {
+    fn run_fast(
+        &self,
+        small: &dyn SmallCollectives,
+        spec: &Spec,
+        mem: &mut Memory<'_>,
+    ) -> Result<()> {
         let seq = self.next_seq();
         if self.shared.config.debug && self.rank() == 0 {
             eprintln!(
@@ -91,8 +100,7 @@ impl Communicator {
                 self.size()
             );
         }
-        let call = crate::fast::Small {
-            engine,
+        let call = SmallCall {
             group: &self.shared.group,
             rank: self.rank(),
             coll: spec.coll,
@@ -107,7 +115,9 @@ impl Communicator {
             },
             timeout: self.options.timeout.unwrap_or(self.shared.config.timeout),
         };
-        crate::fast::run(&call, mem).map_err(|e| self.group_error(e))
+        small
+            .run(&call, SmallBuffers { mem })
+            .map_err(|e| self.group_error(e))
     }
 
     pub(super) fn next_seq(&self) -> u64 {
@@ -155,8 +165,8 @@ impl Communicator {
     /// Plans and runs one collective on `mem`, which holds the lengths the
     /// spec implies, laid out as `Layout::in_place` says when in place.
     pub(super) fn run(&self, spec: Spec, mut mem: Memory<'_>) -> Result<()> {
-        if let Some(engine) = self.fast_engine(spec.coll, spec.count, spec.dtype) {
-            return self.run_fast(engine, &spec, &mut mem);
+        if let Some(small) = self.small_path(spec.coll, spec.count, spec.dtype) {
+            return self.run_fast(small, &spec, &mut mem);
         }
         let seq = self.next_seq();
         let elem = spec.dtype.size();

@@ -37,7 +37,6 @@ use crate::error::{Error, Result};
 use crate::plan::{Algorithm, Collective};
 use crate::select::{self, Chooser};
 use crate::topo::Topology;
-use crate::transport::engine::Engine;
 use crate::transport::Transport;
 use crate::types::DType;
 
@@ -100,12 +99,10 @@ struct Shared {
     choice: select::Memo,
     /// Where the ranks are (communicators made by [`crate::init()`]).
     placement: Option<Arc<crate::launch::Placement>>,
-    /// The transport again, when it has a shared-memory fast path (see
-    /// [`crate::fast`]), for this communicator and the ones split from it.
-    engine: Option<Arc<Engine>>,
-    /// The fast path reaches every rank of the group.
+    /// The transport's small-collective capability
+    /// ([`Transport::small_collectives`]) reaches every rank of the group.
     fast: bool,
-    /// Collectives that may take the fast path: those it implements whose
+    /// Collectives that may take the small-collective path: those whose
     /// algorithm `FERROCOLL_ALGO` does not force (bit i: `Collective::ALL[i]`).
     fast_colls: u16,
 }
@@ -123,7 +120,7 @@ fn coll_bit(coll: Collective) -> u16 {
 fn fast_colls(config: &Config) -> u16 {
     Collective::ALL
         .iter()
-        .filter(|&&c| crate::fast::handles(c) && config.algorithms.get(c).is_none())
+        .filter(|&&c| config.algorithms.get(c).is_none())
         .fold(0, |mask, &c| mask | coll_bit(c))
 }
 
@@ -163,6 +160,10 @@ impl Communicator {
             .clone()
             .unwrap_or_else(|| Topology::flat(size));
         topology.check_size(size)?;
+        let group: Vec<usize> = (0..size).collect();
+        let fast = transport
+            .small_collectives()
+            .is_some_and(|s| s.serves(&group));
         Ok(Communicator {
             shared: Arc::new(Shared {
                 topology,
@@ -177,8 +178,7 @@ impl Communicator {
                 scratch: Default::default(),
                 choice: Default::default(),
                 placement: None,
-                engine: None,
-                fast: false,
+                fast,
             }),
             options: CallOptions::default(),
             reserved_seq: None,
@@ -186,18 +186,15 @@ impl Communicator {
     }
 
     /// [`Communicator::new`] for a job [`crate::init()`] has placed, over
-    /// `engine`.
+    /// `transport`.
     pub(crate) fn with_placement(
-        engine: Arc<Engine>,
+        transport: Arc<dyn Transport>,
         config: Config,
         placement: crate::launch::Placement,
     ) -> Result<Communicator> {
-        let transport: Arc<dyn Transport> = Arc::clone(&engine) as Arc<dyn Transport>;
         let mut comm = Communicator::new(transport, config)?;
         let shared = Arc::get_mut(&mut comm.shared).expect("a new communicator has one handle");
         shared.placement = Some(Arc::new(placement));
-        shared.fast = engine.fast_path().is_some_and(|f| f.serves(&shared.group));
-        shared.engine = engine.fast_path().is_some().then_some(engine);
         Ok(comm)
     }
 
@@ -319,7 +316,7 @@ impl Communicator {
     /// broadcast, reduce, allgather or barrier moving at most 96 bytes per
     /// rank, and no algorithm is forced for it.
     pub fn uses_fast_path(&self, coll: Collective, count: usize, dtype: DType) -> bool {
-        self.fast_engine(coll, count, dtype).is_some()
+        self.small_path(coll, count, dtype).is_some()
     }
 
     /// Splits the communicator (MPI_Comm_split): ranks passing the same
@@ -355,10 +352,9 @@ impl Communicator {
         let topology = self.shared.topology.subgroup(in_parent);
         let fast = self
             .shared
-            .engine
-            .as_ref()
-            .and_then(|e| e.fast_path())
-            .is_some_and(|f| f.serves(&group));
+            .transport
+            .small_collectives()
+            .is_some_and(|s| s.serves(&group));
         Communicator {
             shared: Arc::new(Shared {
                 transport: Arc::clone(&self.shared.transport),
@@ -372,7 +368,6 @@ impl Communicator {
                 scratch: Default::default(),
                 choice: Default::default(),
                 placement: None,
-                engine: self.shared.engine.clone(),
                 fast,
                 fast_colls: self.shared.fast_colls,
             }),

@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::topo::Topology;
 use crate::transport::channel::{Channel, Doorbell};
 use crate::transport::engine::{Engine, LocalBell};
-use crate::transport::fastpath::FastPath;
+use crate::transport::fastpath::{FastPath, FastTransport};
 use crate::transport::tcp::TcpConnector;
 
 /// Default slice size (see [`Config::slice_bytes`]) when TCP links are used.
@@ -424,11 +424,12 @@ fn init_over(
     if let Some(connector) = connector {
         engine = engine.with_connector(connector, &lazy);
     }
-    if let Some(fast) = fast {
-        engine = engine.with_fast_path(fast);
-    }
     let engine = engine.keep_alive(Box::new((keep, std::sync::Mutex::new(store))));
-    Communicator::with_placement(Arc::new(engine), config, placement)
+    let transport: Arc<dyn crate::transport::Transport> = match fast {
+        Some(fast) => Arc::new(FastTransport::new(engine, fast)),
+        None => Arc::new(engine),
+    };
+    Communicator::with_placement(transport, config, placement)
 }
 
 #[cfg(test)]

@@ -14,7 +14,8 @@
 //! (`engine.rs`) over byte channels: shared-memory rings ([`shm`]) within a
 //! host, TCP ([`tcp`]) between hosts; `crate::init` assembles them. Small
 //! collectives among the ranks of one host bypass plans, executor and
-//! rings altogether through the engine's mailboxes (`fastpath.rs`).
+//! rings altogether through mailboxes (`fastpath/`), which a transport
+//! offers as its optional [`SmallCollectives`] capability.
 
 pub(crate) mod channel;
 pub(crate) mod engine;
@@ -25,9 +26,10 @@ pub mod thread;
 pub(crate) mod wire;
 
 use std::fmt;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::Result;
+use crate::exec::Memory;
 use crate::plan::Collective;
 use crate::types::{DType, ReduceOp};
 
@@ -164,4 +166,59 @@ pub trait Transport: Send + Sync {
 
     /// Short name for diagnostics and benchmark output (`thread`, `shm`, `tcp`).
     fn name(&self) -> &'static str;
+
+    /// The transport's way to run small collectives without plans, if it
+    /// has one (the shared-memory fast path). Default: none, every call
+    /// runs its plan through [`Transport::exchange`].
+    fn small_collectives(&self) -> Option<&dyn SmallCollectives> {
+        None
+    }
+}
+
+/// One small collective, as the communicator hands it to
+/// [`SmallCollectives::run`].
+#[derive(Clone, Copy, Debug)]
+pub struct SmallCall<'a> {
+    /// Group rank -> transport rank.
+    pub group: &'a [usize],
+    /// This rank in the group.
+    pub rank: usize,
+    /// Which collective.
+    pub coll: Collective,
+    /// Element type.
+    pub dtype: DType,
+    /// The reduction (`Avg` sums; the caller divides).
+    pub op: ReduceOp,
+    /// Root, for rooted collectives (0 otherwise).
+    pub root: usize,
+    /// Elements per rank (allgather: per block).
+    pub count: usize,
+    /// The call's key and signature, as a planned call's messages carry.
+    pub header: Header,
+    /// How long a wait may take.
+    pub timeout: Duration,
+}
+
+/// The buffers of a [`SmallCall`]: the call's input and output, which may
+/// be the same memory (in place). Built by the communicator only.
+pub struct SmallBuffers<'m, 'b> {
+    pub(crate) mem: &'m mut Memory<'b>,
+}
+
+/// An optional capability of a transport ([`Transport::small_collectives`]):
+/// runs small collectives in one step, without plans or the executor, with
+/// the same matching, mismatch, deadline and abort guarantees as
+/// [`Transport::exchange`]. Which calls qualify depends only on what every
+/// rank of a call agrees on (see the fast path's documentation), so all
+/// ranks of a call take the same path.
+pub trait SmallCollectives: Send + Sync {
+    /// Whether it reaches every rank of `group` (transport ranks).
+    fn serves(&self, group: &[usize]) -> bool;
+
+    /// Whether it implements `coll` for `count` elements of `dtype` (per
+    /// rank) among `n` ranks.
+    fn eligible(&self, coll: Collective, count: usize, dtype: DType, n: usize) -> bool;
+
+    /// Runs `call` over `buffers`.
+    fn run(&self, call: &SmallCall<'_>, buffers: SmallBuffers<'_, '_>) -> Result<()>;
 }

@@ -4,26 +4,24 @@
 //! most one mailbox slot per rank ([`SLOT_PAYLOAD`] bytes), it skips plans,
 //! the executor and the progress engine: each rank writes its contribution
 //! straight into the mailboxes of the ranks that need it and reads the ones
-//! it needs ([`crate::transport::fastpath`], which describes the protocol
+//! it needs ([`super`], which describes the protocol
 //! and how it keeps the engine's guarantees).
 //!
 //! One step, whatever the group size (at most
-//! [`crate::transport::fastpath::FAST_MAX_RANKS`]): allreduce, allgather and
+//! [`FAST_MAX_RANKS`]): allreduce, allgather and
 //! barrier exchange all to all, broadcast goes from the root to all, reduce
 //! from all to the root. Reductions run in rank order on every rank, so all
 //! ranks get bit-identical results, equal to a sequential reduction.
 
-use std::time::Duration;
-
+use super::{FastPath, Payload, FAST_MAX_RANKS};
 use crate::error::{Error, Result};
 use crate::exec::Memory;
 use crate::kernels;
 use crate::plan::Collective;
-use crate::transport::engine::Engine;
-use crate::transport::fastpath::{Payload, FAST_MAX_RANKS};
+use crate::transport::engine::Link;
 use crate::transport::shm::SLOT_PAYLOAD;
-use crate::transport::Header;
-use crate::types::{DType, ReduceOp};
+use crate::transport::SmallCall;
+use crate::types::DType;
 
 /// Whether the fast path implements `coll` at all.
 pub(crate) fn handles(coll: Collective) -> bool {
@@ -48,45 +46,30 @@ pub(crate) fn eligible(coll: Collective, count: usize, dtype: DType, n: usize) -
             .is_some_and(|bytes| bytes <= SLOT_PAYLOAD)
 }
 
-/// One small collective.
-pub(crate) struct Small<'a> {
-    /// The transport, which has a fast path reaching every rank of `group`.
-    pub engine: &'a Engine,
-    /// Group rank -> transport rank.
-    pub group: &'a [usize],
-    /// This rank in the group.
-    pub rank: usize,
-    pub coll: Collective,
-    pub dtype: DType,
-    /// The reduction (`Avg` sums; the caller divides).
-    pub op: ReduceOp,
-    pub root: usize,
-    /// Elements per rank (allgather: per block).
-    pub count: usize,
-    /// The call's key and signature, as a planned call's messages carry.
-    pub header: Header,
-    /// How long a wait may take.
-    pub timeout: Duration,
-}
-
-/// Runs `call` on `mem`, whose lengths must be those the collective
-/// implies for this rank (checked).
-pub(crate) fn run(call: &Small<'_>, mem: &mut Memory<'_>) -> Result<()> {
+/// Runs `call` on `mem` over `fast`, whose lengths must be those the
+/// collective implies for this rank (checked).
+pub(crate) fn run(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    mem: &mut Memory<'_>,
+) -> Result<()> {
     // Room for the peers' messages on the stack, sized for small groups
     // when the group is small (it is cleared on every call).
     if call.group.len() <= 4 {
-        run_with::<3>(call, mem)
+        run_with::<3>(fast, link, call, mem)
     } else {
-        run_with::<{ FAST_MAX_RANKS - 1 }>(call, mem)
+        run_with::<{ FAST_MAX_RANKS - 1 }>(fast, link, call, mem)
     }
 }
 
 /// [`run`] for groups of at most `PEERS + 1` ranks.
-fn run_with<const PEERS: usize>(call: &Small<'_>, mem: &mut Memory<'_>) -> Result<()> {
-    let fast = call
-        .engine
-        .fast_path()
-        .ok_or_else(|| Error::Internal("fast-path call on a transport without one".into()))?;
+fn run_with<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    mem: &mut Memory<'_>,
+) -> Result<()> {
     let (n, me, root) = (call.group.len(), call.rank, call.root);
     let len = call.count * call.dtype.size();
     debug_assert!(len <= SLOT_PAYLOAD && (2..=PEERS + 1).contains(&n));
@@ -133,7 +116,7 @@ fn run_with<const PEERS: usize>(call: &Small<'_>, mem: &mut Memory<'_>) -> Resul
     let mut got: [Payload; PEERS] = [[0u64; SLOT_PAYLOAD / 8]; PEERS];
     let mine_bytes: &[u8] = &bytemuck::cast_slice::<u64, u8>(&mine)[..mine_len];
     fast.exchange(
-        call.engine,
+        link,
         &call.header,
         mine_bytes,
         to,

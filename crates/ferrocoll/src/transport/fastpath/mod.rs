@@ -87,12 +87,16 @@
 //! engine takes the ledger while holding its own state; the fast path never
 //! takes the engine's state while holding the ledger.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+pub(crate) mod small;
+mod transport;
+
+pub(crate) use transport::FastTransport;
+
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::engine::Engine;
+use super::engine::{Bypass, Fault, Ledger, LedgerLock, Link, Stray};
 use super::shm::{Mailboxes, SlotMessage, SLOTS, SLOT_PAYLOAD};
 use super::{CallKind, Header, Signature};
 use crate::error::{Error, Result};
@@ -106,10 +110,6 @@ pub(crate) const FAST_MAX_RANKS: usize = 16;
 
 /// A received payload (8-byte aligned, as the reduction kernels want).
 pub(crate) type Payload = [u64; SLOT_PAYLOAD / 8];
-
-/// Collectives finished by this rank that are remembered, so that a message
-/// for one of them arriving later is recognised as a mismatch.
-const FINISHED_KEPT: usize = 64;
 
 /// Polls before the first clock read, and between clock reads while
 /// spinning.
@@ -205,75 +205,21 @@ struct Stashed {
     msg: SlotMessage,
 }
 
-/// Call bookkeeping shared by the engine and the fast path (one mutex,
-/// `Engine::ledger`; see the module documentation for the lock order).
-pub(crate) struct Ledger {
-    /// The last collectives this rank finished, on either path: a message
-    /// for one of them arriving later was sent by a peer that called
-    /// something else.
-    pub finished: VecDeque<Header>,
-    /// Mismatches peers reported for calls this rank has not reached yet:
-    /// (peer, the peer's call).
-    verdicts: Vec<(usize, Header)>,
-    /// `verdicts.len()`, readable without the lock ([`Ledger::verdicts_hint`]).
-    verdict_count: Arc<AtomicUsize>,
-    /// Fast path, by local rank: messages sent to it so far (the last
-    /// stamp).
+/// The fast path's books and the engine's ledger, under one lock (so a
+/// pass takes one lock, not two): the engine reaches the ledger through
+/// [`LedgerLock`], locking it after its own state; the fast path never
+/// takes the engine's state while holding this.
+struct Books {
+    ledger: Ledger,
+    /// By local rank: messages sent to it so far (the last stamp).
     sent: Vec<u64>,
-    /// Fast path, by local rank: the last `ack` seen from it (a lower
-    /// bound).
+    /// By local rank: the last `ack` seen from it (a lower bound).
     acked: Vec<u64>,
-    /// Fast-path messages taken out of their mailbox for another call.
+    /// Messages taken out of their mailbox for another call.
     stash: Vec<Stashed>,
 }
 
-impl Ledger {
-    /// A ledger for `local_size` local ranks (0 without a fast path).
-    pub fn new(local_size: usize) -> Ledger {
-        Ledger {
-            finished: VecDeque::new(),
-            verdicts: Vec::new(),
-            verdict_count: Arc::new(AtomicUsize::new(0)),
-            sent: vec![0; local_size],
-            acked: vec![0; local_size],
-            stash: Vec::new(),
-        }
-    }
-
-    /// Records that this rank finished the collective `header`.
-    pub fn finish(&mut self, header: &Header) {
-        self.finished.push_back(*header);
-        if self.finished.len() > FINISHED_KEPT {
-            self.finished.pop_front();
-        }
-    }
-
-    /// The finished call with `key`, if remembered.
-    pub fn finished_with(&self, key: (u64, u64)) -> Option<Header> {
-        self.finished.iter().find(|h| h.key() == key).copied()
-    }
-
-    /// Removes and returns the mismatch a peer reported for `key`.
-    pub fn take_verdict(&mut self, key: (u64, u64)) -> Option<(usize, Header)> {
-        let at = self.verdicts.iter().position(|(_, h)| h.key() == key)?;
-        self.verdict_count.fetch_sub(1, Ordering::Relaxed);
-        Some(self.verdicts.swap_remove(at))
-    }
-
-    /// Keeps the mismatch `peer` reported for its call `theirs`, which this
-    /// rank has not reached yet.
-    pub fn add_verdict(&mut self, peer: usize, theirs: Header) {
-        self.verdicts.push((peer, theirs));
-        self.verdict_count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The number of kept verdicts, to read without the ledger's lock: the
-    /// engine, which adds verdicts only under its own lock, skips the
-    /// ledger when it holds that lock and this reads 0.
-    pub fn verdicts_hint(&self) -> Arc<AtomicUsize> {
-        Arc::clone(&self.verdict_count)
-    }
-
+impl Books {
     /// Removes and returns the oldest stashed message with `key` from
     /// `peer` (any peer when `None`).
     fn take_stashed(&mut self, peer: Option<usize>, key: (u64, u64)) -> Option<Stashed> {
@@ -289,8 +235,8 @@ impl Ledger {
 }
 
 /// Something a fast call found that fails it; handled by the engine
-/// ([`Engine::fast_fail`]) once the ledger is released.
-pub(crate) enum Problem {
+/// ([`Link::fail`]) once the books are released.
+enum Problem {
     /// `peer` sent a message for this call with another signature, or a
     /// message for this call although the call expects none from it.
     Mismatch { peer: usize, theirs: u64 },
@@ -305,12 +251,22 @@ pub(crate) enum Problem {
     Reported { peer: usize, theirs: Header },
 }
 
-/// A stashed message that belongs to a call the engine runs or has
-/// finished (see [`FastPath::drain`]).
-pub(crate) struct Foreign {
-    pub peer: usize,
-    pub key: (u64, u64),
-    pub sig: u64,
+impl Problem {
+    /// The engine's name for it.
+    fn fault(self) -> Fault {
+        match self {
+            Problem::Mismatch { peer, theirs } => Fault::Mismatch {
+                peer,
+                theirs: describe(theirs),
+            },
+            Problem::Late { peer, key, theirs } => Fault::Late {
+                peer,
+                key,
+                theirs: describe(theirs),
+            },
+            Problem::Reported { peer, theirs } => Fault::Reported { peer, theirs },
+        }
+    }
 }
 
 /// The fast path of one rank: its mailboxes and the ranks they reach.
@@ -331,6 +287,8 @@ pub(crate) struct FastPath {
     stash_gen: AtomicU64,
     /// The `notices` count last acted on.
     notices_seen: AtomicU64,
+    /// The books and the engine's ledger (see [`Books`]).
+    books: Mutex<Books>,
 }
 
 /// What one pass over the mailboxes achieved.
@@ -384,12 +342,36 @@ impl FastPath {
             next_in: (0..n).map(|_| AtomicU64::new(1)).collect(),
             sent_out: (0..n).map(|_| AtomicU64::new(0)).collect(),
             stash_gen: AtomicU64::new(0),
+            books: Mutex::new(Books {
+                ledger: Ledger::new(),
+                sent: vec![0; n],
+                acked: vec![0; n],
+                stash: Vec::new(),
+            }),
         }
     }
 
-    /// Number of local ranks (the size of a [`Ledger`] for this path).
-    pub fn local_size(&self) -> usize {
-        self.world_of.len()
+    /// Locks the books (a panic while they were held leaves them usable:
+    /// they are consistent between passes).
+    fn books(&self) -> MutexGuard<'_, Books> {
+        self.books.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Runs the engine's checkup for call `header` (see [`Link::checkup`]),
+    /// having marked the notices seen so far as acted on: the engine reads
+    /// the rings now, and a notice arriving later is acted on next time.
+    fn checkup(
+        &self,
+        link: &Link<'_>,
+        header: &Header,
+        awaited: &[usize],
+        liveness: bool,
+    ) -> Result<()> {
+        if link.is_aborted() {
+            return Err(Error::Aborted);
+        }
+        self.notices_acted();
+        link.checkup(header, awaited, liveness)
     }
 
     /// Whether every rank of `group` (transport ranks) is reachable
@@ -445,7 +427,7 @@ impl FastPath {
     /// stashed messages that are for `ours` (calls the engine runs) or for
     /// calls finished here: the engine's check that no peer used the fast
     /// path where this rank used the rings.
-    pub fn drain(&self, ledger: &mut Ledger, ours: impl Fn((u64, u64)) -> bool) -> Vec<Foreign> {
+    fn drain(&self, ledger: &mut Books, ours: &dyn Fn((u64, u64)) -> bool) -> Vec<Stray> {
         let mut stashed = false;
         for lp in 0..self.world_of.len() {
             while let Some(msg) = self.take_next(lp) {
@@ -466,12 +448,12 @@ impl FastPath {
         while i < ledger.stash.len() {
             let s = &ledger.stash[i];
             let key = (s.msg.comm, s.msg.seq);
-            if ours(key) || ledger.finished_with(key).is_some() {
+            if ours(key) || ledger.ledger.finished_with(key).is_some() {
                 let s = ledger.stash.remove(i);
-                found.push(Foreign {
+                found.push(Stray {
                     peer: s.peer,
                     key,
-                    sig: s.msg.sig,
+                    remote: describe(s.msg.sig),
                 });
             } else {
                 i += 1;
@@ -485,11 +467,11 @@ impl FastPath {
     /// (transport ranks; `to` and `from` on this host, without this rank).
     /// Every message is [`message_len`] bytes (`payload` too, unless `to`
     /// is empty). Waits at most `timeout` from when waiting starts.
-    // The arguments are those of `Transport::exchange`, plus the engine.
+    // The arguments are those of `Transport::exchange`, plus the engine's link.
     #[allow(clippy::too_many_arguments)]
     pub fn exchange(
         &self,
-        engine: &Engine,
+        link: &Link<'_>,
         header: &Header,
         payload: &[u8],
         to: &[usize],
@@ -500,21 +482,21 @@ impl FastPath {
         assert!(to.len() < 32 && from.len() < 32 && got.len() >= from.len());
         assert!(to.is_empty() || payload.len() == message_len(&header.sig));
         let sig = pack(&header.sig).expect("fast-path calls pack");
-        if engine.is_aborted() {
+        if link.is_aborted() {
             return Err(Error::Aborted);
         }
-        if engine.is_broken() || self.notices_changed() {
-            engine.fast_checkup(self, header, from, false)?;
+        if link.is_broken() || self.notices_changed() {
+            self.checkup(link, header, from, false)?;
         }
         let mut to_send = all_bits(to.len());
         let mut to_recv = all_bits(from.len());
-        let mut wait = Wait::new(engine, timeout);
+        let mut wait = Wait::new(link, timeout);
         let mut first = true;
         loop {
             let (pass, gen) = {
-                let mut ledger = engine.ledger();
+                let mut books = self.books();
                 let pass = self.pass(
-                    &mut ledger,
+                    &mut books,
                     header,
                     sig,
                     payload,
@@ -527,14 +509,14 @@ impl FastPath {
             first = false;
             match pass {
                 Pass::Done => break,
-                Pass::Failed(problem) => return Err(engine.fast_fail(header, problem)),
+                Pass::Failed(problem) => return Err(link.fail(header, problem.fault())),
                 Pass::Waiting => {}
             }
-            wait.until_ready(self, engine, header, (to, to_send), (from, to_recv), gen)?;
+            wait.until_ready(self, link, header, (to, to_send), (from, to_recv), gen)?;
         }
         // A notice that crossed this call (the peer found a mismatch).
         if self.notices_changed() {
-            engine.fast_checkup(self, header, &[], false)?;
+            self.checkup(link, header, &[], false)?;
         }
         Ok(())
     }
@@ -544,7 +526,7 @@ impl FastPath {
     #[allow(clippy::too_many_arguments)]
     fn pass(
         &self,
-        ledger: &mut Ledger,
+        ledger: &mut Books,
         header: &Header,
         sig: u64,
         payload: &[u8],
@@ -553,8 +535,8 @@ impl FastPath {
         first: bool,
     ) -> Pass {
         let key = header.key();
-        if first && !ledger.verdicts.is_empty() {
-            if let Some((peer, theirs)) = ledger.take_verdict(key) {
+        if first && ledger.ledger.has_verdicts() {
+            if let Some((peer, theirs)) = ledger.ledger.take_verdict(key) {
                 return Pass::Failed(Problem::Reported { peer, theirs });
             }
         }
@@ -612,7 +594,7 @@ impl FastPath {
                     *to_recv &= !(1 << i);
                     break;
                 }
-                if ledger.finished_with(theirs).is_some() {
+                if ledger.ledger.finished_with(theirs).is_some() {
                     return Pass::Failed(Problem::Late {
                         peer,
                         key: theirs,
@@ -642,10 +624,10 @@ impl FastPath {
                 theirs: s.msg.sig,
             });
         }
-        if let Some((peer, theirs)) = ledger.take_verdict(key) {
+        if let Some((peer, theirs)) = ledger.ledger.take_verdict(key) {
             return Pass::Failed(Problem::Reported { peer, theirs });
         }
-        ledger.finish(header);
+        ledger.ledger.finish(header);
         Pass::Done
     }
 
@@ -686,10 +668,10 @@ struct Wait {
 }
 
 impl Wait {
-    fn new(engine: &Engine, timeout: Duration) -> Wait {
+    fn new(link: &Link<'_>, timeout: Duration) -> Wait {
         Wait {
-            dedicated: engine.has_dedicated_core(),
-            spin: engine.spin_time(),
+            dedicated: link.dedicated_core,
+            spin: link.spin,
             timeout,
             polls: 0,
             start: None,
@@ -701,7 +683,7 @@ impl Wait {
     fn until_ready(
         &mut self,
         fast: &FastPath,
-        engine: &Engine,
+        link: &Link<'_>,
         header: &Header,
         sends: (&[usize], u32),
         recvs: (&[usize], u32),
@@ -716,12 +698,12 @@ impl Wait {
             if fast.ready(sends, recvs, gen) {
                 return Ok(());
             }
-            if engine.is_aborted() {
+            if link.is_aborted() {
                 return Err(Error::Aborted);
             }
             if fast.notices_changed() {
                 let waiting: Vec<usize> = awaited().collect();
-                engine.fast_checkup(fast, header, &waiting, false)?;
+                fast.checkup(link, header, &waiting, false)?;
                 return Ok(());
             }
             self.polls += 1;
@@ -732,11 +714,11 @@ impl Wait {
             let now = Instant::now();
             let start = *self.start.get_or_insert(now);
             if now.duration_since(start) >= self.timeout {
-                let peer = awaited().next().unwrap_or(engine.rank_id());
+                let peer = awaited().next().unwrap_or(link.rank);
                 return Err(Error::Timeout {
                     collective: header.sig.to_string(),
                     seq: header.seq & !Header::P2P_BIT,
-                    rank: engine.rank_id(),
+                    rank: link.rank,
                     peer,
                     waited: now.duration_since(start),
                 });
@@ -751,17 +733,33 @@ impl Wait {
             // abort, frames of a peer on the other path, dead peers), then
             // sleep until something rings.
             let waiting: Vec<usize> = awaited().collect();
-            engine.fast_checkup(fast, header, &waiting, true)?;
+            fast.checkup(link, header, &waiting, true)?;
             let left = (start + self.timeout).saturating_duration_since(Instant::now());
             let mut slice = left.min(super::engine::SLEEP_SLICE);
             if sends.1 != 0 {
                 slice = slice.min(SPACE_SLICE);
             }
             fast.boxes.sleep(slice, || {
-                fast.ready(sends, recvs, gen) || fast.notices_changed() || engine.is_aborted()
+                fast.ready(sends, recvs, gen) || fast.notices_changed() || link.is_aborted()
             });
             return Ok(());
         }
+    }
+}
+
+impl LedgerLock for FastPath {
+    fn with_ledger(&self, f: &mut dyn FnMut(&mut Ledger)) {
+        f(&mut self.books().ledger)
+    }
+}
+
+impl Bypass for FastPath {
+    fn anything_new(&self) -> bool {
+        FastPath::anything_new(self)
+    }
+
+    fn strays(&self, ours: &dyn Fn((u64, u64)) -> bool) -> Vec<Stray> {
+        self.drain(&mut self.books(), ours)
     }
 }
 

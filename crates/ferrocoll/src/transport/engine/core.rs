@@ -1,0 +1,661 @@
+//! The sans-IO core of the engine: matching, receiving and the books of
+//! every call, with no channel, socket, clock or thread inside.
+//!
+//! Bytes come in with [`Core::handle_bytes`] (from whatever stream a peer's
+//! channel delivered) and go out through [`Core::poll_transmit`] /
+//! [`Core::handle_written`]; a call is registered with [`Core::add_call`],
+//! asked for its outcome with [`Core::poll_call`] (which takes `now`, so a
+//! deadline passes when the caller's clock says so), and removed with
+//! [`Core::retire`]. Matched remote-data messages wait in
+//! [`Core::poll_remote_read`] for the driver, which alone can read another
+//! process's memory. Faults (lost peers, mismatches, aborts) are in
+//! `faults.rs`. Arriving payload is handed straight to the sink of the call
+//! that posted the receive: that is a call into the caller's code, not
+//! I/O, and it keeps the common path free of copies.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::frames::{
+    push_between_frames, Outbound, RemoteRead, Rx, SinkPtr, Target, Unexpected, CRC_PRESENT,
+    INLINE_BYTES,
+};
+use super::ledger::{self, LedgerLock};
+use crate::error::{Error, Result};
+use crate::transport::wire::{padded, Frame, FrameKind, HEADER_BYTES};
+use crate::transport::{Header, Incoming, Outgoing, Sink};
+
+/// The engine's view of one peer.
+pub(super) struct Peer {
+    /// A channel to the peer exists (notices can be queued for it).
+    pub(super) connected: bool,
+    pub(super) sendq: VecDeque<Outbound>,
+    pub(super) rx: Rx,
+    pub(super) unexpected: VecDeque<Unexpected>,
+    /// Remote-data messages of ours the peer has not acknowledged yet:
+    /// (call, key, address).
+    pub(super) unacked: Vec<(usize, (u64, u64), u64)>,
+    /// Remote-data messages from the peer to read.
+    pub(super) to_read: VecDeque<RemoteRead>,
+    /// Why the peer is gone, once it is.
+    pub(super) lost: Option<String>,
+    /// The peer said goodbye (its transport was dropped): its channel
+    /// closing next is a clean exit, not a crash.
+    pub(super) said_bye: bool,
+}
+
+pub(super) struct PostedRecv {
+    pub(super) peer: usize,
+    pub(super) len: usize,
+    pub(super) matched: bool,
+    pub(super) done: bool,
+}
+
+pub(super) struct CallState {
+    pub(super) header: Header,
+    pub(super) recvs: Vec<PostedRecv>,
+    pub(super) sink: SinkPtr,
+    pub(super) pending_sends: usize,
+    pub(super) pending_recvs: usize,
+    pub(super) error: Option<Error>,
+    /// When the call started, for the time a timeout reports.
+    pub(super) start: Instant,
+    /// When waiting fails with a timeout.
+    pub(super) deadline: Instant,
+}
+
+/// How one outgoing message travels (the driver decides: it knows what the
+/// channel can do and where the memory lies).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// Through the stream; `flip` corrupts one payload bit after the
+    /// checksum (the fault tests' hook).
+    Stream { flip: bool },
+    /// Only its address: the receiver reads the sender's memory.
+    Remote,
+    /// Only where it lies in a shared buffer the receiver maps.
+    Shared { offset: u64, region: u64 },
+}
+
+/// Matching, receiving and fault books of one rank (see the module
+/// documentation).
+pub(crate) struct Core {
+    pub(super) me: usize,
+    /// Data frames carry a CRC32C.
+    checksums: bool,
+    pub(super) peers: Vec<Peer>,
+    pub(super) calls: Vec<Option<CallState>>,
+    /// The first rank known to have crashed (here or as a peer reported):
+    /// from then on every call fails with `PeerLost` naming it.
+    pub(super) culprit: Option<usize>,
+    /// Set by a late mismatch (a message for a call this rank finished):
+    /// every later call fails with it.
+    pub(super) sticky: Option<Error>,
+    /// Finished calls and reported mismatches, shared with a bypass
+    /// (locked after this core, never before).
+    pub(super) ledger: Arc<dyn LedgerLock>,
+    /// How many verdicts the ledger keeps ([`super::Ledger::verdicts_hint`]).
+    verdicts: Arc<AtomicUsize>,
+    /// Set with `culprit` or `sticky`, for a bypass to see without the
+    /// engine's lock.
+    pub(super) broken: Arc<AtomicBool>,
+    /// Set by an abort, here or by a peer's notice.
+    pub(super) aborted: Arc<AtomicBool>,
+}
+
+impl Core {
+    /// The core of rank `me` of `size`, whose peers in `connected` have a
+    /// channel already, keeping its finished calls in `ledger`.
+    pub fn new(
+        me: usize,
+        connected: &[bool],
+        checksums: bool,
+        ledger: Arc<dyn LedgerLock>,
+    ) -> Core {
+        let verdicts = ledger::with(&*ledger, |l| l.verdicts_hint());
+        Core {
+            me,
+            checksums,
+            peers: connected
+                .iter()
+                .map(|&connected| Peer {
+                    connected,
+                    sendq: VecDeque::new(),
+                    rx: Rx::Header {
+                        buf: [0; HEADER_BYTES],
+                        have: 0,
+                    },
+                    unexpected: VecDeque::new(),
+                    unacked: Vec::new(),
+                    to_read: VecDeque::new(),
+                    lost: None,
+                    said_bye: false,
+                })
+                .collect(),
+            calls: Vec::new(),
+            culprit: None,
+            sticky: None,
+            ledger,
+            verdicts,
+            broken: Arc::new(AtomicBool::new(false)),
+            aborted: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Number of ranks.
+    pub fn size(&self) -> usize {
+        self.peers.len()
+    }
+
+    /// The flag an abort sets (shared with whoever polls it without a lock).
+    pub fn aborted_flag(&self) -> &Arc<AtomicBool> {
+        &self.aborted
+    }
+
+    /// The flag a crash or late mismatch sets.
+    pub fn broken_flag(&self) -> &Arc<AtomicBool> {
+        &self.broken
+    }
+
+    /// Moves the ledger to `ledger` (a bypass's lock); before any call.
+    pub fn set_ledger(&mut self, ledger: Arc<dyn LedgerLock>) {
+        self.verdicts = ledger::with(&*ledger, |l| l.verdicts_hint());
+        self.ledger = ledger;
+    }
+
+    /// A channel to `peer` now exists.
+    pub fn connected(&mut self, peer: usize) {
+        self.peers[peer].connected = true;
+    }
+
+    /// Whether `peer` is gone.
+    pub fn is_lost(&self, peer: usize) -> bool {
+        self.peers[peer].lost.is_some()
+    }
+
+    /// The first crashed rank, once one is known.
+    pub fn culprit(&self) -> Option<usize> {
+        self.culprit
+    }
+
+    /// Whether frames wait to be written to a live, connected peer.
+    pub fn has_queued(&self) -> bool {
+        self.peers
+            .iter()
+            .any(|p| p.lost.is_none() && p.connected && !p.sendq.is_empty())
+    }
+
+    /// Whether frames wait to be written to `peer`.
+    pub fn wants_write(&self, peer: usize) -> bool {
+        !self.peers[peer].sendq.is_empty()
+    }
+
+    /// What a new call must not start against: an abort, a crash, a late
+    /// mismatch, a peer out of range, a send to a gone peer.
+    pub fn precheck(&self, sends: &[Outgoing<'_>], recvs: &[Incoming]) -> Result<()> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(Error::Aborted);
+        }
+        if let Some(culprit) = self.culprit {
+            return Err(Error::PeerLost { rank: culprit });
+        }
+        if let Some(err) = &self.sticky {
+            return Err(err.clone());
+        }
+        let size = self.size();
+        for peer in sends
+            .iter()
+            .map(|s| s.peer)
+            .chain(recvs.iter().map(|r| r.peer))
+        {
+            if peer >= size || peer == self.me {
+                return Err(Error::Internal(format!(
+                    "rank {} asked its transport to talk to rank {peer} (of {size})",
+                    self.me
+                )));
+            }
+        }
+        // Sending to a gone peer fails at once; receiving from one fails only
+        // if what it sent before leaving does not hold the message.
+        if let Some(s) = sends.iter().find(|s| self.peers[s.peer].lost.is_some()) {
+            return Err(Error::PeerLost { rank: s.peer });
+        }
+        Ok(())
+    }
+
+    /// Registers a call: queues its sends (each the way `route` says),
+    /// posts its receives and hands them what already arrived. Returns its
+    /// id, or the mismatch a peer already reported for it (then it is not
+    /// registered).
+    ///
+    /// # Safety
+    ///
+    /// `sink` and the memory of every send must stay valid, and not be
+    /// used elsewhere while the core may use them, until [`Core::retire`]
+    /// removes the call (the core writes into the sink and reads the sends
+    /// whenever bytes move).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn add_call(
+        &mut self,
+        header: &Header,
+        sends: &[Outgoing<'_>],
+        recvs: &[Incoming],
+        sink: &mut dyn Sink,
+        start: Instant,
+        deadline: Instant,
+        mut route: impl FnMut(&Outgoing<'_>) -> Route,
+    ) -> Result<usize> {
+        // SAFETY: only the lifetime is erased; the caller keeps the sink
+        // alive until the call is retired, which removes the pointer.
+        let sink_ptr = SinkPtr(unsafe {
+            std::mem::transmute::<*mut (dyn Sink + '_), *mut (dyn Sink + 'static)>(
+                sink as *mut dyn Sink,
+            )
+        });
+        let call = CallState {
+            header: *header,
+            recvs: recvs
+                .iter()
+                .map(|r| PostedRecv {
+                    peer: r.peer,
+                    len: r.len,
+                    matched: false,
+                    done: false,
+                })
+                .collect(),
+            sink: sink_ptr,
+            pending_sends: sends.len(),
+            pending_recvs: recvs.len(),
+            error: None,
+            start,
+            deadline,
+        };
+        let id = match self.calls.iter().position(Option::is_none) {
+            Some(free) => {
+                self.calls[free] = Some(call);
+                free
+            }
+            None => {
+                self.calls.push(Some(call));
+                self.calls.len() - 1
+            }
+        };
+        for s in sends {
+            let route = route(s);
+            self.queue_send(id, header, s, route);
+        }
+        // Verdicts are added under the engine's lock, which the caller
+        // holds: a zero count is exact.
+        let verdict = if self.verdicts.load(Ordering::Relaxed) > 0 {
+            ledger::with(&*self.ledger, |l| l.take_verdict(header.key()))
+        } else {
+            None
+        };
+        if let Some((peer, theirs)) = verdict {
+            self.retire(id);
+            return Err(Error::Mismatch {
+                rank: self.me,
+                local: header.sig.to_string(),
+                peer,
+                remote: theirs.sig.to_string(),
+            });
+        }
+        self.match_unexpected(id);
+        Ok(id)
+    }
+
+    /// Queues send `s` of call `id`.
+    fn queue_send(&mut self, id: usize, header: &Header, s: &Outgoing<'_>, route: Route) {
+        let flip = match route {
+            Route::Stream { flip } => flip,
+            Route::Remote | Route::Shared { .. } => {
+                let frame = match route {
+                    Route::Shared { offset, region } => Frame {
+                        kind: FrameKind::Shared,
+                        header: *header,
+                        len: s.data.len(),
+                        addr: offset,
+                        region,
+                    },
+                    _ => Frame {
+                        kind: FrameKind::Remote,
+                        header: *header,
+                        len: s.data.len(),
+                        addr: s.data.as_ptr() as u64,
+                        region: 0,
+                    },
+                };
+                let addr = frame.addr;
+                self.peers[s.peer].sendq.push_back(Outbound::header_only(
+                    Some(id),
+                    frame.encode().to_vec(),
+                    Some(addr),
+                ));
+                return;
+            }
+        };
+        let mut frame = Frame::data(*header, s.data.len());
+        if self.checksums {
+            frame.addr = CRC_PRESENT | u64::from(crc32c::crc32c(s.data));
+        }
+        let flip = flip && !s.data.is_empty();
+        // A frame to corrupt (test hook) is copied so the caller's buffer
+        // stays intact.
+        let inline = s.data.len() <= INLINE_BYTES || flip;
+        let mut prefix =
+            Vec::with_capacity(HEADER_BYTES + if inline { padded(s.data.len()) } else { 0 });
+        prefix.extend_from_slice(&frame.encode());
+        if inline {
+            prefix.extend_from_slice(s.data);
+            prefix.resize(HEADER_BYTES + padded(s.data.len()), 0);
+            if flip {
+                prefix[HEADER_BYTES] ^= 0x10;
+            }
+        }
+        self.peers[s.peer].sendq.push_back(Outbound {
+            call: Some(id),
+            prefix,
+            data: if inline {
+                std::ptr::null()
+            } else {
+                s.data.as_ptr()
+            },
+            len: if inline { 0 } else { s.data.len() },
+            owned: Vec::new(),
+            done: 0,
+            pad: if inline {
+                0
+            } else {
+                padded(s.data.len()) - s.data.len()
+            },
+            remote_addr: None,
+            alert: false,
+        });
+    }
+
+    /// Fails a just-registered call `id` that waits on a gone peer (what
+    /// that peer sent before leaving did not hold the message).
+    pub fn check_gone(&self, id: usize) -> Result<()> {
+        let c = self.calls[id].as_ref().expect("live call");
+        match c
+            .recvs
+            .iter()
+            .find(|r| !r.done && self.peers[r.peer].lost.is_some())
+        {
+            Some(r) => Err(Error::PeerLost { rank: r.peer }),
+            None => Ok(()),
+        }
+    }
+
+    /// The outcome of call `id`: `None` while it waits.
+    pub fn poll_call(&mut self, id: usize) -> Option<Result<()>> {
+        let c = self.calls[id].as_mut().expect("live call");
+        if let Some(err) = c.error.take() {
+            return Some(Err(err));
+        }
+        if c.pending_sends == 0 && c.pending_recvs == 0 {
+            return Some(Ok(()));
+        }
+        if self.aborted.load(Ordering::SeqCst) {
+            return Some(Err(Error::Aborted));
+        }
+        None
+    }
+
+    /// The time is `now`: the timeout of call `id` if its deadline has
+    /// passed, naming the peer it still waits for (a receive, else a send).
+    pub fn handle_timeout(&self, id: usize, now: Instant) -> Option<Error> {
+        let c = self.calls[id].as_ref().expect("live call");
+        if now < c.deadline {
+            return None;
+        }
+        let peer = c
+            .recvs
+            .iter()
+            .find(|r| !r.done)
+            .map(|r| r.peer)
+            .or_else(|| {
+                self.peers
+                    .iter()
+                    .position(|p| p.sendq.iter().any(|o| o.call == Some(id)))
+            })
+            .unwrap_or(self.me);
+        Some(Error::Timeout {
+            collective: c.header.sig.to_string(),
+            seq: c.header.seq & !Header::P2P_BIT,
+            rank: self.me,
+            peer,
+            waited: now.saturating_duration_since(c.start),
+        })
+    }
+
+    /// When call `id`'s waiting fails.
+    pub fn deadline(&self, id: usize) -> Instant {
+        self.calls[id].as_ref().expect("live call").deadline
+    }
+
+    /// The keys of every call registered now.
+    pub fn live_keys(&self) -> Vec<(u64, u64)> {
+        self.calls
+            .iter()
+            .flatten()
+            .map(|c| c.header.key())
+            .collect()
+    }
+
+    /// The next bytes to write to `peer`, if any.
+    pub fn poll_transmit(&self, peer: usize) -> Option<&[u8]> {
+        self.peers[peer].sendq.front().map(Outbound::remaining)
+    }
+
+    /// `n` bytes of [`Core::poll_transmit`]'s were written to `peer`.
+    /// Returns true when they ended a notice, after which the driver alerts
+    /// the peer (`Channel::alert`: it may be busy on a bypass).
+    pub fn handle_written(&mut self, peer: usize, n: usize) -> bool {
+        let out = self.peers[peer]
+            .sendq
+            .front_mut()
+            .expect("a frame was offered");
+        out.done += n;
+        if out.done < out.total() {
+            return false;
+        }
+        let out = self.peers[peer].sendq.pop_front().expect("front exists");
+        let alert = out.alert;
+        self.sent(peer, out);
+        alert
+    }
+
+    /// Bookkeeping for a frame written whole to `peer`.
+    fn sent(&mut self, peer: usize, out: Outbound) {
+        let Some(call) = out.call else { return };
+        match out.remote_addr {
+            // Done when the peer says it has read it.
+            Some(addr) => {
+                if let Some(key) = self.calls[call].as_ref().map(|c| c.header.key()) {
+                    self.peers[peer].unacked.push((call, key, addr));
+                }
+            }
+            None => {
+                if let Some(c) = self.calls[call].as_mut() {
+                    c.pending_sends -= 1;
+                }
+            }
+        }
+    }
+
+    /// The first unmatched receive from `peer` of the call with `header`'s key.
+    pub(super) fn find_posted(&self, peer: usize, header: &Header) -> Option<(usize, usize)> {
+        self.calls.iter().enumerate().find_map(|(id, c)| {
+            let c = c.as_ref()?;
+            if c.header.key() != header.key() {
+                return None;
+            }
+            let idx = c.recvs.iter().position(|r| r.peer == peer && !r.matched)?;
+            Some((id, idx))
+        })
+    }
+
+    /// [`Core::find_posted`] for a message that just arrived whole: none if
+    /// an older message of the same key from `peer` still waits (FIFO).
+    pub(super) fn find_posted_in_order(
+        &self,
+        peer: usize,
+        header: &Header,
+    ) -> Option<(usize, usize)> {
+        let older = self.peers[peer]
+            .unexpected
+            .iter()
+            .any(|u| u.header.key() == header.key());
+        if older {
+            None
+        } else {
+            self.find_posted(peer, header)
+        }
+    }
+
+    /// Checks a message against the receive it matched; on a mismatch the
+    /// call fails and the message is dropped.
+    pub(super) fn accept(
+        &mut self,
+        peer: usize,
+        call: usize,
+        idx: usize,
+        header: &Header,
+        len: usize,
+    ) -> bool {
+        let c = self.calls[call].as_mut().expect("live call");
+        c.recvs[idx].matched = true;
+        let want = c.recvs[idx].len;
+        if header.sig != c.header.sig || len != want {
+            let remote = if header.sig != c.header.sig {
+                header.sig.to_string()
+            } else {
+                format!(
+                    "{} with a message of {len} bytes where {want} were expected",
+                    header.sig
+                )
+            };
+            c.error.get_or_insert(Error::Mismatch {
+                rank: self.me,
+                local: c.header.sig.to_string(),
+                peer,
+                remote,
+            });
+            // Tell the peer, so that it fails with the same verdict instead
+            // of waiting for a message this rank will never send.
+            let notice = super::faults::mismatch_notice(&c.header);
+            push_between_frames(&mut self.peers[peer].sendq, &notice);
+            return false;
+        }
+        true
+    }
+
+    pub(super) fn finish_recv(&mut self, call: usize, idx: usize) {
+        let c = self.calls[call].as_mut().expect("live call");
+        c.recvs[idx].done = true;
+        c.pending_recvs -= 1;
+    }
+
+    /// Delivers already-arrived messages to the new call `id`'s receives.
+    pub(super) fn match_unexpected(&mut self, id: usize) {
+        let c = self.calls[id].as_ref().expect("live call");
+        let key = c.header.key();
+        let wanted: Vec<(usize, usize)> = c
+            .recvs
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, r.peer))
+            .collect();
+        for (idx, peer) in wanted {
+            let q = &mut self.peers[peer].unexpected;
+            let Some(pos) = q.iter().position(|u| u.header.key() == key) else {
+                continue;
+            };
+            // FIFO per peer and key: only the first receive from this peer
+            // that is still unmatched may take the oldest message.
+            let c = self.calls[id].as_ref().expect("live call");
+            if c.recvs
+                .iter()
+                .take(idx)
+                .any(|r| r.peer == peer && !r.matched)
+            {
+                continue;
+            }
+            let msg = q.remove(pos).expect("position is valid");
+            if let Some((addr, region)) = msg.remote {
+                if self.accept(peer, id, idx, &msg.header, msg.len) {
+                    // Read at the next turn of progress.
+                    self.peers[peer].to_read.push_back(RemoteRead {
+                        header: msg.header,
+                        call: id,
+                        idx,
+                        addr,
+                        len: msg.len,
+                        region,
+                    });
+                } else {
+                    self.queue_ack(peer, &msg.header, addr);
+                }
+                continue;
+            }
+            if self.accept(peer, id, idx, &msg.header, msg.len) {
+                let c = self.calls[id].as_mut().expect("live call");
+                if msg.corrupt {
+                    c.error.get_or_insert(Error::Corrupted {
+                        rank: self.me,
+                        peer,
+                        collective: c.header.sig.to_string(),
+                    });
+                }
+                let bytes: &[u8] = bytemuck::cast_slice(&msg.data);
+                // SAFETY: `id` is the calling thread's own registered call.
+                unsafe { (*c.sink.0).deliver(idx, 0, &bytes[..msg.len]) };
+                self.finish_recv(id, idx);
+            }
+        }
+    }
+
+    /// Removes call `id`: its unsent frames go, a half-sent one is finished
+    /// from a copy, and bytes still arriving for it are dropped.
+    pub fn retire(&mut self, id: usize) {
+        for p in 0..self.peers.len() {
+            // Remote messages this call will not read: release their
+            // senders. Its own unacknowledged ones are forgotten.
+            if self.peers[p].to_read.is_empty() && self.peers[p].unacked.is_empty() {
+                continue;
+            }
+            let dropped: Vec<RemoteRead> = {
+                let q = &mut self.peers[p].to_read;
+                let (mine, rest): (VecDeque<_>, VecDeque<_>) =
+                    q.drain(..).partition(|r| r.call == id);
+                *q = rest;
+                mine.into()
+            };
+            for r in dropped {
+                self.queue_ack(p, &r.header, r.addr);
+            }
+            self.peers[p].unacked.retain(|u| u.0 != id);
+        }
+        for peer in &mut self.peers {
+            peer.sendq.retain_mut(|out| {
+                if out.call != Some(id) {
+                    return true;
+                }
+                if out.done == 0 {
+                    return false;
+                }
+                out.detach();
+                true
+            });
+            if let Rx::Body { target, .. } = &mut peer.rx {
+                if matches!(target, Target::Posted { call, .. } if *call == id) {
+                    *target = Target::Discard;
+                }
+            }
+        }
+        self.calls[id] = None;
+    }
+}

@@ -1,0 +1,113 @@
+//! The ledger: the calls this rank finished and the mismatches peers
+//! reported for calls it has not reached yet.
+//!
+//! Both paths of a call need it (the engine's channels and a bypass such as
+//! the shared-memory fast path): a message for a finished call is a late
+//! mismatch whichever path it came by, and a verdict must fail the call
+//! whichever path it takes. So the ledger sits behind one lock that the
+//! engine reaches through [`LedgerLock`]: a plain mutex when the engine
+//! runs alone, the bypass's own lock (beside its books, so that its hot
+//! path takes one lock per pass, not two) when it has one. The engine takes
+//! it while holding its own state; the bypass never takes the engine's
+//! state while holding it.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::transport::Header;
+
+/// Collectives finished by this rank that are remembered, so that a message
+/// for one of them arriving later is recognised as a mismatch.
+const FINISHED_KEPT: usize = 64;
+
+/// Finished calls and reported mismatches (see the module documentation).
+pub(crate) struct Ledger {
+    /// The last collectives this rank finished, on either path: a message
+    /// for one of them arriving later was sent by a peer that called
+    /// something else.
+    finished: VecDeque<Header>,
+    /// Mismatches peers reported for calls this rank has not reached yet:
+    /// (peer, the peer's call).
+    verdicts: Vec<(usize, Header)>,
+    /// `verdicts.len()`, readable without the lock ([`Ledger::verdicts_hint`]).
+    verdict_count: Arc<AtomicUsize>,
+}
+
+impl Default for Ledger {
+    fn default() -> Ledger {
+        Ledger::new()
+    }
+}
+
+impl Ledger {
+    /// An empty ledger.
+    pub fn new() -> Ledger {
+        Ledger {
+            finished: VecDeque::new(),
+            verdicts: Vec::new(),
+            verdict_count: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Records that this rank finished the collective `header`.
+    pub fn finish(&mut self, header: &Header) {
+        self.finished.push_back(*header);
+        if self.finished.len() > FINISHED_KEPT {
+            self.finished.pop_front();
+        }
+    }
+
+    /// The finished call with `key`, if remembered.
+    pub fn finished_with(&self, key: (u64, u64)) -> Option<Header> {
+        self.finished.iter().find(|h| h.key() == key).copied()
+    }
+
+    /// Whether a peer reported any mismatch not taken yet.
+    pub fn has_verdicts(&self) -> bool {
+        !self.verdicts.is_empty()
+    }
+
+    /// Removes and returns the mismatch a peer reported for `key`.
+    pub fn take_verdict(&mut self, key: (u64, u64)) -> Option<(usize, Header)> {
+        let at = self.verdicts.iter().position(|(_, h)| h.key() == key)?;
+        self.verdict_count.fetch_sub(1, Ordering::Relaxed);
+        Some(self.verdicts.swap_remove(at))
+    }
+
+    /// Keeps the mismatch `peer` reported for its call `theirs`, which this
+    /// rank has not reached yet.
+    pub fn add_verdict(&mut self, peer: usize, theirs: Header) {
+        self.verdicts.push((peer, theirs));
+        self.verdict_count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The number of kept verdicts, to read without the ledger's lock: the
+    /// engine, which adds verdicts only under its own lock, skips the
+    /// ledger when it holds that lock and this reads 0.
+    pub fn verdicts_hint(&self) -> Arc<AtomicUsize> {
+        Arc::clone(&self.verdict_count)
+    }
+}
+
+/// Where the ledger lives: the engine reaches it only through this.
+pub(crate) trait LedgerLock: Send + Sync {
+    /// Runs `f` on the ledger, under its lock.
+    fn with_ledger(&self, f: &mut dyn FnMut(&mut Ledger));
+}
+
+impl LedgerLock for Mutex<Ledger> {
+    fn with_ledger(&self, f: &mut dyn FnMut(&mut Ledger)) {
+        // A panic while it was held leaves it usable: its contents are
+        // consistent after every method.
+        f(&mut self.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Runs `f` on the ledger behind `lock` and returns what it returns.
+pub(crate) fn with<R>(lock: &dyn LedgerLock, f: impl FnOnce(&mut Ledger) -> R) -> R {
+    let mut f = Some(f);
+    let mut out = None;
+    lock.with_ledger(&mut |l| out = f.take().map(|f| f(l)));
+    out.expect("with_ledger runs its closure once")
+}

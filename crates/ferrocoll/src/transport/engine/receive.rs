@@ -1,0 +1,333 @@
+//! The receive path of the core: frames arriving from a peer's stream,
+//! acknowledgements, remote-data messages and their reading.
+
+use std::sync::atomic::Ordering;
+
+use super::core::Core;
+use super::frames::{Outbound, RemoteRead, Rx, Target, Unexpected, CRC_PRESENT};
+use crate::error::Error;
+use crate::transport::wire::{padded, Frame, FrameKind, HEADER_BYTES};
+use crate::transport::Header;
+
+impl Core {
+    /// Consumes a prefix of `bytes` arriving from `peer`; returns how many.
+    pub fn handle_bytes(&mut self, peer: usize, bytes: &[u8]) -> usize {
+        let mut used = 0;
+        loop {
+            let rest = &bytes[used..];
+            match &mut self.peers[peer].rx {
+                Rx::Header { buf, have } => {
+                    let take = (HEADER_BYTES - *have).min(rest.len()) & !7;
+                    if take == 0 {
+                        return used;
+                    }
+                    buf[*have..*have + take].copy_from_slice(&rest[..take]);
+                    *have += take;
+                    used += take;
+                    if *have < HEADER_BYTES {
+                        return used;
+                    }
+                    let frame = match Frame::decode(buf) {
+                        Ok(f) => f,
+                        Err(why) => {
+                            self.lose(peer, format!("corrupt stream from rank {peer}: {why}"));
+                            return bytes.len();
+                        }
+                    };
+                    if frame.kind == FrameKind::Mismatch {
+                        self.mismatch_reported(peer, frame.header);
+                        self.peers[peer].rx = Rx::Header {
+                            buf: [0; HEADER_BYTES],
+                            have: 0,
+                        };
+                        continue;
+                    }
+                    if matches!(frame.kind, FrameKind::Lost | FrameKind::Bye) {
+                        if frame.kind == FrameKind::Bye {
+                            self.peers[peer].said_bye = true;
+                        } else {
+                            let culprit = frame.addr as usize;
+                            if culprit < self.peers.len() && culprit != self.me {
+                                self.crashed(culprit);
+                            }
+                        }
+                        self.peers[peer].rx = Rx::Header {
+                            buf: [0; HEADER_BYTES],
+                            have: 0,
+                        };
+                        continue;
+                    }
+                    if frame.kind == FrameKind::Ack {
+                        self.acknowledged(peer, &frame);
+                        self.peers[peer].rx = Rx::Header {
+                            buf: [0; HEADER_BYTES],
+                            have: 0,
+                        };
+                        continue;
+                    }
+                    if matches!(frame.kind, FrameKind::Remote | FrameKind::Shared) {
+                        self.remote_arrived(peer, frame);
+                        self.peers[peer].rx = Rx::Header {
+                            buf: [0; HEADER_BYTES],
+                            have: 0,
+                        };
+                        continue;
+                    }
+                    if frame.kind == FrameKind::Abort {
+                        self.aborted.store(true, Ordering::SeqCst);
+                        self.fail_all(&Error::Aborted);
+                        self.peers[peer].rx = Rx::Header {
+                            buf: [0; HEADER_BYTES],
+                            have: 0,
+                        };
+                        continue;
+                    }
+                    let target = match self.find_posted(peer, &frame.header) {
+                        Some((call, idx)) => {
+                            if self.accept(peer, call, idx, &frame.header, frame.len) {
+                                Target::Posted { call, idx }
+                            } else {
+                                Target::Discard
+                            }
+                        }
+                        None => Target::Unexpected(vec![0u64; frame.len.div_ceil(8)]),
+                    };
+                    self.peers[peer].rx = Rx::Body {
+                        frame,
+                        target,
+                        got: 0,
+                        crc: 0,
+                    };
+                    self.maybe_finish_body(peer);
+                }
+                Rx::Body {
+                    frame,
+                    target,
+                    got,
+                    crc,
+                } => {
+                    let total = padded(frame.len);
+                    let left = total - *got;
+                    let mut take = left.min(rest.len());
+                    if take < left {
+                        take &= !7;
+                    }
+                    if take == 0 {
+                        return used;
+                    }
+                    let payload_end = frame.len.min(*got + take);
+                    if payload_end > *got {
+                        let chunk = &rest[..payload_end - *got];
+                        if frame.addr & CRC_PRESENT != 0 {
+                            *crc = crc32c::crc32c_append(*crc, chunk);
+                        }
+                        match target {
+                            Target::Posted { call, idx } => {
+                                let c = self.calls[*call].as_mut().expect("live call");
+                                // SAFETY: the call is registered, so its sink
+                                // is alive and its thread is blocked in
+                                // exchange; we hold the mutex (see SinkPtr).
+                                unsafe { (*c.sink.0).deliver(*idx, *got, chunk) };
+                            }
+                            Target::Unexpected(buf) => {
+                                let dst: &mut [u8] = bytemuck::cast_slice_mut(buf);
+                                dst[*got..payload_end].copy_from_slice(chunk);
+                            }
+                            Target::Discard => {}
+                        }
+                    }
+                    *got += take;
+                    used += take;
+                    self.maybe_finish_body(peer);
+                }
+            }
+        }
+    }
+
+    /// A peer has read one of our remote-data messages.
+    fn acknowledged(&mut self, peer: usize, frame: &Frame) {
+        let key = frame.header.key();
+        let unacked = &mut self.peers[peer].unacked;
+        if let Some(at) = unacked.iter().position(|u| u.1 == key && u.2 == frame.addr) {
+            let (call, _, _) = unacked.swap_remove(at);
+            if let Some(c) = self.calls[call].as_mut() {
+                c.pending_sends -= 1;
+            }
+        }
+    }
+
+    /// A remote-data message arrived: match it like a data message, but
+    /// leave the bytes where they are until they are read.
+    fn remote_arrived(&mut self, peer: usize, frame: Frame) {
+        let posted = self.find_posted_in_order(peer, &frame.header);
+        match posted {
+            Some((call, idx)) => {
+                if self.accept(peer, call, idx, &frame.header, frame.len) {
+                    self.peers[peer].to_read.push_back(RemoteRead {
+                        header: frame.header,
+                        call,
+                        idx,
+                        addr: frame.addr,
+                        len: frame.len,
+                        region: (frame.kind == FrameKind::Shared).then_some(frame.region),
+                    });
+                } else {
+                    // Rejected: release the sender anyway.
+                    self.queue_ack(peer, &frame.header, frame.addr);
+                }
+            }
+            None => {
+                if self.late_mismatch(peer, &frame.header) {
+                    // Release the sender of a message nobody will read.
+                    self.queue_ack(peer, &frame.header, frame.addr);
+                } else {
+                    self.peers[peer].unexpected.push_back(Unexpected {
+                        header: frame.header,
+                        len: frame.len,
+                        data: Vec::new(),
+                        corrupt: false,
+                        remote: Some((
+                            frame.addr,
+                            (frame.kind == FrameKind::Shared).then_some(frame.region),
+                        )),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Removes the first unexpected message under `key` (peers in order)
+    /// and returns it with its sender, acknowledging a remote one so that
+    /// its sender may reuse the buffer.
+    pub(super) fn take_unexpected(&mut self, key: (u64, u64)) -> Option<(usize, Unexpected)> {
+        for peer in 0..self.peers.len() {
+            let q = &mut self.peers[peer].unexpected;
+            let Some(at) = q.iter().position(|u| u.header.key() == key) else {
+                continue;
+            };
+            let msg = q.remove(at).expect("position is valid");
+            if let Some((addr, _)) = msg.remote {
+                self.queue_ack(peer, &msg.header, addr);
+            }
+            return Some((peer, msg));
+        }
+        None
+    }
+
+    pub(super) fn queue_ack(&mut self, peer: usize, header: &Header, addr: u64) {
+        let ack = Frame {
+            kind: FrameKind::Ack,
+            header: *header,
+            len: 0,
+            addr,
+            region: 0,
+        };
+        self.peers[peer]
+            .sendq
+            .push_back(Outbound::header_only(None, ack.encode().to_vec(), None));
+    }
+
+    /// Completes the frame being received from `peer` if all of it is in.
+    fn maybe_finish_body(&mut self, peer: usize) {
+        let Rx::Body { frame, got, .. } = &self.peers[peer].rx else {
+            return;
+        };
+        if *got < padded(frame.len) {
+            return;
+        }
+        let rx = std::mem::replace(
+            &mut self.peers[peer].rx,
+            Rx::Header {
+                buf: [0; HEADER_BYTES],
+                have: 0,
+            },
+        );
+        let Rx::Body {
+            frame, target, crc, ..
+        } = rx
+        else {
+            unreachable!("matched above")
+        };
+        let corrupt = frame.addr & CRC_PRESENT != 0 && frame.addr as u32 != crc;
+        if corrupt {
+            if let Target::Posted { call, .. } = target {
+                let c = self.calls[call].as_mut().expect("live call");
+                c.error.get_or_insert(Error::Corrupted {
+                    rank: self.me,
+                    peer,
+                    collective: c.header.sig.to_string(),
+                });
+            }
+        }
+        match target {
+            Target::Posted { call, idx } => self.finish_recv(call, idx),
+            Target::Unexpected(data) => {
+                // A call may have posted the receive while the message was
+                // arriving.
+                let posted = self.find_posted_in_order(peer, &frame.header);
+                match posted {
+                    Some((call, idx)) => {
+                        if self.accept(peer, call, idx, &frame.header, frame.len) {
+                            let c = self.calls[call].as_mut().expect("live call");
+                            if corrupt {
+                                c.error.get_or_insert(Error::Corrupted {
+                                    rank: self.me,
+                                    peer,
+                                    collective: c.header.sig.to_string(),
+                                });
+                            }
+                            let bytes: &[u8] = bytemuck::cast_slice(&data);
+                            // SAFETY: the call is registered (see SinkPtr).
+                            unsafe { (*c.sink.0).deliver(idx, 0, &bytes[..frame.len]) };
+                            self.finish_recv(call, idx);
+                        }
+                    }
+                    None => {
+                        if !self.late_mismatch(peer, &frame.header) {
+                            self.peers[peer].unexpected.push_back(Unexpected {
+                                header: frame.header,
+                                len: frame.len,
+                                data,
+                                remote: None,
+                                corrupt,
+                            });
+                        }
+                    }
+                }
+            }
+            Target::Discard => {}
+        }
+    }
+
+    /// The next matched remote-data message from `peer` to read, which the
+    /// driver reads (from `peer`'s memory or its shared buffer) and hands
+    /// back with [`Core::deliver_remote`] and [`Core::remote_read_done`].
+    pub fn poll_remote_read(&mut self, peer: usize) -> Option<RemoteRead> {
+        self.peers[peer].to_read.pop_front()
+    }
+
+    /// Whether the call of remote read `r` still waits for its bytes (a
+    /// call that failed and left has nobody to deliver to).
+    pub fn remote_read_wanted(&self, r: &RemoteRead) -> bool {
+        self.calls[r.call].is_some()
+    }
+
+    /// Bytes `offset..offset + bytes.len()` of remote read `r`.
+    pub fn deliver_remote(&mut self, r: &RemoteRead, offset: usize, bytes: &[u8]) {
+        if let Some(c) = self.calls[r.call].as_mut() {
+            // SAFETY: the call is registered, so its sink is alive and its
+            // thread keeps it for the core (see `Core::add_call`).
+            unsafe { (*c.sink.0).deliver(r.idx, offset, bytes) };
+        }
+    }
+
+    /// Remote read `r` from `peer` is over (all of it delivered, or its
+    /// call gone): completes the receive and acknowledges it, so that the
+    /// sender may reuse its buffer.
+    pub fn remote_read_done(&mut self, peer: usize, r: RemoteRead, delivered: bool) {
+        if delivered {
+            self.finish_recv(r.call, r.idx);
+        }
+        self.queue_ack(peer, &r.header, r.addr);
+    }
+}

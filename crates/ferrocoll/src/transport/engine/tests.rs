@@ -1,0 +1,453 @@
+//! Unit tests of the sans-IO core: no process, thread, channel or clock;
+//! bytes are carried from one core to another by hand and time is a
+//! made-up `now`.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::core::{Core, Route};
+use super::ledger::Ledger;
+use crate::error::Error;
+use crate::plan::Collective;
+use crate::transport::{CallKind, Header, Incoming, Outgoing, Signature, Sink};
+use crate::types::{DType, ReduceOp};
+
+/// Collects what is delivered, by receive index.
+#[derive(Default)]
+struct Got(Vec<Vec<u8>>);
+
+impl Sink for Got {
+    fn deliver(&mut self, index: usize, offset: usize, chunk: &[u8]) {
+        if self.0.len() <= index {
+            self.0.resize(index + 1, Vec::new());
+        }
+        let b = &mut self.0[index];
+        assert_eq!(b.len(), offset, "chunks arrive in order");
+        b.extend_from_slice(chunk);
+    }
+}
+
+/// Rank `me` of `n`, connected to every peer.
+fn core(me: usize, n: usize) -> Core {
+    let connected: Vec<bool> = (0..n).map(|p| p != me).collect();
+    Core::new(me, &connected, false, Arc::new(Mutex::new(Ledger::new())))
+}
+
+/// An allreduce of `count` f32 at point `seq`.
+fn header(seq: u64, count: usize) -> Header {
+    Header {
+        comm: 7,
+        seq,
+        sig: Signature {
+            kind: CallKind::Collective(Collective::AllReduce),
+            dtype: DType::F32,
+            op: Some(ReduceOp::Sum),
+            count,
+            root: None,
+        },
+    }
+}
+
+/// Moves every byte `from` has queued for `to` into `to`.
+fn carry(from: &mut Core, to: &mut Core) {
+    let (a, b) = (from.me, to.me);
+    while let Some(bytes) = from.poll_transmit(b) {
+        let bytes = bytes.to_vec();
+        assert_eq!(to.handle_bytes(a, &bytes), bytes.len());
+        from.handle_written(b, bytes.len());
+    }
+}
+
+/// Registers a call through the stream.
+///
+/// # Safety
+///
+/// `sink` and the sends' memory outlive the call (the test retires it).
+unsafe fn add(
+    c: &mut Core,
+    h: &Header,
+    sends: &[Outgoing<'_>],
+    recvs: &[Incoming],
+    sink: &mut Got,
+    now: Instant,
+) -> crate::Result<usize> {
+    // SAFETY: passed on to the caller.
+    unsafe {
+        c.add_call(
+            h,
+            sends,
+            recvs,
+            sink,
+            now,
+            now + Duration::from_secs(1),
+            |_| Route::Stream { flip: false },
+        )
+    }
+}
+
+#[test]
+fn fifo_per_peer_and_call_and_unexpected_held() {
+    let now = Instant::now();
+    let (mut a, mut b) = (core(0, 2), core(1, 2));
+    let (first, second, other) = ([1u8; 8], [2u8; 8], [3u8; 8]);
+    let (h0, h1) = (header(0, 2), header(1, 2));
+    let mut none = Got::default();
+    // Rank 0 sends call 1's message first, then call 0's two.
+    // SAFETY: the buffers and sinks live until the calls are retired below.
+    let s1 = unsafe {
+        add(
+            &mut a,
+            &h1,
+            &[Outgoing {
+                peer: 1,
+                data: &other,
+            }],
+            &[],
+            &mut none,
+            now,
+        )
+    };
+    let s1 = s1.unwrap();
+    let sends = [
+        Outgoing {
+            peer: 1,
+            data: &first,
+        },
+        Outgoing {
+            peer: 1,
+            data: &second,
+        },
+    ];
+    let mut none0 = Got::default();
+    // SAFETY: as above.
+    let s0 = unsafe { add(&mut a, &h0, &sends, &[], &mut none0, now) }.unwrap();
+    carry(&mut a, &mut b);
+    assert!(matches!(a.poll_call(s1), Some(Ok(()))));
+    assert!(matches!(a.poll_call(s0), Some(Ok(()))));
+    a.retire(s0);
+    a.retire(s1);
+    // Nothing posted yet: all three are held. Call 0 takes its two in
+    // order, not call 1's.
+    let recvs = [Incoming { peer: 0, len: 8 }, Incoming { peer: 0, len: 8 }];
+    let mut got = Got::default();
+    // SAFETY: as above.
+    let r0 = unsafe { add(&mut b, &h0, &[], &recvs, &mut got, now) }.unwrap();
+    assert!(matches!(b.poll_call(r0), Some(Ok(()))));
+    b.retire(r0);
+    assert_eq!(got.0, vec![first.to_vec(), second.to_vec()]);
+    let mut got1 = Got::default();
+    // SAFETY: as above.
+    let r1 = unsafe { add(&mut b, &h1, &[], &recvs[..1], &mut got1, now) }.unwrap();
+    assert!(matches!(b.poll_call(r1), Some(Ok(()))));
+    b.retire(r1);
+    assert_eq!(got1.0, vec![other.to_vec()]);
+    b.finished(&h0);
+    assert!(b.check_unclaimed(&h0).is_ok());
+}
+
+#[test]
+fn posted_receive_gets_bytes_as_they_arrive() {
+    let now = Instant::now();
+    let (mut a, mut b) = (core(0, 2), core(1, 2));
+    let h = header(0, 2);
+    let mut got = Got::default();
+    // SAFETY: `got` lives until the call is retired.
+    let r = unsafe {
+        add(
+            &mut b,
+            &h,
+            &[],
+            &[Incoming { peer: 0, len: 8 }],
+            &mut got,
+            now,
+        )
+    };
+    let r = r.unwrap();
+    assert!(b.poll_call(r).is_none(), "waits for its message");
+    let data = [9u8; 8];
+    let mut none = Got::default();
+    // SAFETY: `data` and `none` live until the call is retired.
+    let s = unsafe {
+        add(
+            &mut a,
+            &h,
+            &[Outgoing {
+                peer: 1,
+                data: &data,
+            }],
+            &[],
+            &mut none,
+            now,
+        )
+    };
+    assert!(a.poll_call(s.unwrap()).is_none(), "not written yet");
+    carry(&mut a, &mut b);
+    assert!(matches!(b.poll_call(r), Some(Ok(()))));
+    b.retire(r);
+    assert_eq!(got.0, vec![data.to_vec()]);
+}
+
+#[test]
+fn mismatch_is_found_on_both_sides() {
+    let now = Instant::now();
+    let (mut a, mut b) = (core(0, 2), core(1, 2));
+    let data = [0u8; 8];
+    let (mut s_sink, mut r_sink) = (Got::default(), Got::default());
+    // Rank 0 calls allreduce(count=2), rank 1 allreduce(count=3), and each
+    // expects the other's contribution.
+    let (ha, hb) = (header(0, 2), header(0, 3));
+    let recv_a = [Incoming { peer: 1, len: 8 }];
+    // SAFETY: buffers and sinks live until the calls are retired.
+    let ca = unsafe {
+        add(
+            &mut a,
+            &ha,
+            &[Outgoing {
+                peer: 1,
+                data: &data,
+            }],
+            &recv_a,
+            &mut s_sink,
+            now,
+        )
+    };
+    let ca = ca.unwrap();
+    let recv_b = [Incoming { peer: 0, len: 12 }];
+    // SAFETY: as above.
+    let cb = unsafe { add(&mut b, &hb, &[], &recv_b, &mut r_sink, now) }.unwrap();
+    carry(&mut a, &mut b);
+    let Some(Err(Error::Mismatch {
+        rank: 1, peer: 0, ..
+    })) = b.poll_call(cb)
+    else {
+        panic!("rank 1 sees the mismatch")
+    };
+    // Its notice fails rank 0's call too, instead of a wait until timeout.
+    carry(&mut b, &mut a);
+    let Some(Err(Error::Mismatch {
+        rank: 0,
+        peer: 1,
+        local,
+        ..
+    })) = a.poll_call(ca)
+    else {
+        panic!("rank 0 is told")
+    };
+    assert!(local.contains("count=2"), "{local}");
+    a.retire(ca);
+    b.retire(cb);
+}
+
+#[test]
+fn late_mismatch_after_a_call_finished() {
+    let now = Instant::now();
+    let (mut a, mut b) = (core(0, 2), core(1, 2));
+    // Rank 1 ran a barrier-like call at point 0 that expects nothing from
+    // rank 0 and finished it; rank 0 sends at point 0.
+    let hb = header(0, 0);
+    b.finished(&hb);
+    let data = [0u8; 8];
+    let mut none = Got::default();
+    let ha = header(0, 2);
+    // SAFETY: `data` and `none` live until the call is retired.
+    let ca = unsafe {
+        add(
+            &mut a,
+            &ha,
+            &[Outgoing {
+                peer: 1,
+                data: &data,
+            }],
+            &[],
+            &mut none,
+            now,
+        )
+    };
+    let ca = ca.unwrap();
+    carry(&mut a, &mut b);
+    // Rank 1 fails from now on, and tells rank 0.
+    let Err(Error::Mismatch { rank: 1, .. }) = b.precheck(&[], &[]) else {
+        panic!("every later call fails")
+    };
+    assert!(b.broken_flag().load(Ordering::SeqCst));
+    carry(&mut b, &mut a);
+    assert!(matches!(a.poll_call(ca), Some(Err(Error::Mismatch { .. }))));
+    a.retire(ca);
+
+    // The same found when the call ends: a message of it nobody took.
+    let (mut a, mut b) = (core(0, 2), core(1, 2));
+    let mut none = Got::default();
+    // SAFETY: as above.
+    let ca = unsafe {
+        add(
+            &mut a,
+            &ha,
+            &[Outgoing {
+                peer: 1,
+                data: &data,
+            }],
+            &[],
+            &mut none,
+            now,
+        )
+    };
+    carry(&mut a, &mut b);
+    b.finished(&hb);
+    assert!(matches!(
+        b.check_unclaimed(&hb),
+        Err(Error::Mismatch { rank: 1, .. })
+    ));
+    a.retire(ca.unwrap());
+}
+
+#[test]
+fn goodbye_is_not_a_crash_but_loss_is() {
+    let now = Instant::now();
+    let (mut a, mut b) = (core(0, 3), core(1, 3));
+    let h = header(0, 2);
+    let recvs = [Incoming { peer: 0, len: 8 }, Incoming { peer: 2, len: 8 }];
+    let mut got = Got::default();
+    // SAFETY: `got` lives until the call is retired.
+    let cb = unsafe { add(&mut b, &h, &[], &recvs, &mut got, now) }.unwrap();
+    // Rank 0 says goodbye, then its channel closes.
+    a.say_goodbye();
+    carry(&mut a, &mut b);
+    b.handle_lost(0, "closed".into());
+    assert!(matches!(
+        b.poll_call(cb),
+        Some(Err(Error::PeerLost { rank: 0 }))
+    ));
+    b.retire(cb);
+    assert_eq!(b.culprit(), None, "a clean exit");
+    assert!(b.precheck(&[], &[Incoming { peer: 2, len: 8 }]).is_ok());
+    // Rank 2 vanishes without one: every call fails naming it.
+    let mut got = Got::default();
+    // SAFETY: as above.
+    let cb = unsafe { add(&mut b, &h, &[], &recvs[1..], &mut got, now) }.unwrap();
+    b.handle_lost(2, "killed".into());
+    assert_eq!(b.culprit(), Some(2));
+    assert!(matches!(
+        b.poll_call(cb),
+        Some(Err(Error::PeerLost { rank: 2 }))
+    ));
+    b.retire(cb);
+    assert!(matches!(
+        b.precheck(&[], &[]),
+        Err(Error::PeerLost { rank: 2 })
+    ));
+}
+
+#[test]
+fn loss_is_told_to_the_other_peers() {
+    let (mut a, mut b) = (core(0, 3), core(1, 3));
+    // Rank 1 sees rank 2 crash; rank 0, which waits on nothing from 2,
+    // learns it from rank 1's notice.
+    b.handle_lost(2, "killed".into());
+    carry(&mut b, &mut a);
+    assert_eq!(a.culprit(), Some(2));
+}
+
+#[test]
+fn abort_reaches_the_peer_and_fails_calls() {
+    let now = Instant::now();
+    let (mut a, mut b) = (core(0, 2), core(1, 2));
+    let h = header(0, 2);
+    let mut got = Got::default();
+    // SAFETY: `got` lives until the call is retired.
+    let cb = unsafe {
+        add(
+            &mut b,
+            &h,
+            &[],
+            &[Incoming { peer: 0, len: 8 }],
+            &mut got,
+            now,
+        )
+    };
+    let cb = cb.unwrap();
+    a.abort_peers();
+    carry(&mut a, &mut b);
+    assert!(b.aborted_flag().load(Ordering::SeqCst));
+    assert!(matches!(b.poll_call(cb), Some(Err(Error::Aborted))));
+    b.retire(cb);
+    a.abort_here();
+    assert!(matches!(a.precheck(&[], &[]), Err(Error::Aborted)));
+}
+
+#[test]
+fn deadline_passes_on_the_given_clock() {
+    let start = Instant::now();
+    let mut b = core(1, 3);
+    let h = header(4, 2);
+    let mut got = Got::default();
+    let recvs = [Incoming { peer: 2, len: 8 }];
+    // SAFETY: `got` lives until the call is retired.
+    let cb = unsafe { add(&mut b, &h, &[], &recvs, &mut got, start) }.unwrap();
+    assert!(b
+        .handle_timeout(cb, start + Duration::from_millis(999))
+        .is_none());
+    let Some(Error::Timeout {
+        peer, seq, waited, ..
+    }) = b.handle_timeout(cb, start + Duration::from_secs(2))
+    else {
+        panic!("the deadline has passed")
+    };
+    assert_eq!((peer, seq, waited), (2, 4, Duration::from_secs(2)));
+    b.retire(cb);
+}
+
+#[test]
+fn reported_verdict_fails_the_call_when_it_starts() {
+    let now = Instant::now();
+    let (mut a, mut b) = (core(0, 2), core(1, 2));
+    // Rank 0 finds rank 1's message of the wrong length and reports it;
+    // rank 1's call has already left (it only sent), so the verdict is
+    // kept until rank 1 reaches that point again.
+    let data = [0u8; 8];
+    let mut none = Got::default();
+    // SAFETY: as in the other tests.
+    let ca = unsafe {
+        add(
+            &mut a,
+            &header(0, 2),
+            &[],
+            &[Incoming { peer: 1, len: 12 }],
+            &mut none,
+            now,
+        )
+    };
+    let ca = ca.unwrap();
+    let mut none1 = Got::default();
+    // SAFETY: as above.
+    let cb = unsafe {
+        add(
+            &mut b,
+            &header(0, 3),
+            &[Outgoing {
+                peer: 0,
+                data: &data,
+            }],
+            &[],
+            &mut none1,
+            now,
+        )
+    };
+    carry(&mut b, &mut a);
+    assert!(matches!(a.poll_call(ca), Some(Err(Error::Mismatch { .. }))));
+    a.retire(ca);
+    // Rank 1's call already left (it only sent): the verdict waits for it.
+    b.retire(cb.unwrap());
+    carry(&mut a, &mut b);
+    let mut none2 = Got::default();
+    // SAFETY: as above.
+    let again = unsafe { add(&mut b, &header(0, 3), &[], &[], &mut none2, now) };
+    assert!(matches!(
+        again,
+        Err(Error::Mismatch {
+            rank: 1,
+            peer: 0,
+            ..
+        })
+    ));
+}

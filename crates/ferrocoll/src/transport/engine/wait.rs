@@ -1,0 +1,205 @@
+//! Waiting: the loop that moves everything until a call is done, and the
+//! sleeping it falls back to.
+//!
+//! A rank that cannot move first polls (spinning up to 200 us when it has a
+//! core to itself, yielding between polls for 30 us when it shares one),
+//! then sleeps on its [`Doorbell`] (shared memory) or in `poll(2)` on its
+//! sockets, waking at least every 50 ms to notice aborts, deadlines and
+//! dead peers. Never an endless spin.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::driver::{Engine, State, LIVENESS_EVERY};
+use crate::error::Result;
+use crate::transport::channel::Doorbell;
+
+/// Longest sleep between checks for abort, deadline and dead peers.
+pub(crate) const SLEEP_SLICE: Duration = Duration::from_millis(50);
+
+impl Engine {
+    /// Moves everything until call `id` completes, fails or times out.
+    pub(super) fn drive<'a>(
+        &'a self,
+        mut st: MutexGuard<'a, State>,
+        id: usize,
+        start: Instant,
+    ) -> (MutexGuard<'a, State>, Result<()>) {
+        let spin_until = start + self.spin_time();
+        loop {
+            let token = self.bell.token();
+            let moved = st.progress();
+            if let Some(result) = st.core.poll_call(id) {
+                return (st, result);
+            }
+            if moved {
+                continue;
+            }
+            let now = Instant::now();
+            if let Some(err) = st.core.handle_timeout(id, now) {
+                return (st, Err(err));
+            }
+            if now.duration_since(st.last_liveness) >= LIVENESS_EVERY {
+                st.check_liveness(now);
+                continue;
+            }
+            // A peer on the bypass where this call uses the channels: its
+            // message waits there.
+            if let Some(bypass) = self.bypass.as_ref().filter(|b| b.anything_new()) {
+                let live = st.core.live_keys();
+                let found = bypass.strays(&|key| live.contains(&key));
+                if !found.is_empty() {
+                    st.core.handle_strays(found);
+                    st.flush_now();
+                    continue;
+                }
+            }
+            if now < spin_until {
+                // Let go of the lock so other threads of this rank progress.
+                drop(st);
+                // Spin briefly (the peer is usually on another core and
+                // microseconds away), then yield: with more ranks than
+                // cores the peer we wait for may need this very core.
+                if self.dedicated_core {
+                    // A few pauses only: one PAUSE takes ~140 cycles on
+                    // recent x86 cores, so the 32 this loop once had made
+                    // every poll ~1.5 us late (8 B through the rings: median
+                    // 1.2-1.3 us with 32, 0.49 us with 4; bench/RESULTS.md).
+                    for _ in 0..4 {
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    std::thread::yield_now();
+                }
+                st = self.lock();
+                continue;
+            }
+            let mut slice = st
+                .core
+                .deadline(id)
+                .saturating_duration_since(now)
+                .min(SLEEP_SLICE);
+            if self.active.load(Ordering::SeqCst) > 1 {
+                slice = slice.min(Duration::from_millis(1));
+            }
+            let (polls, all_fds) = st.poll_set();
+            drop(st);
+            if polls.is_empty() {
+                self.bell.wait(token, slice);
+            } else {
+                // Sockets wake poll; shared-memory peers (if any) only ring
+                // the doorbell, so then poll in short slices.
+                let slice = if all_fds {
+                    slice
+                } else {
+                    slice.min(Duration::from_millis(1))
+                };
+                poll_fds(polls, slice);
+            }
+            st = self.lock();
+        }
+    }
+}
+
+impl State {
+    /// What to sleep on in `poll(2)`: the listener while TCP peers are
+    /// still to connect, and every live channel's descriptors (writable
+    /// too where frames wait). The flag says whether every channel has
+    /// descriptors (shared-memory ones only ring the doorbell).
+    fn poll_set(&self) -> (Vec<libc::pollfd>, bool) {
+        let mut polls: Vec<libc::pollfd> = Vec::new();
+        let mut all_fds = true;
+        if self.lazy.iter().any(|&l| l) {
+            if let Some(connector) = self.connector.as_ref() {
+                polls.push(libc::pollfd {
+                    fd: connector.listener_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+            }
+        }
+        for (p, chan) in self.chans.iter().enumerate() {
+            if self.core.is_lost(p) {
+                continue;
+            }
+            let Some(chan) = chan.as_ref() else {
+                continue;
+            };
+            let Some((read, write)) = chan.poll_fds() else {
+                all_fds = false;
+                continue;
+            };
+            let out = if self.core.wants_write(p) {
+                libc::POLLOUT
+            } else {
+                0
+            };
+            if read == write {
+                polls.push(libc::pollfd {
+                    fd: read,
+                    events: libc::POLLIN | out,
+                    revents: 0,
+                });
+            } else {
+                polls.push(libc::pollfd {
+                    fd: read,
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                if out != 0 {
+                    polls.push(libc::pollfd {
+                        fd: write,
+                        events: out,
+                        revents: 0,
+                    });
+                }
+            }
+        }
+        (polls, all_fds)
+    }
+}
+
+/// `poll(2)` on `fds` for at most `timeout` (interruptions are fine: the
+/// caller looks at every channel again).
+fn poll_fds(mut fds: Vec<libc::pollfd>, timeout: Duration) {
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()`
+    // pollfd structures for the duration of the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+}
+
+/// A doorbell for ranks that wait only on sockets: it rings the threads of
+/// this process (abort, another thread's progress).
+pub(crate) struct LocalBell {
+    count: Mutex<u64>,
+    rung: std::sync::Condvar,
+}
+
+impl LocalBell {
+    /// A new bell.
+    pub fn new() -> LocalBell {
+        LocalBell {
+            count: Mutex::new(0),
+            rung: std::sync::Condvar::new(),
+        }
+    }
+}
+
+impl Doorbell for LocalBell {
+    fn token(&self) -> u64 {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wait(&self, token: u64, timeout: Duration) {
+        let guard = self.count.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = self
+            .rung
+            .wait_timeout_while(guard, timeout, |c| *c == token);
+    }
+
+    fn ring_local(&self) {
+        *self.count.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.rung.notify_all();
+    }
+}
