@@ -30,16 +30,22 @@
 
 #![warn(missing_docs)]
 
+// What users need is re-exported at the root (below); the public modules
+// are for those who go further (custom transports, the cost model, plans
+// for the simulator). Internals the other crates of the workspace reach
+// into are public but hidden from the documentation.
 mod comm;
 pub mod config;
 pub mod cost;
 mod error;
 mod exec;
+#[doc(hidden)]
 pub mod kernels;
 pub mod launch;
 pub mod local;
 pub mod plan;
 mod request;
+#[doc(hidden)]
 pub mod select;
 pub mod shared;
 pub mod topo;
@@ -67,10 +73,17 @@ pub mod fuzzing {
 pub use comm::{CallOptions, Communicator};
 pub use config::Config;
 pub use error::{Error, Result};
-pub use launch::init::init;
+pub use launch::init::{init, init_with_rendezvous, TransportKind};
+pub use launch::rendezvous::Rendezvous;
+/// The rendezvous store under its former path (internal: `ferrocoll store`
+/// serves it; users meet through [`init()`] or [`Rendezvous`]).
+#[doc(hidden)]
+pub use launch::store;
+pub use launch::world::WorldSpec;
+pub use launch::Placement;
 /// The launch layer's modules under their former paths (`ferrocoll::init::...`,
-/// `ferrocoll::world::...`, `ferrocoll::store::...`).
-pub use launch::{init, rendezvous, store, world};
+/// `ferrocoll::world::...`, `ferrocoll::rendezvous::...`).
+pub use launch::{init, rendezvous, world};
 pub use plan::{Algorithm, Collective};
 pub use request::Request;
 pub use shared::SharedBuffer;
