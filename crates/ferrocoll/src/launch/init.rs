@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::topo::Topology;
 use crate::transport::channel::{Channel, Doorbell};
 use crate::transport::engine::{Engine, LocalBell};
-use crate::transport::fastpath::{FastPath, FastTransport};
+use crate::transport::fastpath::{FastPath, FastTransport, Mailboxes};
 use crate::transport::tcp::TcpConnector;
 
 /// Default slice size (see [`Config::slice_bytes`]) when TCP links are used.
@@ -339,9 +339,7 @@ fn init_over(
         }
         bell = node.doorbell();
         if fast_ok {
-            fast = node
-                .mailboxes()
-                .map(|boxes| FastPath::new(boxes, shm_locals.clone(), size));
+            fast = Mailboxes::of(&node).map(|boxes| FastPath::new(boxes, shm_locals.clone(), size));
         }
     }
 
