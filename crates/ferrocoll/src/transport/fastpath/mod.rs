@@ -18,7 +18,7 @@
 //! lines each, and an `ack` word the receiver writes. A message is one slot:
 //! a *stamp* (the message's number on that pair, counting from 1), the
 //! communicator id and call sequence number, the call's signature packed in
-//! one word ([`pack`]), and up to [`SLOT_PAYLOAD`] payload bytes (an 8-byte
+//! one word ([`pack()`]), and up to [`SLOT_PAYLOAD`] payload bytes (an 8-byte
 //! message fits the stamp's own cache line). The sender writes the slot and
 //! stores the stamp with `Release`; the receiver, which knows the number of
 //! the next message from each peer, polls that slot's stamp with `Acquire`,
@@ -34,7 +34,7 @@
 //! broadcast: root to all; reduce: all to root), then reduces in rank order,
 //! so every rank computes bit-identical results. Which calls qualify is a
 //! function of the call's signature, the group and a job-wide setting only
-//! ([`crate::fast::eligible`]), never of this rank's state (another call in
+//! ([`small::eligible`]), never of this rank's state (another call in
 //! flight, a busy lock): the peers cannot see that state, and both sides of
 //! a call must use the same protocol.
 //!

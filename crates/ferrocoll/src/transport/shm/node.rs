@@ -315,7 +315,7 @@ impl ShmNode {
     }
 
     /// Lets channels made from now on read their peer's memory directly
-    /// (the caller has checked with [`cma_read`] that the kernel allows it).
+    /// (the caller has checked with [`cma_read`](super::cma_read) that the kernel allows it).
     pub fn enable_single_copy(&mut self, on: bool) {
         self.cma = on;
     }

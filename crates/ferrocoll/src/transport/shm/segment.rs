@@ -38,9 +38,9 @@ pub(super) const HDR_RING_BYTES: usize = 24;
 pub(super) const HDR_LEN: usize = 32;
 /// Doorbell: the futex word counting rings (u32).
 pub(super) const BELL_RINGS: usize = BLOCK;
-/// Doorbell: number of threads inside [`Doorbell::wait`] (u32).
+/// Doorbell: number of threads inside [`Doorbell::wait`](crate::transport::channel::Doorbell::wait) (u32).
 pub(super) const BELL_SLEEPERS: usize = BLOCK + 4;
-/// Count of control notices written to this rank (u64, see [`Mailboxes::notices`]).
+/// Count of control notices written to this rank (u64, see `fastpath::Mailboxes::notices`).
 pub(crate) const NOTICES: usize = 2 * BLOCK;
 /// Offset of mailbox 0.
 pub(super) const MAILBOXES_START: usize = 3 * BLOCK;
