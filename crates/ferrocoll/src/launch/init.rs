@@ -30,8 +30,9 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::topo::Topology;
 use crate::transport::channel::{Channel, Doorbell};
+use crate::transport::config::TransportConfig;
 use crate::transport::engine::{Engine, LocalBell};
-use crate::transport::fastpath::{FastPath, FastTransport};
+use crate::transport::fastpath::{FastPath, FastTransport, Mailboxes};
 use crate::transport::tcp::TcpConnector;
 
 /// Default slice size (see [`Config::slice_bytes`]) when TCP links are used.
@@ -228,6 +229,8 @@ fn init_over(
     kind: TransportKind,
 ) -> Result<Communicator> {
     let (rank, size) = (spec.rank, spec.size);
+    // The transports' knobs, read once here and handed down.
+    let transport_config = TransportConfig::from_env()?;
     let connect_timeout = config
         .timeout
         .min(Duration::from_secs(120))
@@ -299,7 +302,13 @@ fn init_over(
     let connector = if lazy.is_empty() {
         None
     } else {
-        let mut c = TcpConnector::listen(rank, &spec.store_addr, &spec.secret, connect_timeout)?;
+        let mut c = TcpConnector::listen(
+            rank,
+            &spec.store_addr,
+            &spec.secret,
+            connect_timeout,
+            &transport_config,
+        )?;
         store.set(
             &format!("tcp/addr/{rank}"),
             c.address().to_string().as_bytes(),
@@ -331,7 +340,14 @@ fn init_over(
     let mut bell: Arc<dyn Doorbell> = Arc::new(LocalBell::new());
     let mut fast = None;
     if shm_locals.len() > 1 {
-        let (node, fast_ok) = setup_shm(spec, store.as_mut(), &shm_locals, config.debug, my_node)?;
+        let (node, fast_ok) = setup_shm(
+            spec,
+            store.as_mut(),
+            &shm_locals,
+            config.debug,
+            my_node,
+            &transport_config,
+        )?;
         for (lp, &peer) in shm_locals.iter().enumerate() {
             if peer != rank {
                 channels[peer] = Some(node.channel(lp));
@@ -339,9 +355,7 @@ fn init_over(
         }
         bell = node.doorbell();
         if fast_ok {
-            fast = node
-                .mailboxes()
-                .map(|boxes| FastPath::new(boxes, shm_locals.clone(), size));
+            fast = Mailboxes::of(&node).map(|boxes| FastPath::new(boxes, shm_locals.clone(), size));
         }
     }
 
@@ -420,7 +434,8 @@ fn init_over(
         _ => "shm",
     };
     let channels: Vec<Option<Box<dyn Channel>>> = channels;
-    let mut engine = Engine::new(rank, channels, bell, name).dedicated_core(dedicated_core);
+    let mut engine =
+        Engine::new(rank, channels, bell, name, transport_config).dedicated_core(dedicated_core);
     if let Some(connector) = connector {
         engine = engine.with_connector(connector, &lazy);
     }

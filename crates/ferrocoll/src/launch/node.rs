@@ -6,6 +6,7 @@ use super::init::store_error;
 use super::rendezvous::Rendezvous;
 use super::world::WorldSpec;
 use crate::error::{Error, Result};
+use crate::transport::config::TransportConfig;
 use crate::transport::shm::ShmNode;
 
 /// Ring size for `local` ranks on a node: about 32 MiB of shared memory per
@@ -114,10 +115,10 @@ fn single_copy_speeds(pid: u32, addr: u64) -> (f64, f64) {
 /// Reads `FERROCOLL_SHM_FAST`: whether this rank may use the small-call
 /// fast path (`auto`, the default) or not (`off`). Checksums turn it off:
 /// they guard the rings, so with them every message takes the rings.
-fn shm_fast_wanted() -> Result<bool> {
+fn shm_fast_wanted(transport: &TransportConfig) -> Result<bool> {
     let mode = std::env::var("FERROCOLL_SHM_FAST").unwrap_or_default();
     match mode.trim() {
-        "" | "auto" => Ok(!crate::transport::engine::checksums()),
+        "" | "auto" => Ok(!transport.checksums),
         "off" | "0" => Ok(false),
         other => Err(Error::Config {
             var: "FERROCOLL_SHM_FAST".into(),
@@ -139,8 +140,9 @@ pub(super) fn setup_shm(
     locals: &[usize],
     debug: bool,
     node: usize,
+    transport: &TransportConfig,
 ) -> Result<(ShmNode, bool)> {
-    let fast_wanted = shm_fast_wanted()?;
+    let fast_wanted = shm_fast_wanted(transport)?;
     let rank = spec.rank;
     let me = locals
         .iter()

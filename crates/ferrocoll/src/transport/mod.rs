@@ -18,6 +18,7 @@
 //! offers as its optional [`SmallCollectives`] capability.
 
 pub(crate) mod channel;
+pub(crate) mod config;
 pub(crate) mod engine;
 pub(crate) mod fastpath;
 pub mod shm;

@@ -19,16 +19,11 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::time::{Duration, Instant};
 
 use super::channel::Channel;
+use super::config::TransportConfig;
 use crate::error::{Error, Result};
 
 /// Bytes of receive buffer per connection.
 const RECV_BUFFER: usize = 1 << 20;
-
-/// Kernel socket buffer size asked for (the kernel may cap it).
-const SOCKET_BUFFER: libc::c_int = 4 << 20;
-
-/// Streams per peer unless `FERROCOLL_TCP_STREAMS` says otherwise.
-const DEFAULT_STREAMS: usize = 1;
 
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"FCTCP\0\0\x01");
 
@@ -59,13 +54,11 @@ pub(crate) struct TcpChannel {
     eof: bool,
 }
 
-/// Sets the socket options every stream gets.
-fn configure(stream: &TcpStream) -> io::Result<()> {
+/// Sets the socket options every stream gets: no Nagle delay, kernel
+/// buffers of `size` bytes each way (the kernel may cap it; 0 or less keeps
+/// its default), non-blocking.
+fn configure(stream: &TcpStream, size: libc::c_int) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    let size: libc::c_int = std::env::var("FERROCOLL_SOCKET_BUFFER")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(SOCKET_BUFFER);
     for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF]
         .into_iter()
         .filter(|_| size > 0)
@@ -86,10 +79,12 @@ fn configure(stream: &TcpStream) -> io::Result<()> {
 }
 
 impl TcpChannel {
-    fn new(streams: Vec<TcpStream>) -> io::Result<TcpChannel> {
+    /// A channel over `streams` (in stripe order), each with kernel
+    /// buffers of `socket_buffer` bytes.
+    fn new(streams: Vec<TcpStream>, socket_buffer: libc::c_int) -> io::Result<TcpChannel> {
         assert!(!streams.is_empty(), "a channel needs a stream");
         for s in &streams {
-            configure(s)?;
+            configure(s, socket_buffer)?;
         }
         Ok(TcpChannel {
             streams,
@@ -192,23 +187,6 @@ impl Channel for TcpChannel {
             self.streams[self.recv_at].as_raw_fd(),
             self.streams[self.send_at].as_raw_fd(),
         ))
-    }
-}
-
-/// Streams per peer: `FERROCOLL_TCP_STREAMS` (1 to 16).
-fn streams_per_peer() -> Result<usize> {
-    match std::env::var("FERROCOLL_TCP_STREAMS") {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse::<usize>()
-            .ok()
-            .filter(|k| (1..=16).contains(k))
-            .ok_or_else(|| Error::Config {
-                var: "FERROCOLL_TCP_STREAMS".into(),
-                value: v.clone(),
-                reason: "give a number of TCP connections per peer from 1 to 16".into(),
-            }),
-        _ => Ok(DEFAULT_STREAMS),
     }
 }
 
@@ -337,7 +315,12 @@ pub(crate) struct TcpConnector {
     /// Listening addresses of the peers this rank may connect to.
     addrs: std::collections::HashMap<usize, SocketAddr>,
     secret: String,
+    /// Streams per peer (`FERROCOLL_TCP_STREAMS`).
     streams: usize,
+    /// Kernel buffer size per stream (`FERROCOLL_SOCKET_BUFFER`).
+    socket_buffer: libc::c_int,
+    /// The interface named by `FERROCOLL_SOCKET_IFNAME`, for error messages.
+    ifname: Option<String>,
     timeout: Duration,
     /// Streams accepted per peer, by stream index, until all are in.
     arriving: std::collections::HashMap<usize, Vec<Option<TcpStream>>>,
@@ -347,8 +330,10 @@ pub(crate) struct TcpConnector {
 }
 
 impl TcpConnector {
-    /// Listens on the interface `FERROCOLL_SOCKET_IFNAME` names (or the one
-    /// the kernel routes `route_to`, the rendezvous, through). The caller
+    /// Listens on the interface `FERROCOLL_SOCKET_IFNAME` names
+    /// ([`TransportConfig::socket_ifname`]; or the one the kernel routes
+    /// `route_to`, the rendezvous, through), opening `config.tcp_streams`
+    /// streams per peer later. The caller
     /// publishes [`TcpConnector::address`] and hands the peers' addresses
     /// back with [`TcpConnector::add_peer`]: this module knows nothing of
     /// the rendezvous store.
@@ -357,10 +342,9 @@ impl TcpConnector {
         route_to: &str,
         secret: &str,
         timeout: Duration,
+        config: &TransportConfig,
     ) -> Result<TcpConnector> {
-        let ifname = std::env::var("FERROCOLL_SOCKET_IFNAME")
-            .ok()
-            .filter(|s| !s.is_empty());
+        let ifname = config.socket_ifname.clone();
         let ip = listen_ip(route_to, ifname.as_deref())?;
         let io_err = |what: String, e: io::Error| Error::Config {
             var: "FERROCOLL_SOCKET_IFNAME".into(),
@@ -381,7 +365,9 @@ impl TcpConnector {
             me,
             addrs: Default::default(),
             secret: secret.to_string(),
-            streams: streams_per_peer()?,
+            streams: config.tcp_streams,
+            socket_buffer: config.socket_buffer,
+            ifname,
             timeout,
             arriving: Default::default(),
             greeting: Vec::new(),
@@ -414,9 +400,10 @@ impl TcpConnector {
         })?;
         let addr = target.to_string();
         let deadline = Instant::now() + self.timeout;
+        let ifname = self.ifname.clone().unwrap_or_default();
         let fail = |e: io::Error| Error::Config {
             var: "FERROCOLL_SOCKET_IFNAME".into(),
-            value: std::env::var("FERROCOLL_SOCKET_IFNAME").unwrap_or_default(),
+            value: ifname.clone(),
             reason: format!(
                 "rank {rank} cannot connect to rank {peer} at {addr}: {e}; check that the hosts \
                  reach each other on that interface"
@@ -443,7 +430,9 @@ impl TcpConnector {
                 .map_err(fail)?;
             streams.push(stream);
         }
-        Ok(Box::new(TcpChannel::new(streams).map_err(fail)?))
+        Ok(Box::new(
+            TcpChannel::new(streams, self.socket_buffer).map_err(fail)?,
+        ))
     }
 
     /// Accepts whatever peers have connected; returns the channels of those
@@ -524,7 +513,7 @@ impl TcpConnector {
             .into_iter()
             .map(|s| s.expect("all present"))
             .collect();
-        let chan = TcpChannel::new(streams)
+        let chan = TcpChannel::new(streams, self.socket_buffer)
             .map_err(|e| Error::Internal(format!("socket options for rank {peer}: {e}")))?;
         Ok(Some((peer, Box::new(chan) as Box<dyn Channel>)))
     }
@@ -545,7 +534,11 @@ mod tests {
             a.push(TcpStream::connect(l.local_addr().unwrap()).unwrap());
             b.push(l.accept().unwrap().0);
         }
-        (TcpChannel::new(a).unwrap(), TcpChannel::new(b).unwrap())
+        let size = TransportConfig::default().socket_buffer;
+        (
+            TcpChannel::new(a, size).unwrap(),
+            TcpChannel::new(b, size).unwrap(),
+        )
     }
 
     fn pair() -> (TcpChannel, TcpChannel) {
@@ -589,8 +582,14 @@ mod tests {
     #[test]
     fn a_client_without_the_secret_is_turned_away() {
         let addr = "127.0.0.1:9";
-        let mut rank0 =
-            TcpConnector::listen(0, addr, "job secret", Duration::from_secs(5)).unwrap();
+        let mut rank0 = TcpConnector::listen(
+            0,
+            addr,
+            "job secret",
+            Duration::from_secs(5),
+            &TransportConfig::default(),
+        )
+        .unwrap();
         let target = rank0.me;
         // A stray client (another job's secret), then garbage, then rank 1.
         let mut stray = TcpStream::connect(target).unwrap();
@@ -599,8 +598,14 @@ mod tests {
         garbage.write_all(&[0xAB; 32]).unwrap();
         // A client that connects and says nothing does not hold anyone up.
         let _silent = TcpStream::connect(target).unwrap();
-        let mut rank1 =
-            TcpConnector::listen(1, addr, "job secret", Duration::from_secs(5)).unwrap();
+        let mut rank1 = TcpConnector::listen(
+            1,
+            addr,
+            "job secret",
+            Duration::from_secs(5),
+            &TransportConfig::default(),
+        )
+        .unwrap();
         rank1.add_peer(0, rank0.address());
         let mut to0 = rank1.connect(0).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);

@@ -1,11 +1,14 @@
 //! The driver: the engine's I/O around the sans-IO [`Core`]. It owns the
-//! channels, the TCP connector (lazy peers, the listener), the environment
-//! knobs, the test hook that corrupts a frame, and the one mutex every
+//! channels, the TCP connector (lazy peers, the listener), the knobs `init`
+//! hands it ([`TransportConfig`]), the test hook that corrupts a frame (only
+//! with the `fault-injection` feature), and the one mutex every
 //! thread of the rank takes to move things; the waiting loop is in
 //! `wait.rs`.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+#[cfg(feature = "fault-injection")]
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -14,6 +17,7 @@ use super::faults::{Fault, Stray};
 use super::ledger::{Ledger, LedgerLock};
 use crate::error::{Error, Result};
 use crate::transport::channel::{Channel, Doorbell};
+use crate::transport::config::TransportConfig;
 use crate::transport::tcp::TcpConnector;
 use crate::transport::{Header, Incoming, Outgoing, Sink, Transport};
 
@@ -24,64 +28,21 @@ use crate::transport::{Header, Incoming, Outgoing, Sink, Transport};
 const SPIN_DEDICATED: Duration = Duration::from_micros(200);
 const SPIN_SHARED: Duration = Duration::from_micros(30);
 
-/// `FERROCOLL_SPIN_US`, read once: overrides the polling time.
-fn spin_override() -> Option<Duration> {
-    static SPIN: std::sync::OnceLock<Option<Duration>> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        std::env::var("FERROCOLL_SPIN_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_micros)
-    })
-}
-
 /// How often a sleeping rank asks channels whether their peer still lives.
 pub(super) const LIVENESS_EVERY: Duration = Duration::from_millis(200);
 
 /// Bytes read from a remote sender at a time (the bounce buffer).
 const BOUNCE_BYTES: usize = 256 << 10;
 
-/// Whether data frames carry a CRC32C (`FERROCOLL_CHECKSUM=1`), read once.
-pub(crate) fn checksums() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        std::env::var("FERROCOLL_CHECKSUM").is_ok_and(|v| matches!(v.trim(), "1" | "on" | "true"))
-    })
-}
-
-/// Test hook (`FERROCOLL_TEST_FLIP_FRAME=N`): flip one payload bit of the
-/// N-th data frame this process sends (counting from 1), after its checksum
-/// was computed, to prove corruption is caught.
-fn flip_frame() -> Option<u64> {
-    static N: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("FERROCOLL_TEST_FLIP_FRAME")
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
-    })
-}
-
+/// Data frames this process sent, counted only for the fault hook
+/// ([`TransportConfig::flip_frame`]), which counts across every engine of
+/// the process.
+#[cfg(feature = "fault-injection")]
 static DATA_FRAMES_SENT: AtomicU64 = AtomicU64::new(0);
 
 /// Messages at least this long that lie in a [`crate::SharedBuffer`] are
 /// read in place by a receiver that can map it.
 const SHARED_BYTES: usize = 4 << 10;
-
-/// Messages at least this long go by the single-copy path when the channel
-/// has one (`FERROCOLL_SINGLE_COPY_BYTES` overrides; 0 turns it off).
-const SINGLE_COPY_BYTES: usize = 64 << 10;
-
-fn single_copy_bytes() -> usize {
-    static T: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *T.get_or_init(|| {
-        std::env::var("FERROCOLL_SINGLE_COPY_BYTES")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .map_or(SINGLE_COPY_BYTES, |b| if b == 0 { usize::MAX } else { b })
-    })
-}
 
 /// Another path that carries some calls' messages outside the engine's
 /// channels (the shared-memory fast path): the engine's one view of it. A
@@ -131,20 +92,23 @@ pub(crate) struct Engine {
     kept: Vec<Box<dyn std::any::Any + Send + Sync>>,
     /// The path small calls may take instead (see [`Bypass`]).
     pub(super) bypass: Option<Arc<dyn Bypass>>,
+    /// The environment knobs, as `init` read them.
+    config: TransportConfig,
 }
 
 impl Engine {
     /// An engine for rank `rank` with `channels[p]` leading to peer `p`
-    /// (`None` for this rank itself), sleeping on `bell`.
+    /// (`None` for this rank itself), sleeping on `bell`, tuned by `config`.
     pub fn new(
         rank: usize,
         channels: Vec<Option<Box<dyn Channel>>>,
         bell: Arc<dyn Doorbell>,
         name: &'static str,
+        config: TransportConfig,
     ) -> Engine {
         let connected: Vec<bool> = channels.iter().map(Option::is_some).collect();
         let ledger: Arc<dyn LedgerLock> = Arc::new(Mutex::new(Ledger::new()));
-        let core = Core::new(rank, &connected, checksums(), ledger);
+        let core = Core::new(rank, &connected, config.checksums, ledger);
         let aborted = Arc::clone(core.aborted_flag());
         let broken = Arc::clone(core.broken_flag());
         Engine {
@@ -166,6 +130,7 @@ impl Engine {
             dedicated_core: false,
             kept: Vec::new(),
             bypass: None,
+            config,
         }
     }
 
@@ -204,7 +169,7 @@ impl Engine {
 
     /// How long a waiting call polls before it sleeps.
     pub(super) fn spin_time(&self) -> Duration {
-        spin_override().unwrap_or(if self.dedicated_core {
+        self.config.spin.unwrap_or(if self.dedicated_core {
             SPIN_DEDICATED
         } else {
             SPIN_SHARED
@@ -492,7 +457,7 @@ impl State {
 /// shared buffer to a peer that maps it go as where they are; large ones
 /// to a peer that can read our memory as their address (single copy, by
 /// the receiver); the rest through the stream.
-fn route(chan: Option<&dyn Channel>, s: &Outgoing<'_>) -> Route {
+fn route(config: &TransportConfig, chan: Option<&dyn Channel>, s: &Outgoing<'_>) -> Route {
     let shared = (s.data.len() >= SHARED_BYTES && chan.is_some_and(|c| c.maps_shared()))
         .then(|| crate::shared::locate(s.data.as_ptr(), s.data.len()))
         .flatten();
@@ -502,13 +467,17 @@ fn route(chan: Option<&dyn Channel>, s: &Outgoing<'_>) -> Route {
             region: u64::from(at.fd) << 32 | u64::from(at.generation),
         };
     }
-    if s.data.len() >= single_copy_bytes() && chan.is_some_and(|c| c.reads_remote()) {
+    if s.data.len() >= config.single_copy_bytes && chan.is_some_and(|c| c.reads_remote()) {
         return Route::Remote;
     }
-    // The test hook counts data frames only when it is set.
-    let flip = flip_frame().is_some_and(|n| {
+    // The test hook counts data frames only when it is set, and exists only
+    // in builds with the `fault-injection` feature (the fault tests').
+    #[cfg(feature = "fault-injection")]
+    let flip = config.flip_frame.is_some_and(|n| {
         DATA_FRAMES_SENT.fetch_add(1, Ordering::Relaxed) + 1 == n && !s.data.is_empty()
     });
+    #[cfg(not(feature = "fault-injection"))]
+    let flip = false;
     Route::Stream { flip }
 }
 
@@ -544,6 +513,7 @@ impl Transport for Engine {
         )?;
         let st_ref = &mut *st;
         let chans = &st_ref.chans;
+        let config = &self.config;
         // SAFETY: `sink` and the memory of `sends` are borrowed for this
         // whole function, and the call is retired before it returns (on
         // every path below), while the engine's mutex serialises every use.
@@ -551,7 +521,7 @@ impl Transport for Engine {
             st_ref
                 .core
                 .add_call(header, sends, recvs, sink, start, deadline, |s| {
-                    route(chans[s.peer].as_deref(), s)
+                    route(config, chans[s.peer].as_deref(), s)
                 })?
         };
         // A peer that took the bypass for this call (its message came

@@ -53,7 +53,7 @@ mod receive;
 mod tests;
 mod wait;
 
-pub(crate) use driver::{checksums, Bypass, Engine, Link};
+pub(crate) use driver::{Bypass, Engine, Link};
 pub(crate) use faults::{Fault, Stray};
 pub(crate) use ledger::{Ledger, LedgerLock};
 pub(crate) use wait::{LocalBell, SLEEP_SLICE};

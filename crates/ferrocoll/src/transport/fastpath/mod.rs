@@ -18,7 +18,7 @@
 //! lines each, and an `ack` word the receiver writes. A message is one slot:
 //! a *stamp* (the message's number on that pair, counting from 1), the
 //! communicator id and call sequence number, the call's signature packed in
-//! one word ([`pack`]), and up to [`SLOT_PAYLOAD`] payload bytes (an 8-byte
+//! one word ([`pack()`]), and up to [`SLOT_PAYLOAD`] payload bytes (an 8-byte
 //! message fits the stamp's own cache line). The sender writes the slot and
 //! stores the stamp with `Release`; the receiver, which knows the number of
 //! the next message from each peer, polls that slot's stamp with `Acquire`,
@@ -34,7 +34,7 @@
 //! broadcast: root to all; reduce: all to root), then reduces in rank order,
 //! so every rank computes bit-identical results. Which calls qualify is a
 //! function of the call's signature, the group and a job-wide setting only
-//! ([`crate::fast::eligible`]), never of this rank's state (another call in
+//! ([`small::eligible`]), never of this rank's state (another call in
 //! flight, a busy lock): the peers cannot see that state, and both sides of
 //! a call must use the same protocol.
 //!
@@ -87,6 +87,8 @@
 //! engine takes the ledger while holding its own state; the fast path never
 //! takes the engine's state while holding the ledger.
 
+mod mailbox;
+mod pack;
 pub(crate) mod small;
 mod transport;
 
@@ -97,11 +99,12 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::engine::{Bypass, Fault, Ledger, LedgerLock, Link, Stray};
-use super::shm::{Mailboxes, SlotMessage, SLOTS, SLOT_PAYLOAD};
-use super::{CallKind, Header, Signature};
+use super::shm::{SLOTS, SLOT_PAYLOAD};
+use super::Header;
 use crate::error::{Error, Result};
-use crate::plan::Collective;
-use crate::types::{DType, ReduceOp};
+pub(crate) use mailbox::{Mailboxes, SlotMessage};
+use pack::packed_len;
+use pack::{describe, message_len, pack};
 
 /// Largest group the fast path serves: every rank reads one slot per peer,
 /// so the cost grows with the group; beyond this the plans' trees and
@@ -119,84 +122,6 @@ const CLOCK_EVERY: u32 = 64;
 /// consumes wakes the sender only if it sees it asleep, without a fence,
 /// so the sender must look again soon by itself.
 const SPACE_SLICE: Duration = Duration::from_millis(1);
-
-/// Marks a packed signature (top byte), so that a slot never written (all
-/// zero) or garbage does not unpack.
-const PACK_MARK: u64 = 0xFC << 56;
-
-fn index_of<T: PartialEq>(all: &[T], x: &T) -> u64 {
-    all.iter()
-        .position(|a| a == x)
-        .expect("value is in its list") as u64
-}
-
-/// The bytes of every fast-path message of a call with signature `sig`:
-/// one rank's contribution (allgather: its block), `count` elements.
-pub(crate) fn message_len(sig: &Signature) -> usize {
-    sig.count.saturating_mul(sig.dtype.size())
-}
-
-/// Packs a signature into one word: count (16 bits), root (8, 0xFF for
-/// none), collective (8), element type (8), operator (8, 0xFF for none),
-/// message length (8, [`message_len`]) and a mark. `None` when it does not
-/// fit, which no fast-path call does (their counts, roots and lengths are
-/// bounded by [`SLOT_PAYLOAD`] and [`FAST_MAX_RANKS`]).
-pub(crate) fn pack(sig: &Signature) -> Option<u64> {
-    let CallKind::Collective(coll) = sig.kind else {
-        return None;
-    };
-    let count = u16::try_from(sig.count).ok()?;
-    let len = message_len(sig);
-    let root = match sig.root {
-        Some(r) => u8::try_from(r).ok().filter(|r| *r != 0xFF)?,
-        None => 0xFF,
-    };
-    let len = u8::try_from(len).ok()?;
-    let op = sig.op.map_or(0xFF, |op| index_of(&ReduceOp::ALL, &op));
-    Some(
-        u64::from(count)
-            | u64::from(root) << 16
-            | index_of(&Collective::ALL, &coll) << 24
-            | index_of(&DType::ALL, &sig.dtype) << 32
-            | op << 40
-            | u64::from(len) << 48
-            | PACK_MARK,
-    )
-}
-
-/// The signature [`pack`] packed, if `word` is one.
-pub(crate) fn unpack(word: u64) -> Option<Signature> {
-    if word & (0xFF << 56) != PACK_MARK {
-        return None;
-    }
-    let byte = |shift: u32| ((word >> shift) & 0xFF) as usize;
-    let kind = CallKind::Collective(*Collective::ALL.get(byte(24))?);
-    let dtype = *DType::ALL.get(byte(32))?;
-    let op = match byte(40) {
-        0xFF => None,
-        o => Some(*ReduceOp::ALL.get(o)?),
-    };
-    Some(Signature {
-        kind,
-        dtype,
-        op,
-        count: (word & 0xFFFF) as usize,
-        root: (byte(16) != 0xFF).then_some(byte(16)),
-    })
-}
-
-/// The payload length in a packed signature.
-fn packed_len(word: u64) -> usize {
-    ((word >> 48) & 0xFF) as usize
-}
-
-/// A packed signature for error messages.
-pub(crate) fn describe(word: u64) -> String {
-    unpack(word).map_or_else(
-        || format!("an unreadable call (signature {word:#x})"),
-        |s| s.to_string(),
-    )
-}
 
 /// A mailbox message taken for a call that was not the one reading.
 struct Stashed {
@@ -766,38 +691,6 @@ impl Bypass for FastPath {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn signatures_pack_and_unpack() {
-        for coll in Collective::ALL {
-            for dtype in DType::ALL {
-                for op in [None, Some(ReduceOp::Sum), Some(ReduceOp::Avg)] {
-                    for root in [None, Some(0), Some(15)] {
-                        let sig = Signature {
-                            kind: CallKind::Collective(coll),
-                            dtype,
-                            op,
-                            count: 24,
-                            root,
-                        };
-                        let word = pack(&sig).unwrap();
-                        assert_eq!(unpack(word), Some(sig));
-                        assert_eq!(packed_len(word), 24 * dtype.size());
-                    }
-                }
-            }
-        }
-        let p2p = Signature {
-            kind: CallKind::PointToPoint,
-            dtype: DType::U8,
-            op: None,
-            count: 1,
-            root: None,
-        };
-        assert_eq!(pack(&p2p), None);
-        assert_eq!(unpack(0), None);
-        assert!(describe(0).contains("unreadable"));
-    }
 
     #[test]
     fn bit_iteration() {

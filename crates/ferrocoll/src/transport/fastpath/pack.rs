@@ -1,0 +1,124 @@
+//! A fast-path call's signature packed into one word, so that a mailbox
+//! slot carries it beside the payload and the receiver checks that both
+//! sides make the same call.
+
+use crate::plan::Collective;
+use crate::transport::{CallKind, Signature};
+use crate::types::{DType, ReduceOp};
+
+/// Marks a packed signature (top byte), so that a slot never written (all
+/// zero) or garbage does not unpack.
+const PACK_MARK: u64 = 0xFC << 56;
+
+/// The position of `x` in `all`, which holds it.
+fn index_of<T: PartialEq>(all: &[T], x: &T) -> u64 {
+    all.iter()
+        .position(|a| a == x)
+        .expect("value is in its list") as u64
+}
+
+/// The bytes of every fast-path message of a call with signature `sig`:
+/// one rank's contribution (allgather: its block), `count` elements.
+pub(crate) fn message_len(sig: &Signature) -> usize {
+    sig.count.saturating_mul(sig.dtype.size())
+}
+
+/// Packs a signature into one word: count (16 bits), root (8, 0xFF for
+/// none), collective (8), element type (8), operator (8, 0xFF for none),
+/// message length (8, [`message_len`]) and a mark. `None` when it does not
+/// fit, which no fast-path call does (their counts, roots and lengths are
+/// bounded by [`SLOT_PAYLOAD`](crate::transport::shm::SLOT_PAYLOAD) and
+/// [`FAST_MAX_RANKS`](super::FAST_MAX_RANKS)).
+pub(crate) fn pack(sig: &Signature) -> Option<u64> {
+    let CallKind::Collective(coll) = sig.kind else {
+        return None;
+    };
+    let count = u16::try_from(sig.count).ok()?;
+    let len = message_len(sig);
+    let root = match sig.root {
+        Some(r) => u8::try_from(r).ok().filter(|r| *r != 0xFF)?,
+        None => 0xFF,
+    };
+    let len = u8::try_from(len).ok()?;
+    let op = sig.op.map_or(0xFF, |op| index_of(&ReduceOp::ALL, &op));
+    Some(
+        u64::from(count)
+            | u64::from(root) << 16
+            | index_of(&Collective::ALL, &coll) << 24
+            | index_of(&DType::ALL, &sig.dtype) << 32
+            | op << 40
+            | u64::from(len) << 48
+            | PACK_MARK,
+    )
+}
+
+/// The signature [`pack`] packed, if `word` is one.
+pub(crate) fn unpack(word: u64) -> Option<Signature> {
+    if word & (0xFF << 56) != PACK_MARK {
+        return None;
+    }
+    let byte = |shift: u32| ((word >> shift) & 0xFF) as usize;
+    let kind = CallKind::Collective(*Collective::ALL.get(byte(24))?);
+    let dtype = *DType::ALL.get(byte(32))?;
+    let op = match byte(40) {
+        0xFF => None,
+        o => Some(*ReduceOp::ALL.get(o)?),
+    };
+    Some(Signature {
+        kind,
+        dtype,
+        op,
+        count: (word & 0xFFFF) as usize,
+        root: (byte(16) != 0xFF).then_some(byte(16)),
+    })
+}
+
+/// The payload length in a packed signature.
+pub(super) fn packed_len(word: u64) -> usize {
+    ((word >> 48) & 0xFF) as usize
+}
+
+/// A packed signature for error messages.
+pub(crate) fn describe(word: u64) -> String {
+    unpack(word).map_or_else(
+        || format!("an unreadable call (signature {word:#x})"),
+        |s| s.to_string(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_pack_and_unpack() {
+        for coll in Collective::ALL {
+            for dtype in DType::ALL {
+                for op in [None, Some(ReduceOp::Sum), Some(ReduceOp::Avg)] {
+                    for root in [None, Some(0), Some(15)] {
+                        let sig = Signature {
+                            kind: CallKind::Collective(coll),
+                            dtype,
+                            op,
+                            count: 24,
+                            root,
+                        };
+                        let word = pack(&sig).unwrap();
+                        assert_eq!(unpack(word), Some(sig));
+                        assert_eq!(packed_len(word), 24 * dtype.size());
+                    }
+                }
+            }
+        }
+        let p2p = Signature {
+            kind: CallKind::PointToPoint,
+            dtype: DType::U8,
+            op: None,
+            count: 1,
+            root: None,
+        };
+        assert_eq!(pack(&p2p), None);
+        assert_eq!(unpack(0), None);
+        assert!(describe(0).contains("unreadable"));
+    }
+}

@@ -1,0 +1,78 @@
+//! The peer process: whether it still lives, and reading its memory
+//! directly (the single-copy path).
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+/// This process's pid.
+pub(super) fn own_pid() -> u32 {
+    std::process::id()
+}
+
+/// Whether process `pid` exists and is not a zombie.
+///
+/// `kill(pid, 0)` failing with `ESRCH` means it is gone; a zombie (state `Z`
+/// or `X` in `/proc/{pid}/stat`) has exited but not been reaped yet, which for
+/// a peer means the same.
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 sends nothing; kill only checks that the process
+    // exists and that we may signal it. No memory is involved.
+    let r = unsafe { libc::kill(pid, 0) };
+    if r != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the first field after the command name, which is in
+        // parentheses and may itself contain ") ".
+        Ok(stat) => match stat.rfind(')') {
+            Some(i) => !matches!(
+                stat[i + 1..].trim_start().as_bytes().first(),
+                Some(b'Z' | b'X')
+            ),
+            None => true,
+        },
+        // Gone between kill and the read, unless /proc is not mounted at all.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => !Path::new("/proc/self/stat").exists(),
+        Err(_) => true,
+    }
+}
+
+/// Reads `dst.len()` bytes at `addr` in process `pid` with
+/// `process_vm_readv` (cross-memory attach: one copy, by the kernel, from
+/// the other process's pages into ours). Needs ptrace permission over the
+/// process: same user, and Yama's ptrace_scope and seccomp allowing it.
+pub(crate) fn cma_read(pid: u32, addr: u64, dst: &mut [u8]) -> io::Result<()> {
+    let mut done = 0;
+    while done < dst.len() {
+        let local = libc::iovec {
+            iov_base: dst[done..].as_mut_ptr().cast(),
+            iov_len: dst.len() - done,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr as usize + done) as *mut libc::c_void,
+            iov_len: dst.len() - done,
+        };
+        // SAFETY: `local` describes the writable, exclusively borrowed rest
+        // of `dst`; the kernel checks `remote` against the other process's
+        // mappings (a bad address is an error, never a fault here).
+        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "process_vm_readv read nothing",
+            ));
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
