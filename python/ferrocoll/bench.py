@@ -116,31 +116,42 @@ def _worker(mode: str, backend: str, sizes: List[int], out_path: str) -> None:
     elif mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        torch.manual_seed(0)
+        batch = sizes[0] if sizes else 8
         width = 2048
-        layers = []
-        for _ in range(6):
-            layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-        model = DDP(torch.nn.Sequential(*layers))
-        params = sum(p.numel() for p in model.parameters())
-        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-        x = torch.randn(8, width)
 
-        def step() -> None:
-            opt.zero_grad()
-            model(x).sum().backward()
-            opt.step()
+        def make() -> Any:
+            torch.manual_seed(0)
+            layers: List[Any] = []
+            for _ in range(6):
+                layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+            return torch.nn.Sequential(*layers)
 
-        for _ in range(3):
-            step()
-        times = []
-        for _ in range(10):
-            barrier()
-            t0 = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t0)
-        results["step"] = statistics.median(times)
-        results["params"] = params
+        x = torch.randn(batch, width)
+
+        def time_steps(model: Any) -> float:
+            opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+
+            def step() -> None:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+
+            for _ in range(3):
+                step()
+            times = []
+            for _ in range(10):
+                barrier()
+                t0 = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - t0)
+            return statistics.median(times)
+
+        # The same step without DDP: the compute floor no backend can beat.
+        results["compute"] = time_steps(make())
+        model = DDP(make())
+        results["params"] = sum(p.numel() for p in model.parameters())
+        results["step"] = time_steps(model)
+        results["batch"] = batch
     if r == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
@@ -230,6 +241,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--min", default="8", help="smallest message (8)")
     p.add_argument("--max", default="64M", help="largest message (64M)")
     p.add_argument("--ddp", action="store_true", help="also time a DDP step (~25 M parameters)")
+    p.add_argument("--only", help="run only these parts: sweep,latency,ddp (comma-separated)")
+    p.add_argument("--ddp-batch", default="8", help="DDP step batch sizes, comma-separated (8)")
     p.add_argument("--rust", help="directory with ferrocoll and examples/latency (target/release)")
     p.add_argument("--json", help="write every number here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -241,11 +254,15 @@ def main(argv: Optional[List[str]] = None) -> None:
         _worker(a.worker, a.backend, [int(s) for s in a.sizes.split(",") if s], a.out)
         return
     lo, hi = _parse_size(a.min), _parse_size(a.max)
+    only = set(a.only.split(",")) if a.only else {"sweep", "latency", "ddp"}
+    if a.only and "ddp" in only:
+        a.ddp = True
     sizes = []
     s = lo
     while s <= hi:
         sizes.append(s)
-        s *= 8 if s < (1 << 20) else 4
+        # x8 up to 256 KiB, then 1, 4, 16, 64 MiB.
+        s *= 8 if s < (256 << 10) else 4
     everything: Dict[str, Any] = {"sizes": sizes}
     print(f"# python -m ferrocoll.bench {' '.join(argv or sys.argv[1:])}")
     print(
@@ -253,12 +270,16 @@ def main(argv: Optional[List[str]] = None) -> None:
         f"load {open('/proc/loadavg').read().split()[0]}"
     )
     for n in [int(x) for x in a.ranks.split(",")]:
-        ours = _launch(n, "sweep", "ferrocoll", sizes)
-        theirs = _launch(n, "sweep", "gloo", sizes)
+        if "sweep" not in only:
+            ours = {}
+        else:
+            ours = _launch(n, "sweep", "ferrocoll", sizes)
+        theirs = _launch(n, "sweep", "gloo", sizes) if ours else {}
         everything[f"sweep/{n}"] = {"ferrocoll": ours, "gloo": theirs}
-        print(f"\n## {n} processes, float32, time per call (us) and busbw (GB/s)\n")
-        print("| op | bytes | ferrocoll us | gloo us | ferrocoll busbw | gloo busbw | ratio |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        if ours:
+            print(f"\n## {n} processes, float32, time per call (us) and busbw (GB/s)\n")
+            print("| op | bytes | ferrocoll us | gloo us | ferrocoll busbw | gloo busbw | ratio |")
+            print("|---|---:|---:|---:|---:|---:|---:|")
         for key, t in ours.items():
             op, size = key.split("/")
             g = theirs[key]
@@ -267,33 +288,42 @@ def main(argv: Optional[List[str]] = None) -> None:
                 f"| {op} | {size} | {_fmt_t(t)} | {_fmt_t(g)} | {f / t / 1e9:.3f} | "
                 f"{f / g / 1e9:.3f} | {g / t:.2f}x |"
             )
-        lat_f = _launch(n, "latency", "ferrocoll", [])
-        lat_g = _launch(n, "latency", "gloo", [])
-        rust = _rust_latency(a.rust, n) if a.rust else None
-        everything[f"latency/{n}"] = {"ferrocoll": lat_f, "gloo": lat_g, "rust": rust}
-        print(f"\n## {n} processes, 8-byte allreduce, median per call (us)\n")
-        print("| Rust API | numpy API | torch backend ferrocoll | torch gloo | gloo / ferrocoll |")
-        print("|---:|---:|---:|---:|---:|")
-        rs = f"{rust * 1e6:.2f}" if rust is not None else "-"
-        print(
-            f"| {rs} | {lat_f['numpy'] * 1e6:.2f} | {lat_f['torch'] * 1e6:.2f} | "
-            f"{lat_g['torch'] * 1e6:.1f} | "
-            f"{lat_g['torch'] / lat_f['torch']:.1f}x |"
-        )
-        if rust is not None:
+        if "latency" not in only:
+            lat_f = None
+        else:
+            lat_f = _launch(n, "latency", "ferrocoll", [])
+        if lat_f is not None:
+            lat_g = _launch(n, "latency", "gloo", [])
+            rust = _rust_latency(a.rust, n) if a.rust else None
+            everything[f"latency/{n}"] = {"ferrocoll": lat_f, "gloo": lat_g, "rust": rust}
+            print(f"\n## {n} processes, 8-byte allreduce, median per call (us)\n")
+            print("| Rust API | numpy API | torch backend ferrocoll | torch gloo | gloo / ferrocoll |")
+            print("|---:|---:|---:|---:|---:|")
+            rs = f"{rust * 1e6:.2f}" if rust is not None else "-"
             print(
-                f"\noverhead over the Rust API: numpy {(lat_f['numpy'] - rust) * 1e6:.2f} us, "
-                f"torch backend {(lat_f['torch'] - rust) * 1e6:.2f} us per call"
+                f"| {rs} | {lat_f['numpy'] * 1e6:.2f} | {lat_f['torch'] * 1e6:.2f} | "
+                f"{lat_g['torch'] * 1e6:.1f} | "
+                f"{lat_g['torch'] / lat_f['torch']:.1f}x |"
             )
+            if rust is not None:
+                print(
+                    f"\noverhead over the Rust API: numpy {(lat_f['numpy'] - rust) * 1e6:.2f} us, "
+                    f"torch backend {(lat_f['torch'] - rust) * 1e6:.2f} us per call"
+                )
         if a.ddp and n == 2:
-            d_f = _launch(n, "ddp", "ferrocoll", [])
-            d_g = _launch(n, "ddp", "gloo", [])
-            everything["ddp"] = {"ferrocoll": d_f, "gloo": d_g}
-            print(f"\n## DDP step, {d_f['params'] / 1e6:.1f} M float32 parameters, 2 processes\n")
-            print(
-                f"ferrocoll {d_f['step'] * 1e3:.1f} ms, gloo {d_g['step'] * 1e3:.1f} ms: "
-                f"{d_f['step'] / d_g['step']:.2f}x gloo's step time"
-            )
+            for batch in [int(b) for b in a.ddp_batch.split(",")]:
+                d_f = _launch(n, "ddp", "ferrocoll", [batch])
+                d_g = _launch(n, "ddp", "gloo", [batch])
+                everything[f"ddp/{batch}"] = {"ferrocoll": d_f, "gloo": d_g}
+                print(
+                    f"\n## DDP step, {d_f['params'] / 1e6:.1f} M float32 parameters (6 Linear 2048x2048), "
+                    f"batch {batch}, 2 processes\n"
+                )
+                print(
+                    f"ferrocoll {d_f['step'] * 1e3:.1f} ms, gloo {d_g['step'] * 1e3:.1f} ms: "
+                    f"{d_f['step'] / d_g['step']:.2f}x gloo's step time; the same step without DDP "
+                    f"(compute only) {d_f['compute'] * 1e3:.1f} ms"
+                )
     if a.json:
         with open(a.json, "w") as f:
             json.dump(everything, f, indent=1)

@@ -904,6 +904,11 @@ def _create(opts: Any, backend_options: Any = None) -> ProcessGroupFerrocoll:
             if max(global_ranks) < world_size:
                 sub = comm.subgroup(global_ranks, _tag_of(str(opts.group_id)))
                 return ProcessGroupFerrocoll(sub, rank, size)
+        # Leave thread placement to torch: pinning the process to one core
+        # (ferrocoll's default when ranks fit one per core) would put torch's
+        # compute threads, autograd's and ferrocoll's progress worker on that
+        # one core. FERROCOLL_BIND set by the user still wins.
+        os.environ.setdefault("FERROCOLL_BIND", "none")
         comm = _core.init_with_store(opts.store, rank, size, _route_hint(opts.store), timeout)
         if default_group:
             _world = (comm, size)

@@ -417,6 +417,12 @@ fn init_over(
     store
         .barrier("init/connected", size)
         .map_err(|e| store_error(e, "the start-up barrier"))?;
+    // Nobody needs the store after this. Closing the connection now lets
+    // rank 0's server, when it goes, know that every rank has its last
+    // answer (it lingers until the connections are closed): without that,
+    // a rank 0 that finishes its work at once could take the store down
+    // before a slower rank had read the barrier's answer.
+    drop(store);
 
     let placement = Placement {
         launcher: spec.launcher,
@@ -439,7 +445,7 @@ fn init_over(
     if let Some(connector) = connector {
         engine = engine.with_connector(connector, &lazy);
     }
-    let engine = engine.keep_alive(Box::new((keep, std::sync::Mutex::new(store))));
+    let engine = engine.keep_alive(keep);
     let transport: Arc<dyn crate::transport::Transport> = match fast {
         Some(fast) => Arc::new(FastTransport::new(engine, fast)),
         None => Arc::new(engine),
