@@ -152,7 +152,14 @@ pub fn init_as(spec: &WorldSpec, config: Config, kind: TransportKind) -> Result<
     };
     let mut store = StoreClient::connect(&spec.store_addr, &spec.secret, connect_timeout)?;
     store.set_timeout(connect_timeout);
-    init_over(spec, Box::new(store), Box::new(server), config, kind)
+    init_over(
+        spec,
+        Box::new(store),
+        Box::new(server),
+        !external,
+        config,
+        kind,
+    )
 }
 
 /// Builds the world communicator of `size` ranks over a rendezvous store
@@ -202,7 +209,7 @@ pub fn init_with_rendezvous(
         job_id: job_id.to_string(),
         launcher: Launcher::Caller,
     };
-    init_over(&spec, store, Box::new(()), config, kind)
+    init_over(&spec, store, Box::new(()), false, config, kind)
 }
 
 /// 64 bits that differ between processes and calls (not cryptographic:
@@ -220,11 +227,14 @@ fn random_u64() -> u64 {
 }
 
 /// The start-up after the store is reached: placement, links, profile.
-/// `keep` lives as long as the transport (rank 0's store server).
+/// `keep` lives as long as the transport (rank 0's store server);
+/// `serves_store`: rank 0 serves the store (and so must outlive every
+/// rank's start-up).
 fn init_over(
     spec: &WorldSpec,
     mut store: Box<dyn Rendezvous>,
     keep: Box<dyn std::any::Any + Send + Sync>,
+    serves_store: bool,
     mut config: Config,
     kind: TransportKind,
 ) -> Result<Communicator> {
@@ -417,11 +427,20 @@ fn init_over(
     store
         .barrier("init/connected", size)
         .map_err(|e| store_error(e, "the start-up barrier"))?;
-    // Nobody needs the store after this. Closing the connection now lets
-    // rank 0's server, when it goes, know that every rank has its last
-    // answer (it lingers until the connections are closed): without that,
-    // a rank 0 that finishes its work at once could take the store down
-    // before a slower rank had read the barrier's answer.
+    // When rank 0 serves the store, it must not take it down (by finishing
+    // its work and exiting) before every rank has read the barrier's
+    // answer: each other rank says it is through, and rank 0 waits for the
+    // last. The last rank's `set` may meet a store already gone, so the
+    // others ignore errors here: they are done with the store.
+    if serves_store && size > 1 {
+        if rank == 0 {
+            store
+                .wait(&["init/through/done"])
+                .map_err(|e| store_error(e, "waiting for every rank to leave start-up"))?;
+        } else if store.add("init/through", 1).ok() == Some(size as i64 - 1) {
+            let _ = store.set("init/through/done", b"1");
+        }
+    }
     drop(store);
 
     let placement = Placement {

@@ -95,19 +95,8 @@ impl StoreServer {
     }
 }
 
-/// How long a dropped server waits for its clients to hang up.
-const LINGER: Duration = Duration::from_secs(2);
-
 impl Drop for StoreServer {
     fn drop(&mut self) {
-        // First let answers already on their way reach their clients: a
-        // client that got its last answer hangs up (init closes its
-        // connection after the start-up barrier), so wait, briefly, until
-        // every connection is closed.
-        let deadline = Instant::now() + LINGER;
-        while !lock(&self.shared.conns).is_empty() && Instant::now() < deadline {
-            thread::sleep(Duration::from_millis(2));
-        }
         self.shared.stop.store(true, Ordering::SeqCst);
         // Wake the waits; taking the lock first means no waiter can miss the
         // flag between checking it and going to sleep.
