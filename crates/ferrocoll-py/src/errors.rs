@@ -88,7 +88,11 @@ pub fn to_py(py: Python<'_>, e: &ferrocoll::Error) -> PyErr {
         E::InvalidArgument(_) => InvalidArgument::new_err(msg),
         E::UnknownAlgorithm { .. } => UnknownAlgorithm::new_err(msg),
         E::Config { .. } => ConfigError::new_err(msg),
-        E::Timeout { .. } => Timeout::new_err(msg),
+        // torch's tests and tools recognise a timeout by " Timed out " in
+        // the message: say it too, after ferrocoll's own words.
+        E::Timeout { waited, .. } => {
+            Timeout::new_err(format!("{msg} (ferrocoll: Timed out after {waited:?})"))
+        }
         E::Mismatch { .. } => Mismatch::new_err(msg),
         E::PeerLost { .. } => PeerLost::new_err(msg),
         E::Aborted => Aborted::new_err(msg),

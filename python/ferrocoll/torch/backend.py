@@ -557,7 +557,18 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
     def allgather_coalesced(
         self, output_lists: List[List[torch.Tensor]], input_list: List[torch.Tensor], opts: Any = None
     ) -> FerrocollWork:
-        works = [self._gather_into("all_gather", o, i) for o, i in zip(output_lists, input_list)]
+        # torch's layout: output_lists[r][i] receives rank r's input i, so the
+        # outputs of input i are column i.
+        n = self.size()
+        if len(output_lists) != n or any(len(o) != len(input_list) for o in output_lists):
+            raise _fail(
+                f"allgather_coalesced needs {n} output lists of {len(input_list)} tensors "
+                "(output_lists[rank][i] receives that rank's input i)"
+            )
+        works = [
+            self._gather_into("all_gather", [output_lists[r][i] for r in range(n)], t, 0, opts)
+            for i, t in enumerate(input_list)
+        ]
         return _combine(works, [t for o in output_lists for t in o])
 
     def all_gather_single(self, output: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> FerrocollWork:
@@ -903,7 +914,12 @@ def _create(opts: Any, backend_options: Any = None) -> ProcessGroupFerrocoll:
             comm, world_size = world
             if max(global_ranks) < world_size:
                 sub = comm.subgroup(global_ranks, _tag_of(str(opts.group_id)))
-                return ProcessGroupFerrocoll(sub, rank, size)
+                pg = ProcessGroupFerrocoll(sub, rank, size)
+                # The group's own deadline (new_group(timeout=...)) for every
+                # call on it; the world's applies otherwise.
+                if timeout:
+                    pg._timeout = timeout
+                return pg
         # Leave thread placement to torch: pinning the process to one core
         # (ferrocoll's default when ranks fit one per core) would put torch's
         # compute threads, autograd's and ferrocoll's progress worker on that
