@@ -42,7 +42,7 @@ pub(crate) struct Memory<'a> {
 
 impl<'a> Memory<'a> {
     /// Separate input and output buffers (out of place).
-    pub fn separate<T: Element>(input: &'a [T], output: &'a mut [T]) -> Memory<'a> {
+    pub(crate) fn separate<T: Element>(input: &'a [T], output: &'a mut [T]) -> Memory<'a> {
         let input = as_bytes(input);
         let output = as_bytes_mut(output);
         Memory {
@@ -58,7 +58,7 @@ impl<'a> Memory<'a> {
     /// output elements `output` (the in-place layouts of
     /// [`crate::plan::Layout::in_place`]). Panics if a range is outside
     /// `buf` (the callers derive them from lengths they checked).
-    pub fn in_place<T: Element>(
+    pub(crate) fn in_place<T: Element>(
         buf: &'a mut [T],
         input: Range<usize>,
         output: Range<usize>,
@@ -87,23 +87,23 @@ impl<'a> Memory<'a> {
     }
 
     /// An input buffer and no output (a send).
-    pub fn input_only<T: Element>(input: &'a [T]) -> Memory<'a> {
+    pub(crate) fn input_only<T: Element>(input: &'a [T]) -> Memory<'a> {
         Memory::separate(input, &mut [] as &mut [T])
     }
 
     /// An output buffer and no input (a receive).
-    pub fn output_only<T: Element>(output: &'a mut [T]) -> Memory<'a> {
+    pub(crate) fn output_only<T: Element>(output: &'a mut [T]) -> Memory<'a> {
         Memory::separate(&[] as &[T], output)
     }
 
     /// No buffers at all (a barrier).
-    pub fn none() -> Memory<'static> {
+    pub(crate) fn none() -> Memory<'static> {
         Memory::separate::<u8>(&[], &mut [])
     }
 
     /// The input, read-only. Borrows `self`, so no output view exists
     /// while it lives (in place they may overlap).
-    pub fn input(&self) -> &[u8] {
+    pub(crate) fn input(&self) -> &[u8] {
         // SAFETY: the type's invariant: `input` is valid for reads of
         // `input_len` bytes for 'a, and `&self` excludes an output view.
         unsafe { std::slice::from_raw_parts(self.input, self.input_len) }
@@ -111,7 +111,7 @@ impl<'a> Memory<'a> {
 
     /// The output, writable. Borrows `self` mutably, so no other view
     /// exists while it lives.
-    pub fn output(&mut self) -> &mut [u8] {
+    pub(crate) fn output(&mut self) -> &mut [u8] {
         // SAFETY: the type's invariant: `output` is valid for reads and
         // writes of `output_len` bytes for 'a, and `&mut self` excludes
         // every other view.
@@ -121,7 +121,7 @@ impl<'a> Memory<'a> {
     /// Bytes `offset..offset + len` of both buffers (a buffer this rank does
     /// not use, of length 0, stays empty), borrowing `self` for as long as
     /// the part is used.
-    pub fn slice(&mut self, offset: usize, len: usize) -> Memory<'_> {
+    pub(crate) fn slice(&mut self, offset: usize, len: usize) -> Memory<'_> {
         let part = |base: *mut u8, bytes: usize| {
             if bytes == 0 {
                 (base, 0)
@@ -160,7 +160,7 @@ fn as_bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
 /// of streaming the whole buffer from memory at every step of the algorithm;
 /// the extra rounds cost little next to the bytes. Other collectives run
 /// whole.
-pub fn slices(
+pub(crate) fn slices(
     coll: Collective,
     count: usize,
     elem: usize,

@@ -29,6 +29,7 @@
 //! buffers and return them from [`Request::wait`].
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 // What users need is re-exported at the root (below); the public modules
 // are for those who go further (custom transports, the cost model, plans

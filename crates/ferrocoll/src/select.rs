@@ -176,7 +176,7 @@ pub(crate) struct Chooser<'a> {
 impl Chooser<'_> {
     /// The algorithm for `coll` moving `bytes` ([`call_bytes`]), and why,
     /// in the precedence of the module docs.
-    pub fn choose(&self, coll: Collective, bytes: usize) -> Result<(Algorithm, String)> {
+    pub(crate) fn choose(&self, coll: Collective, bytes: usize) -> Result<(Algorithm, String)> {
         if let Some(a) = self.option {
             let a = a
                 .for_collective(coll)
@@ -217,7 +217,7 @@ impl Chooser<'_> {
     /// The cost-model parameters: the configured profile, else a calibrated
     /// file at [`Profile::default_path`] for the transport, else the
     /// built-in one; read once per communicator.
-    pub fn profile(&self) -> &Profile {
+    pub(crate) fn profile(&self) -> &Profile {
         self.memo.profile.get_or_init(|| {
             if let Some(p) = self.configured {
                 return p.clone();
@@ -232,7 +232,7 @@ impl Chooser<'_> {
     /// its predicted cost (`None` without a closed form, and for
     /// alltoallv, whose cost depends on every pair's counts, which no rank
     /// knows).
-    pub fn predict(
+    pub(crate) fn predict(
         &self,
         coll: Collective,
         count: usize,
@@ -248,7 +248,7 @@ impl Chooser<'_> {
 
     /// Prints the cost model's table for a shape to stderr the first time
     /// it is seen (`FERROCOLL_DEBUG=tune`).
-    pub fn explain(&self, coll: Collective, count: usize, dtype: DType, bytes: usize) {
+    pub(crate) fn explain(&self, coll: Collective, count: usize, dtype: DType, bytes: usize) {
         let first = self
             .memo
             .explained

@@ -170,7 +170,7 @@ pub(crate) struct PeerRegion {
 impl PeerRegion {
     /// Maps the buffer that is descriptor `fd` in the process `pidfd` refers
     /// to (`pidfd_getfd`: needs the same permission as ptrace).
-    pub fn map(pidfd: &OwnedFd, fd: u32) -> io::Result<PeerRegion> {
+    pub(crate) fn map(pidfd: &OwnedFd, fd: u32) -> io::Result<PeerRegion> {
         // SAFETY: plain system call on a pidfd we own; the result, if valid,
         // is a new descriptor owned by us.
         let raw = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd as i32, 0) };
@@ -187,7 +187,7 @@ impl PeerRegion {
     }
 
     /// Bytes `offset..offset + len`, if inside the mapping.
-    pub fn bytes(&self, offset: u64, len: usize) -> io::Result<&[u8]> {
+    pub(crate) fn bytes(&self, offset: u64, len: usize) -> io::Result<&[u8]> {
         let start = offset as usize;
         self.map.get(start..start + len).ok_or_else(|| {
             io::Error::new(

@@ -70,12 +70,12 @@ impl TransportConfig {
     /// defaults. Fails (with [`Error::Config`]) only for a
     /// `FERROCOLL_TCP_STREAMS` outside 1 to 16, the one knob that was ever
     /// checked; the others ignore values they cannot parse, as before.
-    pub fn from_env() -> Result<TransportConfig> {
+    pub(crate) fn from_env() -> Result<TransportConfig> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
     /// [`TransportConfig::from_env`] over any source of variables (tests).
-    pub fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<TransportConfig> {
+    pub(crate) fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<TransportConfig> {
         let d = TransportConfig::default();
         let tcp_streams = match var("FERROCOLL_TCP_STREAMS") {
             Some(v) if !v.trim().is_empty() => v

@@ -337,7 +337,7 @@ impl TcpConnector {
     /// publishes [`TcpConnector::address`] and hands the peers' addresses
     /// back with [`TcpConnector::add_peer`]: this module knows nothing of
     /// the rendezvous store.
-    pub fn listen(
+    pub(crate) fn listen(
         rank: usize,
         route_to: &str,
         secret: &str,
@@ -375,24 +375,24 @@ impl TcpConnector {
     }
 
     /// The address this rank listens on, for peers to connect to.
-    pub fn address(&self) -> SocketAddr {
+    pub(crate) fn address(&self) -> SocketAddr {
         self.me
     }
 
     /// Records where `peer` listens (only lower ranks are ever connected
     /// to), so that connecting later needs no store: rank 0, which serves
     /// it, may have exited by then.
-    pub fn add_peer(&mut self, peer: usize, addr: SocketAddr) {
+    pub(crate) fn add_peer(&mut self, peer: usize, addr: SocketAddr) {
         self.addrs.insert(peer, addr);
     }
 
     /// The listening socket, to poll for connecting peers.
-    pub fn listener_fd(&self) -> RawFd {
+    pub(crate) fn listener_fd(&self) -> RawFd {
         self.listener.as_raw_fd()
     }
 
     /// Connects to lower rank `peer` (blocking up to the timeout).
-    pub fn connect(&mut self, peer: usize) -> Result<Box<dyn Channel>> {
+    pub(crate) fn connect(&mut self, peer: usize) -> Result<Box<dyn Channel>> {
         assert!(peer < self.rank, "the higher rank of a pair connects");
         let rank = self.rank;
         let target = *self.addrs.get(&peer).ok_or_else(|| {
@@ -437,7 +437,7 @@ impl TcpConnector {
 
     /// Accepts whatever peers have connected; returns the channels of those
     /// whose streams are all in.
-    pub fn accept(&mut self) -> Result<Vec<(usize, Box<dyn Channel>)>> {
+    pub(crate) fn accept(&mut self) -> Result<Vec<(usize, Box<dyn Channel>)>> {
         loop {
             match self.listener.accept() {
                 Ok((stream, _)) => {

@@ -96,7 +96,7 @@ fn index_of<T: PartialEq>(all: &[T], x: &T) -> u8 {
 
 impl Frame {
     /// A data frame for `len` payload bytes of the call `header`.
-    pub fn data(header: Header, len: usize) -> Frame {
+    pub(crate) fn data(header: Header, len: usize) -> Frame {
         Frame {
             kind: FrameKind::Data,
             header,
@@ -107,7 +107,7 @@ impl Frame {
     }
 
     /// The bytes of this header.
-    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+    pub(crate) fn encode(&self) -> [u8; HEADER_BYTES] {
         let mut b = [0u8; HEADER_BYTES];
         let sig = &self.header.sig;
         b[0..4].copy_from_slice(&MAGIC);
@@ -140,7 +140,7 @@ impl Frame {
 
     /// Parses a header; `Err` says what is wrong with it (a corrupted or
     /// foreign stream).
-    pub fn decode(b: &[u8]) -> Result<Frame, String> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Frame, String> {
         let b: &[u8; HEADER_BYTES] = b
             .get(..HEADER_BYTES)
             .and_then(|s| s.try_into().ok())

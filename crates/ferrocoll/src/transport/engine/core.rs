@@ -108,7 +108,7 @@ pub(crate) struct Core {
 impl Core {
     /// The core of rank `me` of `size`, whose peers in `connected` have a
     /// channel already, keeping its finished calls in `ledger`.
-    pub fn new(
+    pub(super) fn new(
         me: usize,
         connected: &[bool],
         checksums: bool,
@@ -145,56 +145,56 @@ impl Core {
     }
 
     /// Number of ranks.
-    pub fn size(&self) -> usize {
+    pub(super) fn size(&self) -> usize {
         self.peers.len()
     }
 
     /// The flag an abort sets (shared with whoever polls it without a lock).
-    pub fn aborted_flag(&self) -> &Arc<AtomicBool> {
+    pub(super) fn aborted_flag(&self) -> &Arc<AtomicBool> {
         &self.aborted
     }
 
     /// The flag a crash or late mismatch sets.
-    pub fn broken_flag(&self) -> &Arc<AtomicBool> {
+    pub(super) fn broken_flag(&self) -> &Arc<AtomicBool> {
         &self.broken
     }
 
     /// Moves the ledger to `ledger` (a bypass's lock); before any call.
-    pub fn set_ledger(&mut self, ledger: Arc<dyn LedgerLock>) {
+    pub(super) fn set_ledger(&mut self, ledger: Arc<dyn LedgerLock>) {
         self.verdicts = ledger::with(&*ledger, |l| l.verdicts_hint());
         self.ledger = ledger;
     }
 
     /// A channel to `peer` now exists.
-    pub fn connected(&mut self, peer: usize) {
+    pub(super) fn connected(&mut self, peer: usize) {
         self.peers[peer].connected = true;
     }
 
     /// Whether `peer` is gone.
-    pub fn is_lost(&self, peer: usize) -> bool {
+    pub(super) fn is_lost(&self, peer: usize) -> bool {
         self.peers[peer].lost.is_some()
     }
 
     /// The first crashed rank, once one is known.
-    pub fn culprit(&self) -> Option<usize> {
+    pub(super) fn culprit(&self) -> Option<usize> {
         self.culprit
     }
 
     /// Whether frames wait to be written to a live, connected peer.
-    pub fn has_queued(&self) -> bool {
+    pub(super) fn has_queued(&self) -> bool {
         self.peers
             .iter()
             .any(|p| p.lost.is_none() && p.connected && !p.sendq.is_empty())
     }
 
     /// Whether frames wait to be written to `peer`.
-    pub fn wants_write(&self, peer: usize) -> bool {
+    pub(super) fn wants_write(&self, peer: usize) -> bool {
         !self.peers[peer].sendq.is_empty()
     }
 
     /// What a new call must not start against: an abort, a crash, a late
     /// mismatch, a peer out of range, a send to a gone peer.
-    pub fn precheck(&self, sends: &[Outgoing<'_>], recvs: &[Incoming]) -> Result<()> {
+    pub(super) fn precheck(&self, sends: &[Outgoing<'_>], recvs: &[Incoming]) -> Result<()> {
         if self.aborted.load(Ordering::SeqCst) {
             return Err(Error::Aborted);
         }
@@ -237,7 +237,7 @@ impl Core {
     /// removes the call (the core writes into the sink and reads the sends
     /// whenever bytes move).
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn add_call(
+    pub(super) unsafe fn add_call(
         &mut self,
         header: &Header,
         sends: &[Outgoing<'_>],
@@ -377,7 +377,7 @@ impl Core {
 
     /// Fails a just-registered call `id` that waits on a gone peer (what
     /// that peer sent before leaving did not hold the message).
-    pub fn check_gone(&self, id: usize) -> Result<()> {
+    pub(super) fn check_gone(&self, id: usize) -> Result<()> {
         let c = self.calls[id].as_ref().expect("live call");
         match c
             .recvs
@@ -390,7 +390,7 @@ impl Core {
     }
 
     /// The outcome of call `id`: `None` while it waits.
-    pub fn poll_call(&mut self, id: usize) -> Option<Result<()>> {
+    pub(super) fn poll_call(&mut self, id: usize) -> Option<Result<()>> {
         let c = self.calls[id].as_mut().expect("live call");
         if let Some(err) = c.error.take() {
             return Some(Err(err));
@@ -406,7 +406,7 @@ impl Core {
 
     /// The time is `now`: the timeout of call `id` if its deadline has
     /// passed, naming the peer it still waits for (a receive, else a send).
-    pub fn handle_timeout(&self, id: usize, now: Instant) -> Option<Error> {
+    pub(super) fn handle_timeout(&self, id: usize, now: Instant) -> Option<Error> {
         let c = self.calls[id].as_ref().expect("live call");
         if now < c.deadline {
             return None;
@@ -432,12 +432,12 @@ impl Core {
     }
 
     /// When call `id`'s waiting fails.
-    pub fn deadline(&self, id: usize) -> Instant {
+    pub(super) fn deadline(&self, id: usize) -> Instant {
         self.calls[id].as_ref().expect("live call").deadline
     }
 
     /// The keys of every call registered now.
-    pub fn live_keys(&self) -> Vec<(u64, u64)> {
+    pub(super) fn live_keys(&self) -> Vec<(u64, u64)> {
         self.calls
             .iter()
             .flatten()
@@ -446,14 +446,14 @@ impl Core {
     }
 
     /// The next bytes to write to `peer`, if any.
-    pub fn poll_transmit(&self, peer: usize) -> Option<&[u8]> {
+    pub(super) fn poll_transmit(&self, peer: usize) -> Option<&[u8]> {
         self.peers[peer].sendq.front().map(Outbound::remaining)
     }
 
     /// `n` bytes of [`Core::poll_transmit`]'s were written to `peer`.
     /// Returns true when they ended a notice, after which the driver alerts
     /// the peer (`Channel::alert`: it may be busy on a bypass).
-    pub fn handle_written(&mut self, peer: usize, n: usize) -> bool {
+    pub(super) fn handle_written(&mut self, peer: usize, n: usize) -> bool {
         let out = self.peers[peer]
             .sendq
             .front_mut()
@@ -620,7 +620,7 @@ impl Core {
 
     /// Removes call `id`: its unsent frames go, a half-sent one is finished
     /// from a copy, and bytes still arriving for it are dropped.
-    pub fn retire(&mut self, id: usize) {
+    pub(super) fn retire(&mut self, id: usize) {
         for p in 0..self.peers.len() {
             // Remote messages this call will not read: release their
             // senders. Its own unacknowledged ones are forgotten.

@@ -99,7 +99,7 @@ pub(crate) struct Engine {
 impl Engine {
     /// An engine for rank `rank` with `channels[p]` leading to peer `p`
     /// (`None` for this rank itself), sleeping on `bell`, tuned by `config`.
-    pub fn new(
+    pub(crate) fn new(
         rank: usize,
         channels: Vec<Option<Box<dyn Channel>>>,
         bell: Arc<dyn Doorbell>,
@@ -136,7 +136,11 @@ impl Engine {
 
     /// Lets `bypass` carry some calls, keeping the ledger in `ledger`
     /// (the bypass's own lock, see [`LedgerLock`]).
-    pub fn with_bypass(mut self, bypass: Arc<dyn Bypass>, ledger: Arc<dyn LedgerLock>) -> Engine {
+    pub(crate) fn with_bypass(
+        mut self,
+        bypass: Arc<dyn Bypass>,
+        ledger: Arc<dyn LedgerLock>,
+    ) -> Engine {
         self.lock().core.set_ledger(ledger);
         self.bypass = Some(bypass);
         self
@@ -144,13 +148,13 @@ impl Engine {
 
     /// Declares whether this rank runs on a core of its own (it spins while
     /// waiting) or shares cores with other ranks (it yields).
-    pub fn dedicated_core(mut self, dedicated: bool) -> Engine {
+    pub(crate) fn dedicated_core(mut self, dedicated: bool) -> Engine {
         self.dedicated_core = dedicated;
         self
     }
 
     /// Connects to the peers in `lazy` over TCP when they are first needed.
-    pub fn with_connector(self, connector: TcpConnector, lazy: &[usize]) -> Engine {
+    pub(crate) fn with_connector(self, connector: TcpConnector, lazy: &[usize]) -> Engine {
         {
             let mut st = self.lock();
             for &p in lazy {
@@ -162,7 +166,7 @@ impl Engine {
     }
 
     /// Keeps `thing` alive as long as the engine.
-    pub fn keep_alive(mut self, thing: Box<dyn std::any::Any + Send + Sync>) -> Engine {
+    pub(crate) fn keep_alive(mut self, thing: Box<dyn std::any::Any + Send + Sync>) -> Engine {
         self.kept.push(thing);
         self
     }
@@ -177,7 +181,7 @@ impl Engine {
     }
 
     /// What a bypass may ask of this engine (see [`Link`]).
-    pub fn link(&self) -> Link<'_> {
+    pub(crate) fn link(&self) -> Link<'_> {
         Link {
             rank: self.rank,
             dedicated_core: self.dedicated_core,
@@ -220,12 +224,12 @@ pub(crate) struct Link<'a> {
 
 impl Link<'_> {
     /// Whether this transport was aborted (here or by a peer's notice).
-    pub fn is_aborted(&self) -> bool {
+    pub(crate) fn is_aborted(&self) -> bool {
         self.aborted.load(Ordering::Relaxed)
     }
 
     /// Whether every call fails from now on.
-    pub fn is_broken(&self) -> bool {
+    pub(crate) fn is_broken(&self) -> bool {
         self.broken.load(Ordering::Relaxed)
     }
 
@@ -233,7 +237,7 @@ impl Link<'_> {
     /// waits (and when a notice arrived): runs the engine once (notices,
     /// abort, frames), looks for dead peers if `liveness` and it is time,
     /// and fails the call `header` as [`Core::bypass_checkup`] says.
-    pub fn checkup(&self, header: &Header, awaited: &[usize], liveness: bool) -> Result<()> {
+    pub(crate) fn checkup(&self, header: &Header, awaited: &[usize], liveness: bool) -> Result<()> {
         let e = self.engine;
         if self.is_aborted() {
             return Err(Error::Aborted);
@@ -258,7 +262,7 @@ impl Link<'_> {
 
     /// Fails the bypass call `header` for `fault`, telling the peer where
     /// the engine would.
-    pub fn fail(&self, header: &Header, fault: Fault) -> Error {
+    pub(crate) fn fail(&self, header: &Header, fault: Fault) -> Error {
         let mut st = self.engine.lock();
         let err = st.core.bypass_fault(header, fault);
         st.flush_now();

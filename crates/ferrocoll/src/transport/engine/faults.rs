@@ -195,7 +195,7 @@ impl Core {
     /// Handles messages a bypass found where this rank used the engine
     /// (`Bypass::strays`): one for a call running here fails that call
     /// (and tells the peer); one for a finished call is a late mismatch.
-    pub fn handle_strays(&mut self, found: Vec<Stray>) {
+    pub(super) fn handle_strays(&mut self, found: Vec<Stray>) {
         for f in found {
             let remote = f.remote;
             let running = self
@@ -229,7 +229,7 @@ impl Core {
     }
 
     /// The channel to `peer` failed or the peer vanished (`why`).
-    pub fn handle_lost(&mut self, peer: usize, why: String) {
+    pub(super) fn handle_lost(&mut self, peer: usize, why: String) {
         self.lose(peer, why);
     }
 
@@ -238,7 +238,7 @@ impl Core {
     /// and calls [`Core::abort_here`]: peers first, because a thread that
     /// returns `Aborted` may end the process at once, and a notice not yet
     /// written would be lost with it.
-    pub fn abort_peers(&mut self) {
+    pub(super) fn abort_peers(&mut self) {
         // Best effort: a full channel drops the notice, and the peer's
         // deadline still holds.
         let notice = control_frame(FrameKind::Abort, 0);
@@ -260,14 +260,14 @@ impl Core {
     }
 
     /// Ends an abort here: every current and future call fails.
-    pub fn abort_here(&mut self) {
+    pub(super) fn abort_here(&mut self) {
         self.aborted.store(true, Ordering::SeqCst);
         self.fail_all(&Error::Aborted);
     }
 
     /// Queues a goodbye to every connected peer (this transport is
     /// dropped: the channel closing next is a clean exit there).
-    pub fn say_goodbye(&mut self) {
+    pub(super) fn say_goodbye(&mut self) {
         let bye = control_frame(FrameKind::Bye, 0);
         for peer in &mut self.peers {
             if peer.lost.is_none() && peer.connected {
@@ -279,19 +279,19 @@ impl Core {
 
     /// Records that call `header` ended on this rank (see
     /// [`Core::check_unclaimed`]).
-    pub fn finished(&mut self, header: &Header) {
+    pub(super) fn finished(&mut self, header: &Header) {
         ledger::with(&*self.ledger, |l| l.finish(header));
     }
 
     /// The error every call fails with since a late mismatch, if any.
-    pub fn sticky(&self) -> Option<&Error> {
+    pub(super) fn sticky(&self) -> Option<&Error> {
         self.sticky.as_ref()
     }
 
     /// After [`Core::finished`]: a message of call `header` still
     /// unclaimed came from a peer that called something else here (a late
     /// mismatch, also told to that peer).
-    pub fn check_unclaimed(&mut self, header: &Header) -> Result<()> {
+    pub(super) fn check_unclaimed(&mut self, header: &Header) -> Result<()> {
         if let Some((peer, msg)) = self.take_unexpected(header.key()) {
             self.late_mismatch(peer, &msg.header);
             return Err(self.sticky.clone().expect("set by late_mismatch"));
@@ -305,7 +305,7 @@ impl Core {
     /// of this call on the channels (a peer that took the engine where this
     /// rank took the bypass: the peer is told), or a gone peer in
     /// `awaited`.
-    pub fn bypass_checkup(&mut self, header: &Header, awaited: &[usize]) -> Result<()> {
+    pub(super) fn bypass_checkup(&mut self, header: &Header, awaited: &[usize]) -> Result<()> {
         if self.aborted.load(Ordering::SeqCst) {
             return Err(Error::Aborted);
         }
@@ -341,7 +341,7 @@ impl Core {
 
     /// The error a bypass call `header` fails with for `fault`, after
     /// queueing the notice the engine would send.
-    pub fn bypass_fault(&mut self, header: &Header, fault: Fault) -> Error {
+    pub(super) fn bypass_fault(&mut self, header: &Header, fault: Fault) -> Error {
         match fault {
             Fault::Mismatch { peer, theirs } => {
                 self.notify_mismatch(peer, header);

@@ -42,7 +42,7 @@ impl Default for Ledger {
 
 impl Ledger {
     /// An empty ledger.
-    pub fn new() -> Ledger {
+    pub(crate) fn new() -> Ledger {
         Ledger {
             finished: VecDeque::new(),
             verdicts: Vec::new(),
@@ -51,7 +51,7 @@ impl Ledger {
     }
 
     /// Records that this rank finished the collective `header`.
-    pub fn finish(&mut self, header: &Header) {
+    pub(crate) fn finish(&mut self, header: &Header) {
         self.finished.push_back(*header);
         if self.finished.len() > FINISHED_KEPT {
             self.finished.pop_front();
@@ -59,17 +59,17 @@ impl Ledger {
     }
 
     /// The finished call with `key`, if remembered.
-    pub fn finished_with(&self, key: (u64, u64)) -> Option<Header> {
+    pub(crate) fn finished_with(&self, key: (u64, u64)) -> Option<Header> {
         self.finished.iter().find(|h| h.key() == key).copied()
     }
 
     /// Whether a peer reported any mismatch not taken yet.
-    pub fn has_verdicts(&self) -> bool {
+    pub(crate) fn has_verdicts(&self) -> bool {
         !self.verdicts.is_empty()
     }
 
     /// Removes and returns the mismatch a peer reported for `key`.
-    pub fn take_verdict(&mut self, key: (u64, u64)) -> Option<(usize, Header)> {
+    pub(crate) fn take_verdict(&mut self, key: (u64, u64)) -> Option<(usize, Header)> {
         let at = self.verdicts.iter().position(|(_, h)| h.key() == key)?;
         self.verdict_count.fetch_sub(1, Ordering::Relaxed);
         Some(self.verdicts.swap_remove(at))
@@ -77,7 +77,7 @@ impl Ledger {
 
     /// Keeps the mismatch `peer` reported for its call `theirs`, which this
     /// rank has not reached yet.
-    pub fn add_verdict(&mut self, peer: usize, theirs: Header) {
+    pub(crate) fn add_verdict(&mut self, peer: usize, theirs: Header) {
         self.verdicts.push((peer, theirs));
         self.verdict_count.fetch_add(1, Ordering::Relaxed);
     }
@@ -85,7 +85,7 @@ impl Ledger {
     /// The number of kept verdicts, to read without the ledger's lock: the
     /// engine, which adds verdicts only under its own lock, skips the
     /// ledger when it holds that lock and this reads 0.
-    pub fn verdicts_hint(&self) -> Arc<AtomicUsize> {
+    pub(crate) fn verdicts_hint(&self) -> Arc<AtomicUsize> {
         Arc::clone(&self.verdict_count)
     }
 }

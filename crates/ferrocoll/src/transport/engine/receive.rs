@@ -11,7 +11,7 @@ use crate::transport::Header;
 
 impl Core {
     /// Consumes a prefix of `bytes` arriving from `peer`; returns how many.
-    pub fn handle_bytes(&mut self, peer: usize, bytes: &[u8]) -> usize {
+    pub(super) fn handle_bytes(&mut self, peer: usize, bytes: &[u8]) -> usize {
         let mut used = 0;
         loop {
             let rest = &bytes[used..];
@@ -302,18 +302,18 @@ impl Core {
     /// The next matched remote-data message from `peer` to read, which the
     /// driver reads (from `peer`'s memory or its shared buffer) and hands
     /// back with [`Core::deliver_remote`] and [`Core::remote_read_done`].
-    pub fn poll_remote_read(&mut self, peer: usize) -> Option<RemoteRead> {
+    pub(super) fn poll_remote_read(&mut self, peer: usize) -> Option<RemoteRead> {
         self.peers[peer].to_read.pop_front()
     }
 
     /// Whether the call of remote read `r` still waits for its bytes (a
     /// call that failed and left has nobody to deliver to).
-    pub fn remote_read_wanted(&self, r: &RemoteRead) -> bool {
+    pub(super) fn remote_read_wanted(&self, r: &RemoteRead) -> bool {
         self.calls[r.call].is_some()
     }
 
     /// Bytes `offset..offset + bytes.len()` of remote read `r`.
-    pub fn deliver_remote(&mut self, r: &RemoteRead, offset: usize, bytes: &[u8]) {
+    pub(super) fn deliver_remote(&mut self, r: &RemoteRead, offset: usize, bytes: &[u8]) {
         if let Some(c) = self.calls[r.call].as_mut() {
             // SAFETY: the call is registered, so its sink is alive and its
             // thread keeps it for the core (see `Core::add_call`).
@@ -324,7 +324,7 @@ impl Core {
     /// Remote read `r` from `peer` is over (all of it delivered, or its
     /// call gone): completes the receive and acknowledges it, so that the
     /// sender may reuse its buffer.
-    pub fn remote_read_done(&mut self, peer: usize, r: RemoteRead, delivered: bool) {
+    pub(super) fn remote_read_done(&mut self, peer: usize, r: RemoteRead, delivered: bool) {
         if delivered {
             self.finish_recv(r.call, r.idx);
         }

@@ -178,7 +178,7 @@ pub(crate) struct LocalBell {
 
 impl LocalBell {
     /// A new bell.
-    pub fn new() -> LocalBell {
+    pub(crate) fn new() -> LocalBell {
         LocalBell {
             count: Mutex::new(0),
             rung: std::sync::Condvar::new(),

@@ -51,7 +51,7 @@ impl Mailboxes {
     /// The mailboxes of the small-collective fast path in `node`'s
     /// segments: ours and our slots in every local peer's segment. `None`
     /// until every local peer is attached.
-    pub fn of(node: &ShmNode) -> Option<Mailboxes> {
+    pub(crate) fn of(node: &ShmNode) -> Option<Mailboxes> {
         let peers = node.segments()?;
         let me = node.local_rank();
         Some(Mailboxes {
@@ -62,7 +62,7 @@ impl Mailboxes {
     }
 
     /// Number of local ranks.
-    pub fn local_size(&self) -> usize {
+    pub(crate) fn local_size(&self) -> usize {
         self.peers.len()
     }
 
@@ -74,7 +74,7 @@ impl Mailboxes {
 
     /// The stamp of the slot that holds our message number `stamp` from
     /// local rank `from` once it has arrived (stamps count from 1).
-    pub fn inbound_stamp(&self, from: usize, stamp: u64) -> &AtomicU64 {
+    pub(crate) fn inbound_stamp(&self, from: usize, stamp: u64) -> &AtomicU64 {
         let off = Self::slot_offset(&self.own, from, (stamp % SLOTS as u64) as usize);
         self.own.u64_at(off)
     }
@@ -83,7 +83,12 @@ impl Mailboxes {
     /// seen arrive (its stamp loaded with `Acquire` equal to `stamp`), then
     /// marks it consumed. `payload_len` extracts the payload length from the
     /// packed signature (clamped to [`SLOT_PAYLOAD`]).
-    pub fn take(&self, from: usize, stamp: u64, payload_len: impl Fn(u64) -> usize) -> SlotMessage {
+    pub(crate) fn take(
+        &self,
+        from: usize,
+        stamp: u64,
+        payload_len: impl Fn(u64) -> usize,
+    ) -> SlotMessage {
         let seg = &*self.own;
         let off = Self::slot_offset(seg, from, (stamp % SLOTS as u64) as usize);
         let comm = seg.u64_at(off + 8).load(Ordering::Relaxed);
@@ -115,7 +120,7 @@ impl Mailboxes {
     }
 
     /// How many of our messages local rank `to` has consumed.
-    pub fn acked_by(&self, to: usize) -> u64 {
+    pub(crate) fn acked_by(&self, to: usize) -> u64 {
         let seg = &*self.peers[to];
         seg.u64_at(seg.mailbox_offset(self.me))
             .load(Ordering::Acquire)
@@ -124,7 +129,7 @@ impl Mailboxes {
     /// Writes our message number `stamp` to local rank `to` and publishes
     /// it. The caller has checked that `to` consumed message `stamp -
     /// SLOTS` ([`Mailboxes::acked_by`]), so the slot is free.
-    pub fn put(&self, to: usize, stamp: u64, comm: u64, seq: u64, sig: u64, payload: &[u8]) {
+    pub(crate) fn put(&self, to: usize, stamp: u64, comm: u64, seq: u64, sig: u64, payload: &[u8]) {
         assert!(
             payload.len() <= SLOT_PAYLOAD,
             "payload too large for a slot"
@@ -153,7 +158,7 @@ impl Mailboxes {
     /// Wakes local rank `to` if a thread of it sleeps on its doorbell. The
     /// caller issues a `SeqCst` fence between publishing what `to` may wait
     /// for and this call (see [`Mailboxes::sleep`]).
-    pub fn wake(&self, to: usize) {
+    pub(crate) fn wake(&self, to: usize) {
         let seg = &*self.peers[to];
         if seg.sleepers().load(Ordering::Relaxed) > 0 {
             seg.ring_bell();
@@ -161,13 +166,13 @@ impl Mailboxes {
     }
 
     /// Rings our own doorbell (wakes this rank's other threads).
-    pub fn wake_self(&self) {
+    pub(crate) fn wake_self(&self) {
         self.own.ring_bell();
     }
 
     /// The count of control notices written to this rank (incremented by
     /// peers after such a frame is in our ring: `ShmChannel::alert`).
-    pub fn notices(&self) -> u64 {
+    pub(crate) fn notices(&self) -> u64 {
         self.own.u64_at(NOTICES).load(Ordering::Acquire)
     }
 
@@ -179,7 +184,7 @@ impl Mailboxes {
     /// wake-up is lost). The futex compares the ring count against the
     /// token read before, so a ring between `ready` and the sleep returns
     /// at once.
-    pub fn sleep(&self, timeout: Duration, ready: impl Fn() -> bool) {
+    pub(crate) fn sleep(&self, timeout: Duration, ready: impl Fn() -> bool) {
         let rings = self.own.rings();
         let sleepers = self.own.sleepers();
         let token = rings.load(Ordering::Acquire);

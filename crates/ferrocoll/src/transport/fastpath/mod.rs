@@ -247,7 +247,7 @@ fn bits(mut mask: u32) -> impl Iterator<Item = usize> {
 impl FastPath {
     /// The fast path over `boxes`, whose local rank `i` is transport rank
     /// `world_of[i]`, in a transport of `size` ranks.
-    pub fn new(boxes: Mailboxes, world_of: Vec<usize>, size: usize) -> FastPath {
+    pub(crate) fn new(boxes: Mailboxes, world_of: Vec<usize>, size: usize) -> FastPath {
         assert_eq!(boxes.local_size(), world_of.len());
         let mut local_of = vec![None; size];
         for (lp, &w) in world_of.iter().enumerate() {
@@ -301,7 +301,7 @@ impl FastPath {
 
     /// Whether every rank of `group` (transport ranks) is reachable
     /// through the mailboxes, and the group is small enough.
-    pub fn serves(&self, group: &[usize]) -> bool {
+    pub(crate) fn serves(&self, group: &[usize]) -> bool {
         (2..=FAST_MAX_RANKS).contains(&group.len())
             && group
                 .iter()
@@ -314,20 +314,20 @@ impl FastPath {
 
     /// Whether a control notice arrived since the engine last read the
     /// rings for the fast path.
-    pub fn notices_changed(&self) -> bool {
+    pub(crate) fn notices_changed(&self) -> bool {
         self.boxes.notices() != self.notices_seen.load(Ordering::Relaxed)
     }
 
     /// Marks the notices seen so far as acted on (the caller then runs the
     /// engine).
-    pub fn notices_acted(&self) {
+    pub(crate) fn notices_acted(&self) {
         self.notices_seen
             .store(self.boxes.notices(), Ordering::Relaxed);
     }
 
     /// Lock-free: whether a message has arrived from any local rank that no
     /// call has taken yet.
-    pub fn anything_new(&self) -> bool {
+    pub(crate) fn anything_new(&self) -> bool {
         (0..self.world_of.len()).any(|lp| {
             let n = self.next_in[lp].load(Ordering::Relaxed);
             self.boxes.inbound_stamp(lp, n).load(Ordering::Acquire) == n
@@ -394,7 +394,7 @@ impl FastPath {
     /// is empty). Waits at most `timeout` from when waiting starts.
     // The arguments are those of `Transport::exchange`, plus the engine's link.
     #[allow(clippy::too_many_arguments)]
-    pub fn exchange(
+    pub(crate) fn exchange(
         &self,
         link: &Link<'_>,
         header: &Header,

@@ -28,7 +28,7 @@ pub(crate) struct FastTransport {
 impl FastTransport {
     /// `engine` with `fast` as its bypass (the engine's ledger moves into
     /// the fast path's books).
-    pub fn new(engine: Engine, fast: FastPath) -> FastTransport {
+    pub(crate) fn new(engine: Engine, fast: FastPath) -> FastTransport {
         let fast = Arc::new(fast);
         let engine = engine.with_bypass(Arc::clone(&fast) as _, Arc::clone(&fast) as _);
         FastTransport { engine, fast }

@@ -50,7 +50,7 @@ impl ShmNode {
     /// ring_bytes). `job` is `[A-Za-z0-9_-]`.
     ///
     /// Fails with `AlreadyExists` if the file belongs to a live process.
-    pub fn create(
+    pub(crate) fn create(
         job: &str,
         local_rank: usize,
         local_size: usize,
@@ -144,7 +144,7 @@ impl ShmNode {
     }
 
     /// The segment's file name (under `/dev/shm`), for peers to attach.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
@@ -152,7 +152,7 @@ impl ShmNode {
     /// checking magic, version and geometry (the same `local_size` and
     /// `ring_bytes` as ours) and that its creator is alive. Attaching our own
     /// rank under our own name is a no-op.
-    pub fn attach(&mut self, local_peer: usize, name: &str) -> io::Result<()> {
+    pub(crate) fn attach(&mut self, local_peer: usize, name: &str) -> io::Result<()> {
         let local_size = self.own.local_size;
         let ring_bytes = self.own.ring_bytes;
         if local_peer >= local_size {
@@ -249,7 +249,7 @@ impl ShmNode {
     /// Removes this rank's file from `/dev/shm` (the mapping stays valid).
     /// The caller calls it once every peer has attached, so a killed job
     /// leaves nothing behind. Later calls do nothing.
-    pub fn unlink(&self) {
+    pub(crate) fn unlink(&self) {
         if !self.unlinked.swap(true, Ordering::AcqRel) {
             let _ = fs::remove_file(&self.path);
         }
@@ -263,7 +263,7 @@ impl ShmNode {
     ///
     /// If `local_peer` was not attached, or its channel was already taken
     /// (a ring has exactly one producer and one consumer).
-    pub fn channel(&self, local_peer: usize) -> Box<dyn Channel> {
+    pub(crate) fn channel(&self, local_peer: usize) -> Box<dyn Channel> {
         let peer = self
             .peers
             .get(local_peer)
@@ -305,18 +305,18 @@ impl ShmNode {
 
     /// Lets channels made from now on map their peer's
     /// [`crate::SharedBuffer`]s (the caller has checked that it works).
-    pub fn enable_shared_buffers(&mut self, on: bool) {
+    pub(crate) fn enable_shared_buffers(&mut self, on: bool) {
         self.shared = on;
     }
 
     /// The pid of local peer `local_peer` (attached before).
-    pub fn peer_pid(&self, local_peer: usize) -> Option<u32> {
+    pub(crate) fn peer_pid(&self, local_peer: usize) -> Option<u32> {
         self.peers.get(local_peer)?.as_ref().map(|seg| seg.pid)
     }
 
     /// Lets channels made from now on read their peer's memory directly
     /// (the caller has checked with [`cma_read`](super::cma_read) that the kernel allows it).
-    pub fn enable_single_copy(&mut self, on: bool) {
+    pub(crate) fn enable_single_copy(&mut self, on: bool) {
         self.cma = on;
     }
 
@@ -333,7 +333,7 @@ impl ShmNode {
     }
 
     /// This rank's doorbell (in its own segment).
-    pub fn doorbell(&self) -> Arc<dyn Doorbell> {
+    pub(crate) fn doorbell(&self) -> Arc<dyn Doorbell> {
         Arc::new(ShmDoorbell {
             seg: Arc::clone(&self.own),
         })
