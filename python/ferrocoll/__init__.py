@@ -78,8 +78,6 @@ _NUMPY_DTYPES = {
     np.dtype(np.bool_): "u8",
 }
 
-_OPS = {"sum", "prod", "min", "max", "avg"}
-
 
 def dtype_code(dtype: np.dtype) -> str:
     """The ferrocoll element type of a numpy dtype (``"f32"``, ...).
@@ -119,12 +117,6 @@ def _nd(x: Any) -> np.ndarray:
 
 def _addr(arr: np.ndarray) -> int:
     return arr.__array_interface__["data"][0]
-
-
-def _check_op(op: str) -> str:
-    if op not in _OPS:
-        raise InvalidArgument(f"unknown reduction `{op}`; use one of {sorted(_OPS)}")
-    return op
 
 
 class Request:

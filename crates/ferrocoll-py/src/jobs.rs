@@ -105,7 +105,7 @@ impl Job {
 
     /// Checks what the slices made later rely on: aligned addresses, and
     /// output buffers that do not partly overlap inputs.
-    pub fn check(&self) -> Result<()> {
+    pub fn check(&self, rank: usize, size: usize) -> Result<()> {
         let align = self.dtype.size();
         let mut bufs: Vec<(Buf, bool)> = Vec::new();
         match &self.kind {
@@ -138,7 +138,7 @@ impl Job {
         if let [(send, false), (recv, true)] = bufs[..] {
             let (s, r) = (send.bytes(self.dtype), recv.bytes(self.dtype));
             let overlap = s.start < r.end && r.start < s.end && send.len > 0 && recv.len > 0;
-            if overlap && !self.in_place_layout(send, recv) {
+            if overlap && !self.in_place(rank, size) {
                 return Err(Error::invalid(format!(
                     "{}: the input and output buffers overlap but are not the in-place layout \
                      (the same buffer, or for allgather / reduce-scatter the input being this \
@@ -169,15 +169,26 @@ impl Job {
         }
     }
 
-    /// Whether `send` and `recv` overlap the way the in-place forms expect.
-    fn in_place_layout(&self, send: Buf, recv: Buf) -> bool {
+    /// Whether the buffers are this rank's in-place layout: the same buffer
+    /// (allreduce, reduce), the input this rank's block of the output
+    /// (allgather), the output this rank's block of the input
+    /// (reduce-scatter).
+    fn in_place(&self, rank: usize, size: usize) -> bool {
+        let elem = self.dtype.size();
         match self.kind {
-            Kind::AllReduce { .. } | Kind::Reduce { .. } => {
-                send.addr == recv.addr && send.len == recv.len
+            Kind::AllReduce { send, recv, .. } | Kind::Reduce { send, recv, .. } => {
+                send.len > 0 && send.addr == recv.addr && send.len == recv.len
             }
-            // The caller of `run` checks the rank's offset (it knows the rank).
-            Kind::AllGather { .. } => recv.bytes(self.dtype).start <= send.addr,
-            Kind::ReduceScatter { .. } => send.bytes(self.dtype).start <= recv.addr,
+            Kind::AllGather { send, recv } => {
+                send.len > 0
+                    && send.addr == recv.addr + rank * send.len * elem
+                    && recv.len == send.len * size
+            }
+            Kind::ReduceScatter { send, recv, .. } => {
+                recv.len > 0
+                    && recv.addr == send.addr + rank * recv.len * elem
+                    && send.len == recv.len * size
+            }
             _ => false,
         }
     }
@@ -224,12 +235,11 @@ impl Job {
                 std::slice::from_raw_parts_mut(b.addr as *mut T, b.len)
             }
         };
-        let same = |a: Buf, b: Buf| a.addr == b.addr && a.len == b.len && a.len > 0;
-        let size = std::mem::size_of::<T>();
+        let in_place = self.in_place(comm.rank(), comm.size());
         let mut scaled: Option<Buf> = None;
         match &self.kind {
             &Kind::AllReduce { send, recv, op } => {
-                if same(send, recv) {
+                if in_place {
                     comm.all_reduce_in_place(write(recv), op)?;
                 } else {
                     comm.all_reduce(read(send), write(recv), op)?;
@@ -243,7 +253,7 @@ impl Job {
                 op,
                 root,
             } => {
-                if same(send, recv) {
+                if in_place {
                     comm.reduce_in_place(write(recv), op, root)?;
                 } else {
                     comm.reduce(read(send), write(recv), op, root)?;
@@ -253,28 +263,15 @@ impl Job {
                 }
             }
             &Kind::AllGather { send, recv } => {
-                let mine = recv.addr + comm.rank() * send.len * size;
-                if send.len > 0 && send.addr == mine && recv.len == send.len * comm.size() {
+                if in_place {
                     comm.all_gather_in_place(write(recv))?;
-                } else if send.len > 0 && recv.bytes(self.dtype).contains(&send.addr) {
-                    return Err(in_place_error(
-                        "all_gather",
-                        "this rank's block of the output",
-                    ));
                 } else {
                     comm.all_gather(read(send), write(recv))?;
                 }
             }
             &Kind::ReduceScatter { send, recv, op } => {
-                let mine = send.addr + comm.rank() * recv.len * size;
-                if recv.len > 0 && recv.addr == mine && send.len == recv.len * comm.size() {
-                    let all = write(send);
-                    comm.reduce_scatter_in_place(all, op)?;
-                } else if recv.len > 0 && send.bytes(self.dtype).contains(&recv.addr) {
-                    return Err(in_place_error(
-                        "reduce_scatter",
-                        "this rank's block of the input",
-                    ));
+                if in_place {
+                    comm.reduce_scatter_in_place(write(send), op)?;
                 } else {
                     comm.reduce_scatter(read(send), write(recv), op)?;
                 }
@@ -305,13 +302,6 @@ impl Job {
         }
         Ok(())
     }
-}
-
-fn in_place_error(call: &str, layout: &str) -> Error {
-    Error::invalid(format!(
-        "{call}: the input lies inside the output but is not {layout}; use separate buffers or \
-         the in-place layout"
-    ))
 }
 
 /// Multiplying a result by a factor (for `PREMUL_SUM`), in the element's

@@ -406,7 +406,8 @@ impl Comm {
         timeout: Option<f64>,
         algorithm: Option<&str>,
     ) -> PyResult<Option<Handle>> {
-        job.check().map_err(|e| py_err(py, e))?;
+        job.check(self.inner.rank(), self.inner.size())
+            .map_err(|e| py_err(py, e))?;
         let base = if timeout.is_some() || algorithm.is_some() {
             let mut options = match algorithm {
                 Some(name) => CallOptions::algorithm_named(name).map_err(|e| py_err(py, e))?,

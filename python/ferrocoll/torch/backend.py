@@ -143,6 +143,22 @@ class _Staged:
             self.back.append((t, c))
         return c
 
+    def unpack(self, flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> List[Tuple[int, int, int]]:
+        """The copies ``(from, to, bytes)`` that scatter the 1-D ``flat``, the
+        outputs back to back, into ``outputs`` once a call is done: ferrocoll's
+        worker makes them for contiguous outputs; non-contiguous ones are
+        copied back here by :meth:`finish`."""
+        copies = []
+        start = 0
+        for o in outputs:
+            if o.is_contiguous():
+                nbytes = o.numel() * o.element_size()
+                copies.append((flat.data_ptr() + start * flat.element_size(), o.data_ptr(), nbytes))
+            else:
+                self.back.append((o, flat[start : start + o.numel()].view(o.shape)))
+            start += o.numel()
+        return copies
+
     def finish(self) -> None:
         with torch.no_grad():
             for orig, copy in self.back:
@@ -430,16 +446,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             return FerrocollWork([h], tensors, tuple(tensors))
         flat = torch.cat([t.reshape(-1) for t in tensors])
         staged = _Staged()
-        copies = []
-        offset = 0
-        for t in tensors:
-            nbytes = t.numel() * t.element_size()
-            if t.is_contiguous():
-                copies.append((flat.data_ptr() + offset, t.data_ptr(), nbytes))
-            else:
-                view = flat[offset // t.element_size() : offset // t.element_size() + t.numel()]
-                staged.back.append((t, view.view(t.shape)))
-            offset += nbytes
+        copies = staged.unpack(flat, tensors)
         h = self._submit(
             opts,
             "all_reduce",
@@ -527,13 +534,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             )
             return FerrocollWork([h], outputs, (src,) + tuple(outputs), staged)
         flat = torch.empty(inp.numel() * self.size(), dtype=inp.dtype)
-        nbytes = inp.numel() * inp.element_size()
-        copies = []
-        for i, o in enumerate(outputs):
-            if o.is_contiguous():
-                copies.append((flat.data_ptr() + i * nbytes, o.data_ptr(), nbytes))
-            else:
-                staged.back.append((o, flat[i * inp.numel() : (i + 1) * inp.numel()].view(o.shape)))
+        copies = staged.unpack(flat, outputs)
         h = self._submit(
             opts,
             kind,
@@ -643,13 +644,12 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
                     f"reduce_scatter input {i} has {t.numel()} elements of {t.dtype}, the output "
                     f"{out.numel()} of {out.dtype}"
                 )
-        flat = inputs[0] if _adjacent(inputs) else None
-        if flat is None:
-            flat = torch.cat([t.reshape(-1) for t in inputs])
-            work = self.reduce_scatter_single(out, flat, opts)
-        else:
+        if _adjacent(inputs):
+            # Back to back already: one view over all of them, no copy.
             flat = torch.as_strided(inputs[0], (out.numel() * self.size(),), (1,))
-            work = self.reduce_scatter_single(out, flat, opts)
+        else:
+            flat = torch.cat([t.reshape(-1) for t in inputs])
+        work = self.reduce_scatter_single(out, flat, opts)
         work._keep = work._keep + (flat,) + tuple(inputs)
         work._outputs = output_tensors
         return work
@@ -735,16 +735,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         send = torch.cat([t.reshape(-1) for t in input_tensors]) if n else torch.empty(0, dtype=dtype)
         recv = torch.empty(sum(t.numel() for t in output_tensors), dtype=dtype)
         staged = _Staged()
-        copies = []
-        offset = 0
-        for o in output_tensors:
-            nbytes = o.numel() * o.element_size()
-            if o.is_contiguous():
-                copies.append((recv.data_ptr() + offset, o.data_ptr(), nbytes))
-            else:
-                e = offset // o.element_size()
-                staged.back.append((o, recv[e : e + o.numel()].view(o.shape)))
-            offset += nbytes
+        copies = staged.unpack(recv, output_tensors)
         h = self._submit(
             opts,
             "all_to_all_v",

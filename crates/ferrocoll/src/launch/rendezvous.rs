@@ -12,7 +12,6 @@
 //! others publish, and a counter (for barriers). Every key is written once
 //! per job; waits are bounded by the store's own timeout.
 
-use super::store::StoreClient;
 use crate::error::{Error, Result};
 
 /// A key-value store every rank of a job can reach during start-up.
@@ -40,44 +39,38 @@ pub trait Rendezvous: Send {
     /// Waits until `size` callers have called `barrier(name, size)`. A name
     /// serves one barrier only.
     fn barrier(&mut self, name: &str, size: usize) -> Result<()> {
-        if size == 0 {
-            return Err(Error::invalid(format!(
-                "barrier `{name}` of size 0: a barrier needs at least one participant"
-            )));
-        }
-        let done_key = format!("{name}/done");
-        let arrived = self.add(&format!("{name}/count"), 1)?;
-        if arrived > size as i64 || arrived < 1 {
-            return Err(Error::invalid(format!(
-                "barrier `{name}` in the store at {} counted {arrived} arrivals for a size of \
-                 {size}: a barrier name was used twice, or the ranks disagree on the size",
-                self.describe()
-            )));
-        }
-        if arrived == size as i64 {
-            self.set(&done_key, b"1")?;
-        }
-        self.wait(&[&done_key]).map(drop)
+        let done = arrive(self, name, size)?;
+        self.wait(&[&done]).map(drop)
     }
 }
 
-impl Rendezvous for StoreClient {
-    fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
-        StoreClient::set(self, key, value)
+/// The arrival half of a barrier built from `add` and `set`: counts this
+/// caller in `"<name>/count"`, and the one that brings it to `size` sets
+/// `"<name>/done"`, whose key it returns for the caller to wait on. More
+/// than `size` arrivals is an [`Error::InvalidArgument`].
+pub(crate) fn arrive<S: Rendezvous + ?Sized>(
+    store: &mut S,
+    name: &str,
+    size: usize,
+) -> Result<String> {
+    if size == 0 {
+        return Err(Error::invalid(format!(
+            "barrier `{name}` of size 0: a barrier needs at least one participant"
+        )));
     }
-    fn wait(&mut self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
-        StoreClient::wait(self, keys)
+    let done_key = format!("{name}/done");
+    let arrived = store.add(&format!("{name}/count"), 1)?;
+    if arrived > size as i64 || arrived < 1 {
+        return Err(Error::invalid(format!(
+            "barrier `{name}` in the store at {} counted {arrived} arrivals for a size of \
+             {size}: a barrier name was used twice, or the ranks disagree on the size",
+            store.describe()
+        )));
     }
-    fn add(&mut self, key: &str, delta: i64) -> Result<i64> {
-        StoreClient::add(self, key, delta)
+    if arrived == size as i64 {
+        store.set(&done_key, b"1")?;
     }
-    fn describe(&self) -> String {
-        self.addr().to_string()
-    }
-    /// The store's own barrier, whose timeout says how many ranks arrived.
-    fn barrier(&mut self, name: &str, size: usize) -> Result<()> {
-        StoreClient::barrier(self, name, size)
-    }
+    Ok(done_key)
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The store's client: every call has a deadline.
 
 use super::*;
+use crate::launch::rendezvous::{arrive, Rendezvous};
 
 // ---------------------------------------------------------------------------
 // Client
@@ -238,29 +239,12 @@ impl StoreClient {
     /// clients. More than `size` arrivals is an [`Error::InvalidArgument`];
     /// a timeout says how many of the `size` arrived.
     pub fn barrier(&mut self, name: &str, size: usize) -> Result<()> {
-        if size == 0 {
-            return Err(Error::invalid(format!(
-                "barrier `{name}` of size 0: a barrier needs at least one participant"
-            )));
-        }
-        let count_key = format!("{name}/count");
-        let done_key = format!("{name}/done");
-        let arrived = self.add(&count_key, 1)?;
-        if arrived > size as i64 || arrived < 1 {
-            return Err(Error::invalid(format!(
-                "barrier `{name}` in the store at {} counted {arrived} arrivals for a size of \
-                 {size}: a barrier name was used twice, or the ranks disagree on the size",
-                self.addr
-            )));
-        }
-        if arrived == size as i64 {
-            self.set(&done_key, b"1")?;
-        }
+        let done_key = arrive(self, name, size)?;
         match self.wait(&[&done_key]) {
             Ok(_) => Ok(()),
             Err(Error::Config { var, value, reason }) if var == "FERROCOLL_TIMEOUT" => {
                 // Say how many made it, if the store still answers.
-                let seen = match self.get(&count_key) {
+                let seen = match self.get(&format!("{name}/count")) {
                     Ok(Some(v)) => String::from_utf8_lossy(&v).into_owned(),
                     _ => "an unknown number".into(),
                 };
@@ -528,4 +512,23 @@ pub(super) fn check_key(key: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+impl Rendezvous for StoreClient {
+    fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
+        StoreClient::set(self, key, value)
+    }
+    fn wait(&mut self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
+        StoreClient::wait(self, keys)
+    }
+    fn add(&mut self, key: &str, delta: i64) -> Result<i64> {
+        StoreClient::add(self, key, delta)
+    }
+    fn describe(&self) -> String {
+        self.addr().to_string()
+    }
+    /// The store's own barrier, whose timeout says how many ranks arrived.
+    fn barrier(&mut self, name: &str, size: usize) -> Result<()> {
+        StoreClient::barrier(self, name, size)
+    }
 }
