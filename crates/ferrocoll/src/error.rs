@@ -44,14 +44,17 @@ pub enum Error {
 
     /// A wait exceeded its deadline.
     #[error(
-        "timeout: rank {rank} waited {waited:?} in {collective} (call #{seq}) for rank {peer}; \
+        "timeout: rank {rank} waited {waited:?} in {collective} ({}) for rank {peer}; \
          check that every rank calls the same collectives in the same order, or raise \
-         FERROCOLL_TIMEOUT"
+         FERROCOLL_TIMEOUT{}",
+        position(collective, *seq),
+        desync(report)
     )]
     Timeout {
         /// The collective (or `send`/`recv`) that was waiting.
         collective: String,
-        /// Its sequence number on this communicator.
+        /// Its sequence number on this communicator; for `send`/`recv`, the
+        /// message tag.
         seq: u64,
         /// This rank (in the communicator).
         rank: usize,
@@ -59,6 +62,11 @@ pub enum Error {
         peer: usize,
         /// How long it waited.
         waited: Duration,
+        /// Where every rank of the communicator was when the wait ended, as
+        /// far as the reachable peers answered (`rank 3: in all_reduce #183;
+        /// rank 7: finished #182, in no call; ...`); empty when the
+        /// transport cannot ask (the desync report).
+        report: String,
     },
 
     /// Two ranks called different collectives (or the same one with
@@ -110,6 +118,25 @@ pub enum Error {
     /// risking memory safety.
     #[error("internal error: {0}; please report it to the ferrocoll developers")]
     Internal(String),
+}
+
+/// How a timeout names its call: a collective by its sequence number, a
+/// point-to-point message by its tag.
+fn position(collective: &str, seq: u64) -> String {
+    if collective.starts_with("send/recv") {
+        format!("tag {seq}")
+    } else {
+        format!("call #{seq}")
+    }
+}
+
+/// The desync report of a timeout, when there is one.
+fn desync(report: &str) -> String {
+    if report.is_empty() {
+        String::new()
+    } else {
+        format!("; where every rank is: {report}")
+    }
 }
 
 impl Error {

@@ -139,12 +139,14 @@ impl Communicator {
                 rank,
                 peer,
                 waited,
+                report,
             } => Error::Timeout {
                 collective,
                 seq,
                 rank: g(rank),
                 peer: g(peer),
                 waited,
+                report,
             },
             Error::Mismatch {
                 rank,

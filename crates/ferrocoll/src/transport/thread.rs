@@ -261,6 +261,7 @@ impl ThreadTransport {
             rank: self.rank,
             peer,
             waited: start.elapsed(),
+            report: String::new(),
         }
     }
 

@@ -428,6 +428,7 @@ impl Core {
             rank: self.me,
             peer,
             waited: now.saturating_duration_since(c.start),
+            report: String::new(),
         })
     }
 

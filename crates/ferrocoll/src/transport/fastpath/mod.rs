@@ -646,6 +646,7 @@ impl Wait {
                     rank: link.rank,
                     peer,
                     waited: now.duration_since(start),
+                    report: String::new(),
                 });
             }
             if now.duration_since(start) < self.spin {
