@@ -168,6 +168,15 @@ pub trait Transport: Send + Sync {
     /// Short name for diagnostics and benchmark output (`thread`, `shm`, `tcp`).
     fn name(&self) -> &'static str;
 
+    /// Where each of `ranks` (transport ranks) is on communicator `comm`,
+    /// as far as they answer within `within`: "in all_reduce(...) #183",
+    /// "in no call on this communicator; last finished ... #182", "gone";
+    /// `None` for a rank that did not answer. A timeout lists them (the
+    /// desync report). Default: nothing known.
+    fn positions(&self, _comm: u64, ranks: &[usize], _within: Duration) -> Vec<Option<String>> {
+        vec![None; ranks.len()]
+    }
+
     /// The transport's way to run small collectives without plans, if it
     /// has one (the shared-memory fast path). Default: none, every call
     /// runs its plan through [`Transport::exchange`].

@@ -34,6 +34,16 @@ pub(super) const LIVENESS_EVERY: Duration = Duration::from_millis(200);
 /// Bytes read from a remote sender at a time (the bounce buffer).
 const BOUNCE_BYTES: usize = 256 << 10;
 
+/// How long a failed call may spend writing its notices before its error
+/// returns ([`State::drain_notices`]): a notice is one frame, written in
+/// microseconds unless the peer's channel is full and the peer not reading.
+const NOTICE_DRAIN: Duration = Duration::from_millis(20);
+
+/// How long a collective waits before it probes the peers it waits on
+/// (`desync.rs`): long against any message's way (microseconds), short
+/// against a deadline.
+pub(super) const PROBE_AFTER: Duration = Duration::from_millis(100);
+
 /// Data frames this process sent, counted only for the fault hook
 /// ([`TransportConfig::flip_frame`]), which counts across every engine of
 /// the process.
@@ -275,7 +285,13 @@ impl State {
     /// Returns whether any byte moved.
     pub(super) fn progress(&mut self) -> bool {
         let culprit_before = self.core.culprit();
-        let moved = self.progress_channels();
+        let mut moved = self.progress_channels();
+        if !self.core.reported_lost.is_empty() {
+            // A peer says a rank is gone: read what that rank sent before
+            // leaving (it may complete calls here) before acting on it.
+            moved |= self.progress_channels();
+            self.core.apply_reported_losses();
+        }
         if self.core.culprit().is_some() && culprit_before.is_none() {
             self.flush_now();
         }
@@ -379,6 +395,34 @@ impl State {
             };
             let _ = self.write(p, chan.as_mut(), &mut false);
             self.chans[p] = Some(chan);
+        }
+    }
+
+    /// After a call failed: writes the notices it queued (a verdict, a
+    /// lost rank) before the error returns, moving the channels for at most
+    /// [`NOTICE_DRAIN`]. A rank that catches its error and stays alive (a
+    /// training loop that logs and waits) drives nothing afterwards, so a
+    /// notice left queued would reach its peers only at the rank's exit,
+    /// and they would wait until their deadline.
+    pub(super) fn drain_notices(&mut self) {
+        self.flush_now();
+        let until = Instant::now() + NOTICE_DRAIN;
+        while self.core.has_queued_notice() && Instant::now() < until {
+            if !self.progress() {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// A call fails with `err` before it started: if a gone peer is the
+    /// cause, it is the origin of the failure, and every rank is told so
+    /// (see [`Core::blame`]).
+    fn fail_on_lost(&mut self, err: &Error) {
+        if let Error::PeerLost { rank } = *err {
+            if self.core.culprit().is_none() {
+                self.core.blame(rank);
+                self.drain_notices();
+            }
         }
     }
 
@@ -507,7 +551,10 @@ impl Transport for Engine {
         }
         let start = Instant::now();
         let mut st = self.lock();
-        st.core.precheck(sends, recvs)?;
+        if let Err(err) = st.core.precheck(sends, recvs) {
+            st.fail_on_lost(&err);
+            return Err(err);
+        }
         st.connect_to(
             self.rank,
             sends
@@ -539,12 +586,16 @@ impl Transport for Engine {
         }
         if let Err(err) = st.core.check_gone(id) {
             st.core.retire(id);
+            st.fail_on_lost(&err);
             return Err(err);
         }
         self.active.fetch_add(1, Ordering::SeqCst);
         let (mut st, result) = self.drive(st, id, start);
         self.active.fetch_sub(1, Ordering::SeqCst);
         st.core.retire(id);
+        if result.is_err() {
+            st.drain_notices();
+        }
         drop(st);
         self.ring_if_others();
         result
@@ -569,7 +620,7 @@ impl Transport for Engine {
         // something else here.
         let result = st.core.check_unclaimed(header);
         if result.is_err() {
-            st.flush_now();
+            st.drain_notices();
         }
         result
     }
@@ -590,6 +641,21 @@ impl Transport for Engine {
     fn name(&self) -> &'static str {
         self.name
     }
+
+    fn positions(&self, comm: u64, ranks: &[usize], within: Duration) -> Vec<Option<String>> {
+        let until = Instant::now() + within;
+        let mut st = self.lock();
+        st.core.probe_where(comm, ranks);
+        st.flush_now();
+        while !st.core.all_placed(comm, ranks) && Instant::now() < until {
+            if !st.progress() {
+                drop(st);
+                std::thread::sleep(Duration::from_micros(500));
+                st = self.lock();
+            }
+        }
+        st.core.positions_of(comm, ranks)
+    }
 }
 
 impl Drop for Engine {
@@ -597,6 +663,12 @@ impl Drop for Engine {
     /// reads as a clean exit there rather than a crash.
     fn drop(&mut self) {
         let mut st = self.lock();
+        if std::thread::panicking() {
+            // Leaving because this rank failed: peers learn that it is the
+            // origin, not a clean exit (which they would blame only where
+            // they wait on it).
+            st.core.blame_self();
+        }
         st.core.say_goodbye();
         st.drain_briefly(Duration::from_millis(200));
     }

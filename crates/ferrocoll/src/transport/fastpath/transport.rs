@@ -5,7 +5,7 @@
 //! [`Link`](crate::transport::engine::Link).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::small;
 use super::FastPath;
@@ -69,6 +69,10 @@ impl Transport for FastTransport {
 
     fn small_collectives(&self) -> Option<&dyn SmallCollectives> {
         Some(self)
+    }
+
+    fn positions(&self, comm: u64, ranks: &[usize], within: Duration) -> Vec<Option<String>> {
+        self.engine.positions(comm, ranks, within)
     }
 }
 
