@@ -37,7 +37,7 @@ fn main() {
         rank_program(&role, &comm);
         return;
     }
-    let tests: [(&str, fn()); 4] = [
+    let tests: [(&str, fn()); 5] = [
         (
             "mismatch_reaches_every_rank_at_once",
             mismatch_reaches_every_rank_at_once,
@@ -53,6 +53,10 @@ fn main() {
         (
             "timeout_says_where_every_rank_is",
             timeout_says_where_every_rank_is,
+        ),
+        (
+            "launcher_reports_the_rank_that_failed_first",
+            launcher_reports_the_rank_that_failed_first,
         ),
     ];
     common::run_tests(&tests, "errors-everywhere");
@@ -214,6 +218,45 @@ fn timeout_says_where_every_rank_is() {
     }
 }
 
+fn launcher_reports_the_rank_that_failed_first() {
+    let me = std::env::current_exe().unwrap();
+    for transport in ["tcp", "shm"] {
+        for (role, says, code) in [
+            (
+                "panic",
+                "rank 1 exited with status 101 (the first rank to fail",
+                101,
+            ),
+            (
+                "early_return",
+                "rank 2 exited with status 0 while the other ranks still needed it",
+                1,
+            ),
+        ] {
+            // The survivors exit at once with status 1 on their error, and
+            // are often reaped before the rank that failed.
+            for round in 0..3 {
+                let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+                    .args(["run", "-n", "3", "--"])
+                    .arg(&me)
+                    .env(ROLE, role)
+                    .env("FC_EXIT_ON_ERROR", "1")
+                    .env("FERROCOLL_TRANSPORT", transport)
+                    .env("FERROCOLL_TIMEOUT", "30")
+                    .output()
+                    .unwrap();
+                let err = String::from_utf8_lossy(&out.stderr);
+                assert!(
+                    err.contains(says) && out.status.code() == Some(code),
+                    "{role} {transport} round {round}: {}",
+                    show(&out)
+                );
+            }
+            println!("  {transport} {role}: ferrocoll run says \"{says}\"");
+        }
+    }
+}
+
 // ---- ranks -----------------------------------------------------------------
 
 /// Prints the outcome of `f` with the milliseconds it took; returns whether
@@ -228,6 +271,10 @@ fn report(comm: &Communicator, what: &str, f: impl FnOnce() -> ferrocoll::Result
             "rank {} {what} failed after {ms:.1} ms: {e:?}\n  {e}",
             comm.rank()
         ),
+    }
+    if result.is_err() && std::env::var_os("FC_EXIT_ON_ERROR").is_some() {
+        // As a training script does: log and exit at once.
+        std::process::exit(1);
     }
     result.is_ok()
 }

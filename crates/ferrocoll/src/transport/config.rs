@@ -6,6 +6,7 @@
 //! (or an embedder) can build one by hand and two communicators of one
 //! process can differ.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -42,6 +43,10 @@ pub(crate) struct TransportConfig {
     /// `FERROCOLL_SOCKET_IFNAME`: the interface TCP listens on (`None`: the
     /// one that routes to the rendezvous store).
     pub socket_ifname: Option<String>,
+    /// `FERROCOLL_BLAME_FILE` (set by `ferrocoll run`): where this rank
+    /// appends `CULPRIT REPORTER` once it knows which rank failed first, so
+    /// the launcher reports that rank rather than the first to exit.
+    pub blame_file: Option<PathBuf>,
     /// `FERROCOLL_TEST_FLIP_FRAME=N` (only with the `fault-injection`
     /// feature): flip one payload bit of the N-th data frame this process
     /// sends, after its checksum was computed, to prove corruption is
@@ -59,6 +64,7 @@ impl Default for TransportConfig {
             socket_buffer: SOCKET_BUFFER,
             tcp_streams: DEFAULT_STREAMS,
             socket_ifname: None,
+            blame_file: None,
             #[cfg(feature = "fault-injection")]
             flip_frame: None,
         }
@@ -104,6 +110,9 @@ impl TransportConfig {
                 .unwrap_or(d.socket_buffer),
             tcp_streams,
             socket_ifname: var("FERROCOLL_SOCKET_IFNAME").filter(|s| !s.is_empty()),
+            blame_file: var("FERROCOLL_BLAME_FILE")
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from),
             #[cfg(feature = "fault-injection")]
             flip_frame: var("FERROCOLL_TEST_FLIP_FRAME").and_then(|v| v.trim().parse().ok()),
         })

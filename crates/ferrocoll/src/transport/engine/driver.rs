@@ -79,6 +79,9 @@ pub(super) struct State {
     pub(super) last_liveness: Instant,
     /// Where remote data lands before it is reduced or copied into place.
     bounce: Vec<u64>,
+    /// Where to tell the launcher which rank failed first
+    /// ([`TransportConfig::blame_file`]), until it is told.
+    blame_file: Option<std::path::PathBuf>,
 }
 
 /// A transport made of one [`Channel`] per peer.
@@ -132,6 +135,7 @@ impl Engine {
                 connector: None,
                 last_liveness: Instant::now(),
                 bounce: Vec::new(),
+                blame_file: config.blame_file.clone(),
             }),
             bell,
             aborted,
@@ -292,6 +296,9 @@ impl State {
             moved |= self.progress_channels();
             self.core.apply_reported_losses();
         }
+        if culprit_before.is_none() {
+            self.tell_launcher();
+        }
         if self.core.culprit().is_some() && culprit_before.is_none() {
             self.flush_now();
         }
@@ -414,6 +421,25 @@ impl State {
         }
     }
 
+    /// Appends the first failed rank, once known, to the launcher's blame
+    /// file (best effort: the launcher falls back to the first rank that
+    /// exited).
+    pub(super) fn tell_launcher(&mut self) {
+        let Some(culprit) = self.core.culprit() else {
+            return;
+        };
+        let Some(path) = self.blame_file.take() else {
+            return;
+        };
+        use std::io::Write;
+        let line = format!("{culprit} {}\n", self.core.me);
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+    }
+
     /// A call fails with `err` before it started: if a gone peer is the
     /// cause, it is the origin of the failure, and every rank is told so
     /// (see [`Core::blame`]).
@@ -421,6 +447,7 @@ impl State {
         if let Error::PeerLost { rank } = *err {
             if self.core.culprit().is_none() {
                 self.core.blame(rank);
+                self.tell_launcher();
                 self.drain_notices();
             }
         }
@@ -668,6 +695,7 @@ impl Drop for Engine {
             // origin, not a clean exit (which they would blame only where
             // they wait on it).
             st.core.blame_self();
+            st.tell_launcher();
         }
         st.core.say_goodbye();
         st.drain_briefly(Duration::from_millis(200));
