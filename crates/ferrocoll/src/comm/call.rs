@@ -337,6 +337,48 @@ impl Communicator {
     }
 }
 
+impl Communicator {
+    /// Receives one message of `sig` under tag key `seq` into `buf` from
+    /// whichever rank of this group sends first; returns that group rank.
+    pub(super) fn recv_any_bytes(
+        &self,
+        sig: &Signature,
+        seq: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let header = Header {
+            comm: self.shared.id,
+            seq,
+            sig: *sig,
+        };
+        let mut sink = IntoBytes(buf);
+        let len = sink.0.len();
+        let world = self
+            .shared
+            .transport
+            .recv_any(&header, len, &mut sink, self.deadline())
+            .map_err(|e| self.group_error(e))?;
+        self.shared
+            .group
+            .iter()
+            .position(|&w| w == world)
+            .ok_or_else(|| {
+                Error::Internal(format!(
+                    "recv_any: transport rank {world} sent under this group's key but is not in it"
+                ))
+            })
+    }
+}
+
+/// A sink that copies one message into a byte buffer.
+struct IntoBytes<'a>(&'a mut [u8]);
+
+impl crate::transport::Sink for IntoBytes<'_> {
+    fn deliver(&mut self, _index: usize, offset: usize, chunk: &[u8]) {
+        self.0[offset..offset + chunk.len()].copy_from_slice(chunk);
+    }
+}
+
 /// A plan of one op in one round (send and recv).
 pub(super) fn single_op_plan(op: Op) -> Plan {
     Plan {

@@ -234,6 +234,7 @@ impl Core {
             .iter()
             .map(|s| s.peer)
             .chain(recvs.iter().map(|r| r.peer))
+            .filter(|&p| p != Incoming::ANY_SOURCE)
         {
             if peer >= size || peer == self.me {
                 return Err(Error::Internal(format!(
@@ -399,11 +400,9 @@ impl Core {
     /// that peer sent before leaving did not hold the message).
     pub(super) fn check_gone(&self, id: usize) -> Result<()> {
         let c = self.calls[id].as_ref().expect("live call");
-        match c
-            .recvs
-            .iter()
-            .find(|r| !r.done && self.peers[r.peer].lost.is_some())
-        {
+        match c.recvs.iter().find(|r| {
+            !r.done && r.peer != Incoming::ANY_SOURCE && self.peers[r.peer].lost.is_some()
+        }) {
             Some(r) => Err(Error::PeerLost { rank: r.peer }),
             None => Ok(()),
         }
@@ -434,7 +433,7 @@ impl Core {
         let peer = c
             .recvs
             .iter()
-            .find(|r| !r.done)
+            .find(|r| !r.done && r.peer != Incoming::ANY_SOURCE)
             .map(|r| r.peer)
             .or_else(|| {
                 self.peers
@@ -450,6 +449,12 @@ impl Core {
             waited: now.saturating_duration_since(c.start),
             report: String::new(),
         })
+    }
+
+    /// The peer receive `idx` of call `id` came from (an any-source
+    /// receive learns it when it matches).
+    pub(super) fn source_of(&self, id: usize, idx: usize) -> usize {
+        self.calls[id].as_ref().expect("live call").recvs[idx].peer
     }
 
     /// When call `id`'s waiting fails.
@@ -514,7 +519,10 @@ impl Core {
             if c.header.key() != header.key() {
                 return None;
             }
-            let idx = c.recvs.iter().position(|r| r.peer == peer && !r.matched)?;
+            let idx = c
+                .recvs
+                .iter()
+                .position(|r| (r.peer == peer || r.peer == Incoming::ANY_SOURCE) && !r.matched)?;
             Some((id, idx))
         })
     }
@@ -549,6 +557,8 @@ impl Core {
     ) -> bool {
         let c = self.calls[call].as_mut().expect("live call");
         c.recvs[idx].matched = true;
+        // An any-source receive is from this peer from now on.
+        c.recvs[idx].peer = peer;
         let want = c.recvs[idx].len;
         if header.sig == c.header.sig && len == want {
             return true;
@@ -593,7 +603,21 @@ impl Core {
             .enumerate()
             .map(|(i, r)| (i, r.peer))
             .collect();
-        for (idx, peer) in wanted {
+        for (idx, wanted_peer) in wanted {
+            // An any-source receive takes the first peer with a message.
+            let peer = if wanted_peer == Incoming::ANY_SOURCE {
+                match (0..self.peers.len()).find(|&p| {
+                    self.peers[p]
+                        .unexpected
+                        .iter()
+                        .any(|u| u.header.key() == key)
+                }) {
+                    Some(p) => p,
+                    None => continue,
+                }
+            } else {
+                wanted_peer
+            };
             let q = &mut self.peers[peer].unexpected;
             let Some(pos) = q.iter().position(|u| u.header.key() == key) else {
                 continue;

@@ -22,7 +22,7 @@ use super::frames::push_between_frames;
 use super::ledger;
 use super::verdict::Verdict;
 use crate::transport::wire::{Frame, FrameKind};
-use crate::transport::{CallKind, Header, Signature};
+use crate::transport::{CallKind, Header, Incoming, Signature};
 use crate::types::DType;
 
 /// The sequence number of a probe that asks only where a peer is (no call
@@ -61,7 +61,12 @@ impl Core {
     pub(super) fn probe(&mut self, id: usize) {
         let c = self.calls[id].as_ref().expect("live call");
         let header = c.header;
-        let mut peers: Vec<usize> = c.recvs.iter().filter(|r| !r.done).map(|r| r.peer).collect();
+        let mut peers: Vec<usize> = c
+            .recvs
+            .iter()
+            .filter(|r| !r.done && r.peer != Incoming::ANY_SOURCE)
+            .map(|r| r.peer)
+            .collect();
         peers.dedup();
         let frame = Frame {
             kind: FrameKind::Probe,

@@ -628,6 +628,50 @@ impl Transport for Engine {
         result
     }
 
+    fn recv_any(
+        &self,
+        header: &Header,
+        len: usize,
+        sink: &mut dyn Sink,
+        deadline: Instant,
+    ) -> Result<usize> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(Error::Aborted);
+        }
+        let start = Instant::now();
+        let recvs = [Incoming {
+            peer: Incoming::ANY_SOURCE,
+            len,
+        }];
+        let mut st = self.lock();
+        if let Err(err) = st.core.precheck(&[], &recvs) {
+            st.fail_on_lost(&err);
+            return Err(err);
+        }
+        // Over TCP a lower rank sends only once the higher one connected:
+        // any peer may be the sender.
+        st.connect_to(self.rank, 0..self.size)?;
+        // SAFETY: as in `exchange`: `sink` is borrowed for this whole
+        // function and the call is retired before it returns.
+        let id = unsafe {
+            st.core
+                .add_call(header, &[], &recvs, sink, start, deadline, |_| {
+                    Route::Stream { flip: false }
+                })?
+        };
+        self.active.fetch_add(1, Ordering::SeqCst);
+        let (mut st, result) = self.drive(st, id, start);
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        let source = st.core.source_of(id, 0);
+        st.core.retire(id);
+        if result.is_err() {
+            st.drain_notices();
+        }
+        drop(st);
+        self.ring_if_others();
+        result.map(|()| source)
+    }
+
     fn end_call(&self, header: &Header) -> Result<()> {
         let mut st = self.lock();
         st.core.finished(header);

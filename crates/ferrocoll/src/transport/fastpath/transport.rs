@@ -55,6 +55,16 @@ impl Transport for FastTransport {
         self.engine.exchange(header, sends, recvs, sink, deadline)
     }
 
+    fn recv_any(
+        &self,
+        header: &Header,
+        len: usize,
+        sink: &mut dyn Sink,
+        deadline: Instant,
+    ) -> Result<usize> {
+        self.engine.recv_any(header, len, sink, deadline)
+    }
+
     fn end_call(&self, header: &Header) -> Result<()> {
         self.engine.end_call(header)
     }
