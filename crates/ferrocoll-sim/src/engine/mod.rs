@@ -4,14 +4,17 @@
 //! # Execution
 //!
 //! A rank runs its rounds in order. Entering a round it first reduces its
-//! local [`Op::Reduce`](ferrocoll::plan::Op::Reduce) bytes (gamma per byte), then posts every send and
+//! local [`Op::Reduce`] bytes (gamma per byte), then posts every send and
 //! receive of the round. Messages between a pair of ranks match in plan order
 //! (the k-th send from a to b is the k-th receive at b from a), and a message
 //! moves once both ends are posted (rendezvous, as the cost model's walk and
 //! the executor's round semantics have it). The round ends when all its sends
 //! are delivered and all its receives have arrived and, for
-//! [`Op::RecvReduce`](ferrocoll::plan::Op::RecvReduce), been reduced (gamma per byte, one reduction at a time
+//! [`Op::RecvReduce`], been reduced (gamma per byte, one reduction at a time
 //! per rank). Local copies are free.
+//!
+//! [`Op::Reduce`]: ferrocoll::plan::Op::Reduce
+//! [`Op::RecvReduce`]: ferrocoll::plan::Op::RecvReduce
 //!
 //! Events sit in a binary heap ordered by (time, sequence number), so equal
 //! times resolve in the order the events were created (except that message

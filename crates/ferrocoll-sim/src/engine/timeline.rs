@@ -2,11 +2,13 @@
 //! link class, folded into [`TIMELINE_BUCKETS`] equal buckets at the end of
 //! a run (see the engine's module docs, "Timeline").
 
-/// Number of equal time buckets of [`Trace::timeline`](super::Trace::timeline) (and of
+/// Number of equal time buckets of
+/// [`Trace::timeline`](super::Trace::timeline) (and of
 /// `SimResult::timeline`), spanning the run from 0 to its end.
 pub const TIMELINE_BUCKETS: usize = 200;
 
-/// Fine bins of the timeline histogram per class (see the module docs).
+/// Fine bins of the timeline histogram per class (see the engine's module
+/// docs).
 const FINE: usize = TIMELINE_BUCKETS * 16;
 
 /// The timeline histogram of one group: per class, [`FINE`] bins of

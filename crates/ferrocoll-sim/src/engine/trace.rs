@@ -5,16 +5,19 @@
 pub struct Trace {
     /// When the last rank finished, in seconds.
     pub time_s: f64,
-    /// Bytes that crossed each link (indexed like [`Network::links`](crate::network::Network::links)).
+    /// Bytes that crossed each link (indexed like
+    /// [`Network::links`](crate::network::Network::links)).
     pub link_bytes: Vec<u64>,
     /// Seconds each link spent transmitting (bytes / bandwidth).
     pub link_busy: Vec<f64>,
     /// Events processed.
     pub events: u64,
-    /// Per link class (in [`Network::classes`](crate::network::Network::classes) order), the utilization
-    /// (busy time over time times the class's links) in each of
-    /// [`TIMELINE_BUCKETS`](super::TIMELINE_BUCKETS) equal buckets of `[0, time_s]`; all zeros when
-    /// no time passed. See the engine's module docs.
+    /// Per link class (in
+    /// [`Network::classes`](crate::network::Network::classes) order), the
+    /// utilization (busy time over time times the class's links) in each of
+    /// [`TIMELINE_BUCKETS`](super::TIMELINE_BUCKETS) equal buckets of
+    /// `[0, time_s]`; all zeros when no time passed. See the engine's module
+    /// docs.
     pub timeline: Vec<Vec<f64>>,
     /// What the run's time was spent on, along its critical path.
     pub critical_path: CriticalPath,

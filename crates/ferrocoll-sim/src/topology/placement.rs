@@ -5,11 +5,14 @@ use std::fmt;
 
 /// Where the ranks of a plan sit on the cluster: rank `r` runs at physical
 /// position `p(r)` (see [`Placement::positions`]). The topology's own
-/// numbering of positions is the block one documented on [`TopologySpec`](super::TopologySpec);
+/// numbering of positions is the block one documented on [`TopologySpec`];
 /// the plans are always told that block structure
-/// ([`TopologySpec::plan_topology`](super::TopologySpec::plan_topology)), so any other placement shows what a
+/// ([`TopologySpec::plan_topology`]), so any other placement shows what a
 /// launcher that places ranks differently from what the algorithms assume
 /// costs (the rank-mapping pitfall of `ferrocoll::plan::hier`).
+///
+/// [`TopologySpec`]: super::TopologySpec
+/// [`TopologySpec::plan_topology`]: super::TopologySpec::plan_topology
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Placement {
     /// `block`: rank `r` at position `r` (the default).
