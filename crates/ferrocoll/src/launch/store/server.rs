@@ -55,10 +55,21 @@ impl StoreServer {
             reason,
         };
         let listener = TcpListener::bind(addr).map_err(|e| {
-            bind_error(format!(
-                "rank 0 could not serve the store on it ({e}); use an address of this host \
-                 and a free port (port 0 picks one)"
-            ))
+            bind_error(match e.kind() {
+                io::ErrorKind::AddrNotAvailable => format!(
+                    "the store cannot listen there ({e}): it is not an address of this host; \
+                     give an address of the host that serves the store"
+                ),
+                io::ErrorKind::AddrInUse => format!(
+                    "the store cannot listen there ({e}): another process (another job, or \
+                     torchrun's own store on MASTER_PORT) already listens on that port; pick \
+                     a free port"
+                ),
+                _ => format!(
+                    "the store cannot listen there ({e}); use an address of this host and a \
+                     free port (port 0 picks one)"
+                ),
+            })
         })?;
         let local = listener
             .local_addr()
