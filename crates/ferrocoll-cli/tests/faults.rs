@@ -145,8 +145,10 @@ fn killed_rank_during_small_calls() {
 }
 
 /// A rank of 3 killed mid-run in `roles`: the others get `PeerLost`
-/// naming it within 2 s, on shared memory (with the fast path on and off)
-/// and TCP.
+/// naming it, within 50 ms on shared memory (with the fast path on and
+/// off: the node's pidfd watcher wakes them; measured 1-10 ms on the
+/// project's 2-core machine) and within 2 s on TCP (the closed connection;
+/// measured in single milliseconds too).
 fn killed_rank(roles: &[&str]) {
     let configs = [("shm", "auto"), ("shm", "off"), ("tcp", "auto")];
     for (role, (transport, fast)) in roles
@@ -172,7 +174,11 @@ fn killed_rank(roles: &[&str]) {
             println!(
                 "  {role} {transport} (fast path {fast}): rank {r} reported PeerLost {{ rank: 1 }} {ms:.0} ms after the kill"
             );
-            assert!(ms < 2000.0, "{transport} rank {r} took {ms} ms");
+            let limit = if transport == "shm" { 50.0 } else { 2000.0 };
+            assert!(
+                ms < limit,
+                "{role} {transport} (fast path {fast}): rank {r} took {ms} ms (limit {limit} ms)"
+            );
         }
     }
 }
