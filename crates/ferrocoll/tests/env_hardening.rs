@@ -613,7 +613,7 @@ fn every_variable_accepts_its_range_and_refuses_the_rest_by_name() {
         // Something enormous: refused (numbers, words) or taken whole
         // (free text up to its limit), never a panic.
         let huge = "9".repeat(100_000);
-        if matches!(parse(row.parser, &[(row.var, &huge)]), Err(_)) {
+        if parse(row.parser, &[(row.var, &huge)]).is_err() {
             failures.push(format!("{}=<100000 digits> panicked", row.var));
         }
     }

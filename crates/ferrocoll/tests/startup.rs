@@ -49,8 +49,8 @@ fn a_rank_that_never_arrives_is_named() {
                 let addr = addr.clone();
                 s.spawn(move || {
                     let err = init_as(&spec(rank, 3, &addr), quick(), TransportKind::Tcp)
-                        .err()
-                        .expect("init cannot succeed without rank 1");
+                        .map(drop)
+                        .expect_err("init cannot succeed without rank 1");
                     (rank, err)
                 })
             })
@@ -87,8 +87,8 @@ fn an_address_nobody_listens_on_says_so() {
     let addr = format!("127.0.0.1:{}", free_port());
     let started = Instant::now();
     let err = init_as(&spec(1, 2, &addr), quick(), TransportKind::Tcp)
-        .err()
-        .expect("nobody serves the store");
+        .map(drop)
+        .expect_err("nobody serves the store");
     let msg = err.to_string();
     for needle in [
         &format!("nothing listens at {addr}"),
@@ -166,8 +166,8 @@ fn the_store_listens_on_the_address_it_was_given() {
 
     // 192.0.2.1 is TEST-NET-1: no host has it.
     let err = init_as(&spec(0, 1, "192.0.2.1:29999"), quick(), TransportKind::Tcp)
-        .err()
-        .expect("no such local address");
+        .map(drop)
+        .expect_err("no such local address");
     let msg = err.to_string();
     assert!(
         matches!(&err, Error::Config { var, .. } if var == "FERROCOLL_ADDR"),

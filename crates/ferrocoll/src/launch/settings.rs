@@ -147,8 +147,7 @@ impl LaunchSettings {
         let ring_bytes = match get("FERROCOLL_SHM_RING_BYTES") {
             None => None,
             Some(v) => {
-                let hint = "; it must be a power of two, e.g. 1048576 (1 MiB); unset, the rings \
-                            of a host take 32 MiB in all";
+                let hint = " (a power of two); unset, the rings of a host take 32 MiB in all";
                 let b = env::whole_usize(
                     "FERROCOLL_SHM_RING_BYTES",
                     &v,

@@ -30,7 +30,9 @@
 //! - `FERROCOLL_LOCAL_RANK` / `FERROCOLL_LOCAL_WORLD_SIZE` fill in the local
 //!   rank and size when the launcher does not give them.
 //! - `FERROCOLL_WORLD_SIZE`, when set while another family is used, must
-//!   equal that family's size.
+//!   equal that family's size; a world has at most [`MAX_WORLD_SIZE`]
+//!   ranks, and `FERROCOLL_SECRET` at most [`MAX_SECRET`] bytes without
+//!   control characters.
 //! - The store address is `host:port` (IPv6 as `[::1]:29500`) with a port in
 //!   1..=65535. A bare IPv6 `MASTER_ADDR` is bracketed for you.
 //! - Under a real `torchrun`, `MASTER_PORT` on rank 0's host is already taken
