@@ -249,8 +249,8 @@ fn rows() -> Vec<Row> {
             var: "FERROCOLL_SHM_RING_BYTES",
             parser: Library,
             zero: false,
-            good: &["65536", "1048576", "1073741824"],
-            bad: &["65535", "100000", "2147483648", "1M", "1.5"],
+            good: &["65536", "1048576", "268435456"],
+            bad: &["65535", "100000", "536870912", "1M", "1.5"],
             std_bad: NUMERIC_BAD,
         },
         Row {

@@ -114,12 +114,26 @@ pub(super) fn setup_shm(
         .position(|&r| r == rank)
         .expect("rank is local");
     let job = format!("{}-n{node}", spec.job_id);
-    let shm_err = |what: String, e: std::io::Error| {
-        Error::Config {
-        var: "FERROCOLL_TRANSPORT".into(),
-        value: "shm".into(),
-        reason: format!("{what}: {e}; is /dev/shm mounted and large enough? (FERROCOLL_TRANSPORT=tcp avoids it)"),
-    }
+    let shm_err = |what: String, e: std::io::Error| match settings.ring_bytes {
+        // Rings sized by hand: the likely cause of a segment that does not fit.
+        Some(bytes) => Error::Config {
+            var: "FERROCOLL_SHM_RING_BYTES".into(),
+            value: bytes.to_string(),
+            reason: format!(
+                "{what}: {e}; {} rings of {bytes} bytes per rank need about {} MiB of /dev/shm \
+                 on this host: give a smaller power of two, or unset it (32 MiB per host in all)",
+                locals.len(),
+                (locals.len() * locals.len()).saturating_mul(bytes) >> 20
+            ),
+        },
+        None => Error::Config {
+            var: "FERROCOLL_TRANSPORT".into(),
+            value: "shm".into(),
+            reason: format!(
+                "{what}: {e}; is /dev/shm mounted and large enough? (FERROCOLL_TRANSPORT=tcp \
+                 avoids it)"
+            ),
+        },
     };
     let mut node_seg = ShmNode::create(
         &job,

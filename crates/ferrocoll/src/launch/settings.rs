@@ -10,9 +10,10 @@ use crate::topo::Topology;
 
 /// Smallest ring `FERROCOLL_SHM_RING_BYTES` may set.
 pub(crate) const MIN_RING_BYTES: usize = 64 << 10;
-/// Largest ring `FERROCOLL_SHM_RING_BYTES` may set: 1 GiB (each host holds
-/// local ranks squared rings, in `/dev/shm`).
-pub(crate) const MAX_RING_BYTES: usize = 1 << 30;
+/// Largest ring `FERROCOLL_SHM_RING_BYTES` may set: 256 MiB (each host
+/// holds local ranks squared rings, in `/dev/shm`: 1 GiB for 2 ranks, 16
+/// GiB for 8; the default rings stop at 4 MiB).
+pub(crate) const MAX_RING_BYTES: usize = 256 << 20;
 /// Longest `FERROCOLL_HOST_ID`.
 pub(crate) const MAX_HOST_ID: usize = 255;
 
