@@ -285,21 +285,37 @@ fn wait_for_ranks(
 ) -> Result<Vec<Vec<u8>>> {
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let start = Instant::now();
-    let err = match store.wait(&refs) {
-        Ok(values) => return Ok(values),
-        Err(e) => e,
-    };
-    let waited = start.elapsed();
+    store
+        .wait(&refs)
+        .map_err(|e| not_arrived(store, e, keys, ranks, me, what, timeout, start.elapsed()))
+}
+
+/// The error for a start-up wait that failed after `waited`: an
+/// [`Error::Startup`] naming the ranks of `ranks` whose `keys` the store
+/// says are still missing, or the store's own error when it cannot tell
+/// (then nothing is missing, or the store is gone).
+#[allow(clippy::too_many_arguments)]
+fn not_arrived(
+    store: &mut dyn Rendezvous,
+    err: Error,
+    keys: &[String],
+    ranks: &[usize],
+    me: (usize, usize),
+    what: &str,
+    timeout: Duration,
+    waited: Duration,
+) -> Error {
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let missing: Vec<usize> = match store.missing(&refs) {
         Some(idx) if !idx.is_empty() => idx.iter().filter_map(|&i| ranks.get(i).copied()).collect(),
-        _ => return Err(store_error(err, what)),
+        _ => return store_error(err, what),
     };
     let (rank, size) = me;
     let who = match missing.as_slice() {
         [one] => format!("rank {one}"),
         many => format!("ranks {}", rank_list(many)),
     };
-    Err(Error::Startup(format!(
+    Error::Startup(format!(
         "rank {rank} of {size}: {who} did not arrive at the rendezvous within {:.1} s (store at \
          {}, {what}); check that every rank was started and is still running (a rank that \
          failed before init printed why), and that all ranks were given the same rendezvous \
@@ -308,7 +324,7 @@ fn wait_for_ranks(
         waited.as_secs_f64(),
         store.describe(),
         connect_timeout(timeout).as_secs_f64(),
-    )))
+    ))
 }
 
 /// Ranks for a message: `1, 3, 5-9` (runs of three or more as ranges).
@@ -569,18 +585,25 @@ fn init_over(
         config.slice_bytes = TCP_SLICE_BYTES;
     }
 
-    // Everyone is connected before anyone sends: a barrier of one key per
-    // rank, so that a timeout can say which ranks never got this far.
+    // Everyone is connected before anyone sends. Each rank also leaves a
+    // key of its own, read only if the barrier fails, to say which ranks
+    // never got this far (the barrier itself costs a rank two requests,
+    // whatever the world's size).
     store.set(&format!("init/ready/{rank}"), b"1")?;
-    let keys: Vec<String> = (0..size).map(|r| format!("init/ready/{r}")).collect();
-    wait_for_ranks(
-        store.as_mut(),
-        &keys,
-        &everyone,
-        (rank, size),
-        "the start-up barrier, after connecting",
-        config.timeout,
-    )?;
+    let start = Instant::now();
+    if let Err(e) = store.barrier("init/connected", size) {
+        let keys: Vec<String> = (0..size).map(|r| format!("init/ready/{r}")).collect();
+        return Err(not_arrived(
+            store.as_mut(),
+            e,
+            &keys,
+            &everyone,
+            (rank, size),
+            "the start-up barrier, after connecting",
+            config.timeout,
+            start.elapsed(),
+        ));
+    }
     // When rank 0 serves the store, it must not take it down (by finishing
     // its work and exiting) before every rank has read the barrier's
     // answer: each other rank says it is through, and rank 0 waits for the
