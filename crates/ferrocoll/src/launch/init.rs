@@ -168,22 +168,34 @@ pub fn init_as(spec: &WorldSpec, config: Config, kind: TransportKind) -> Result<
     // (FERROCOLL_STORE=external).
     let external = settings.external_store;
     let server = if rank == 0 && !external {
-        Some(start_store(spec, &settings)?)
+        Some(Arc::new(start_store(spec, &settings)?))
     } else {
         None
     };
     let mut store = StoreClient::connect(&spec.store_addr, &spec.secret, connect_timeout)?;
     store.set_timeout(connect_timeout);
-    init_over(
+    let result = init_over(
         spec,
         Box::new(store),
-        Box::new(server),
+        Box::new(server.clone()),
         !external,
         config,
         kind,
         &settings,
-    )
+    );
+    if let (Err(Error::Startup(why)), Some(server)) = (&result, &server) {
+        // Rank 0 gave up: tell the ranks still waiting why (it names the
+        // ranks that did not arrive), rather than vanishing under them,
+        // which they would report as a lost store.
+        server.fail_waits(why);
+        std::thread::sleep(STARTUP_VERDICT_GRACE);
+    }
+    result
 }
+
+/// How long rank 0 keeps the store up after its start-up failed, so the
+/// ranks still waiting get its verdict.
+const STARTUP_VERDICT_GRACE: Duration = Duration::from_millis(200);
 
 /// Rank 0's store, listening on `FERROCOLL_STORE_BIND` when set, else on
 /// the rendezvous address itself (so `127.0.0.1:29500` is reachable from
@@ -305,6 +317,10 @@ fn not_arrived(
     timeout: Duration,
     waited: Duration,
 ) -> Error {
+    if let Error::Startup(_) = err {
+        // Rank 0's verdict, through the store: it names the missing ranks.
+        return err;
+    }
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let missing: Vec<usize> = match store.missing(&refs) {
         Some(idx) if !idx.is_empty() => idx.iter().filter_map(|&i| ranks.get(i).copied()).collect(),

@@ -136,7 +136,9 @@ impl StoreClient {
     ///
     /// The wait happens in the server, so it holds up no other client. Past
     /// the deadline it fails with [`Error::Config`] naming
-    /// `FERROCOLL_TIMEOUT` and the first key still missing.
+    /// `FERROCOLL_TIMEOUT` and the first key still missing; when the
+    /// server's owner gave up the start-up ([`StoreServer::fail_waits`])
+    /// it fails with [`Error::Startup`] saying why.
     pub fn wait(&mut self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
         if keys.is_empty() {
             return Ok(Vec::new());
@@ -170,6 +172,14 @@ impl StoreClient {
         }
         let first = keys[0];
         let response = self.call("wait", first, &enc.finish(), WAIT_GRACE)?;
+        if response.first() == Some(&ST_FAILED) {
+            let mut d = Dec {
+                buf: &response[1..],
+            };
+            if let Some(why) = d.field().filter(|_| d.end()) {
+                return Err(Error::Startup(String::from_utf8_lossy(why).into_owned()));
+            }
+        }
         if response.first() == Some(&ST_TIMEOUT) {
             let mut d = Dec {
                 buf: &response[1..],
