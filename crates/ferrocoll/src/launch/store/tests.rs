@@ -321,3 +321,24 @@ fn secrets_compare_whole() {
     assert!(!secrets_match(b"abc", b"ab"));
     assert!(!secrets_match(b"", b"a"));
 }
+
+#[test]
+fn fail_waits_answers_every_waiter_with_the_reason() {
+    let s = server();
+    let addr = s.local_addr().to_string();
+    let waiter = thread::spawn(move || {
+        let mut c = StoreClient::connect(&addr, SECRET, Duration::from_secs(10)).unwrap();
+        let start = Instant::now();
+        (c.wait(&["never"]), start.elapsed())
+    });
+    thread::sleep(Duration::from_millis(100));
+    s.fail_waits("rank 1 did not arrive");
+    let (got, waited) = waiter.join().unwrap();
+    assert_eq!(got, Err(Error::Startup("rank 1 did not arrive".into())));
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    // Later waits fail at once the same way; other requests still work.
+    let mut c = client(&s, 2000);
+    c.set("k", b"v").unwrap();
+    assert!(matches!(c.wait(&["k"]), Err(Error::Startup(_))));
+    assert_eq!(c.get("k").unwrap(), Some(b"v".to_vec()));
+}
