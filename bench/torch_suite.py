@@ -11,8 +11,7 @@ WORLD_SIZE ranks per test, each of which calls
 ferrocoll enters as a *plugin* backend: every rank imports ``ferrocoll.torch``
 (which registers "ferrocoll"), and before the suite is imported "ferrocoll" is
 added to ``DistTestCases.backend_feature`` ("plugin", "ddp", "gpu",
-"subgroup": the tables gloo is in that do not mean CUDA) and to
-``skip_collective["sendrecv anysource"]`` (ferrocoll has no any-source recv).
+"subgroup": the tables gloo is in that do not mean CUDA).
 
 Many tests are not gated by those tables but by the literal backend name
 (``BACKEND != "gloo"``, ``require_backend_is_available({"gloo"})``).
@@ -114,7 +113,6 @@ if os.environ.get(WORKER_ENV):
         # GPU-count skip. "cuda" (DDP hooks on CUDA tensors) stays gloo-only.
         for _feature in ("plugin", "ddp", "gpu", "subgroup"):
             _tables.setdefault(_feature, set()).add(_real)
-        _cd.DistTestCases.skip_collective["sendrecv anysource"].add(_real)
 
     if _gates in ("gloo", "gloo-all"):
         os.environ["BACKEND"] = "gloo"  # what the decorators see at import

@@ -340,6 +340,23 @@ class Communicator:
             tag=tag,
         )
 
+    def recv_any(self, buf: Any, tag: int = 0) -> int:
+        """Receives exactly ``buf``'s length with ``tag`` from whichever rank
+        sends first and returns that rank (MPI's ``MPI_ANY_SOURCE``)."""
+        b = _array(buf, "buf", True)
+        cell = np.full(1, -1, dtype=np.int64)
+        self._submit(
+            "recv_any",
+            (b, cell),
+            b,
+            False,
+            dtype=dtype_code(b.dtype),
+            recv=(_addr(b), b.size),
+            send=(_addr(cell), 1),
+            tag=tag,
+        )
+        return int(cell[0])
+
     # ---- the non-blocking names of the Rust API ------------------------------
 
     def iall_reduce(self, send: Any, recv: Any = None, op: str = "sum") -> Request:

@@ -155,6 +155,30 @@ def test_nonblocking_buffers_and_groups(n: int) -> None:
         assert bad == []
 
 
+def any_source() -> List[int]:
+    """Rank 0 takes one message from every other rank with ``recv_any``, in
+    whatever order they come; returns the senders it saw."""
+    import ferrocoll
+
+    comm = ferrocoll.init()
+    seen = []
+    if comm.rank == 0:
+        for _ in range(comm.size - 1):
+            buf = np.zeros(5, dtype=np.float64)
+            src = comm.recv_any(buf, tag=3)
+            assert (buf == 10.0 * src).all(), (src, buf)
+            seen.append(src)
+    else:
+        comm.send(np.full(5, 10.0 * comm.rank), 0, tag=3)
+    comm.barrier()
+    return sorted(seen)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_recv_from_any_source(n: int) -> None:
+    assert ranks.run(n, any_source)[0] == list(range(1, n))
+
+
 def wrong_arguments() -> List[str]:
     """User mistakes are exceptions of the right class, with ferrocoll's message."""
     import ferrocoll

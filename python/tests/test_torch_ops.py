@@ -202,6 +202,22 @@ def compare_with_gloo(counts: List[int]) -> List[str]:
         if got.tolist() != [(r - 1) % n] * 7:
             bad.append(f"rank {r}: isend/irecv: {got.tolist()}")
 
+    # recv from any source: rank 0 takes one message from every other rank
+    # and dist.recv returns who sent it.
+    if n > 1:
+        if r == 0:
+            senders = []
+            for _ in range(n - 1):
+                got = torch.empty(3)
+                src = dist.recv(got, tag=6)
+                if got.tolist() != [float(src)] * 3:
+                    bad.append(f"rank 0: recv from any source got {got.tolist()} from {src}")
+                senders.append(src)
+            if sorted(senders) != list(range(1, n)):
+                bad.append(f"rank 0: recv from any source: senders {senders}")
+        else:
+            dist.send(torch.full((3,), float(r)), 0, tag=6)
+
     # Work objects and futures.
     w = dist.all_reduce(torch.ones(4), async_op=True)
     fut = w.get_future()

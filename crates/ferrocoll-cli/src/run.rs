@@ -155,6 +155,8 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, CliError> {
     };
     let secret = random_hex(16)?;
     let job_id = format!("r{}", random_hex(6)?);
+    // Where the ranks say which rank failed first (FERROCOLL_BLAME_FILE).
+    let blame = std::env::temp_dir().join(format!("ferrocoll-{job_id}.blame"));
     let env_of = |rank: usize| {
         let mut env = vec![
             ("FERROCOLL_RANK".to_string(), rank.to_string()),
@@ -167,6 +169,10 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, CliError> {
             ("FERROCOLL_ADDR".to_string(), addr.clone()),
             ("FERROCOLL_SECRET".to_string(), secret.clone()),
             ("FERROCOLL_JOB_ID".to_string(), job_id.clone()),
+            (
+                "FERROCOLL_BLAME_FILE".to_string(),
+                blame.display().to_string(),
+            ),
         ];
         env.extend(opts.extra_env.iter().cloned());
         env
@@ -195,6 +201,7 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, CliError> {
                 }
                 wait_for_output(&mut pumps, Instant::now() + LAST_OUTPUT_WAIT);
                 cleanup(&job_id);
+                let _ = std::fs::remove_file(&blame);
                 return Err(CliError::Run(format!(
                     "cannot start `{}`: {e}",
                     opts.program.display()
@@ -224,7 +231,8 @@ pub fn launch(opts: &LaunchOptions) -> Result<i32, CliError> {
         });
     }
 
-    let code = supervise(&mut ranks, opts);
+    let code = supervise(&mut ranks, opts, &blame);
+    let _ = std::fs::remove_file(&blame);
 
     // Everything the ranks wrote, unless some leftover process holds a pipe:
     // then give it the grace period (and SIGKILL if the run was stopped).
@@ -253,7 +261,7 @@ struct Stop {
 
 /// Waits for all ranks, stopping the run on the first failure, a signal to
 /// the launcher or the timeout. Returns the run's exit code.
-fn supervise(ranks: &mut [Rank], opts: &LaunchOptions) -> i32 {
+fn supervise(ranks: &mut [Rank], opts: &LaunchOptions, blame: &std::path::Path) -> i32 {
     let start = Instant::now();
     let mut stop: Option<Stop> = None;
     loop {
@@ -279,10 +287,10 @@ fn supervise(ranks: &mut [Rank], opts: &LaunchOptions) -> i32 {
                 } else {
                     ""
                 };
-                eprintln!("ferrocoll run: rank {rank} {}{tail}", describe(status));
+                let code = report_failure(ranks, rank, blame, tail);
                 signal_all(ranks, libc::SIGTERM);
                 stop = Some(Stop {
-                    code: exit_code(status),
+                    code,
                     kill_at: Some(Instant::now() + opts.grace),
                 });
             }
@@ -319,6 +327,59 @@ fn supervise(ranks: &mut [Rank], opts: &LaunchOptions) -> i32 {
             }
         }
         thread::sleep(POLL);
+    }
+}
+
+/// How long the launcher waits for the rank the others blame to end, when
+/// another rank exited first (it may still be unwinding a panic).
+const ORIGIN_WAIT: Duration = Duration::from_secs(1);
+
+/// Reports the failure of `rank` (just reaped) and returns the run's exit
+/// code. The ranks write the first rank that failed to `blame`
+/// (`CULPRIT REPORTER` lines) as soon as they know it; when that is another
+/// rank, it is the one to report: a survivor that exits at once on its
+/// error is often reaped before the rank that caused it.
+fn report_failure(ranks: &mut [Rank], rank: usize, blame: &std::path::Path, tail: &str) -> i32 {
+    let status = ranks[rank].status.expect("reaped");
+    let culprit = std::fs::read_to_string(blame).ok().and_then(|text| {
+        let first = text.lines().next()?;
+        first.split(' ').next()?.parse::<usize>().ok()
+    });
+    let Some(c) = culprit.filter(|&c| c != rank && c < ranks.len()) else {
+        eprintln!("ferrocoll run: rank {rank} {}{tail}", describe(status));
+        return exit_code(status);
+    };
+    let until = Instant::now() + ORIGIN_WAIT;
+    while ranks[c].status.is_none() && Instant::now() < until {
+        match ranks[c].child.try_wait() {
+            Ok(Some(st)) => ranks[c].status = Some(st),
+            Ok(None) => thread::sleep(POLL),
+            Err(_) => break,
+        }
+    }
+    let after = format!("rank {rank} {} after it", describe(status));
+    match ranks[c].status {
+        Some(st) if !st.success() => {
+            eprintln!(
+                "ferrocoll run: rank {c} {} (the first rank to fail; {after}){tail}",
+                describe(st)
+            );
+            exit_code(st)
+        }
+        Some(_) => {
+            eprintln!(
+                "ferrocoll run: rank {c} exited with status 0 while the other ranks still needed it \
+                 (the first rank to fail; {after}){tail}"
+            );
+            exit_code(status)
+        }
+        None => {
+            eprintln!(
+                "ferrocoll run: rank {rank} {}: the ranks report that rank {c} failed first{tail}",
+                describe(status)
+            );
+            exit_code(status)
+        }
     }
 }
 

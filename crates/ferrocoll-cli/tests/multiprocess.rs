@@ -46,11 +46,12 @@ fn main() {
             "sum" => sum(&comm),
             "lazy" => lazy(&comm),
             "small" => small(&comm),
+            "p2p" => p2p(&comm),
             other => panic!("unknown role {other}"),
         }
         return;
     }
-    let tests: [(&str, fn()); 8] = [
+    let tests: [(&str, fn()); 9] = [
         (
             "tcp_connections_open_on_first_use",
             tcp_connections_open_on_first_use,
@@ -60,6 +61,10 @@ fn main() {
             every_collective_on_shm_and_tcp,
         ),
         ("api_across_processes", api_across_processes),
+        (
+            "point_to_point_as_mpi_defines_it",
+            point_to_point_as_mpi_defines_it,
+        ),
         ("small_calls_fast_path", small_calls_fast_path),
         ("message_of_256_mib", message_of_256_mib),
         ("launcher_environments", launcher_environments),
@@ -177,6 +182,29 @@ fn api_across_processes() {
             assert!(out.status.success(), "{what}: {}", show(&out));
             let text = String::from_utf8_lossy(&out.stdout);
             assert_eq!(text.matches("api ok").count(), n, "{what}: {}", show(&out));
+        }
+    }
+}
+
+/// Point-to-point as MPI and torch define it, on every variant: matched
+/// by (source, tag) in FIFO order whatever the lengths, from several
+/// threads, zero-length messages, and receives from any source.
+fn point_to_point_as_mpi_defines_it() {
+    for (transport, single_copy, streams, buffers) in VARIANTS {
+        for n in [2, 3, 4] {
+            let env = [
+                ("FERROCOLL_TRANSPORT", transport),
+                ("FERROCOLL_SHM_SINGLE_COPY", single_copy),
+                ("FERROCOLL_SHM_FAST", shm_fast(single_copy)),
+                ("FERROCOLL_TCP_STREAMS", streams),
+                ("FERROCOLL_TEST_BUFFERS", buffers),
+            ];
+            let out = launch(n, "p2p", &env);
+            let what =
+                format!("p2p {transport} (single copy {single_copy}, streams {streams}) n={n}");
+            assert!(out.status.success(), "{what}: {}", show(&out));
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(text.matches("p2p ok").count(), n, "{what}: {}", show(&out));
         }
     }
 }
@@ -759,6 +787,74 @@ fn small(comm: &Communicator) {
 
     comm.barrier().unwrap();
     println!("small ok {rank}");
+}
+
+fn p2p(comm: &Communicator) {
+    let (r, n) = (comm.rank(), comm.size());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    // Two messages under one tag whose lengths differ: FIFO, not a mismatch.
+    if r == 0 {
+        comm.send(&[1u8; 50], 1, 0).unwrap();
+        comm.send(&[2u8; 51], 1, 0).unwrap();
+    } else if r == 1 {
+        let (mut a, mut b) = ([0u8; 50], [0u8; 51]);
+        comm.recv(&mut a, 0, 0).unwrap();
+        comm.recv(&mut b, 0, 0).unwrap();
+        assert!(
+            a.iter().all(|&x| x == 1) && b.iter().all(|&x| x == 2),
+            "FIFO per tag"
+        );
+    }
+    // A ring whose counts change call to call, zero included; the sends run
+    // on a thread of their own (a send waits for its receive).
+    let counts = [0usize, 1, 1009, 100_003];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for (i, &c) in counts.iter().enumerate() {
+                let v = vec![(r * 10 + i) as u32; c];
+                comm.send(&v, next, 5).unwrap();
+            }
+        });
+        for (i, &c) in counts.iter().enumerate() {
+            let mut v = vec![u32::MAX; c];
+            comm.recv(&mut v, prev, 5).unwrap();
+            assert!(
+                v.iter().all(|&x| x == (prev * 10 + i) as u32),
+                "ring step {i}"
+            );
+        }
+    });
+    // Sends of several threads with different tags, received in the other
+    // order.
+    if r == 0 {
+        std::thread::scope(|s| {
+            for tag in 10..14u32 {
+                s.spawn(move || comm.send(&[tag as u64; 300], 1, tag).unwrap());
+            }
+        });
+    } else if r == 1 {
+        for tag in (10..14u32).rev() {
+            let mut v = [0u64; 300];
+            comm.recv(&mut v, 0, tag).unwrap();
+            assert!(v.iter().all(|&x| x == u64::from(tag)), "tag {tag}");
+        }
+    }
+    // Receives from any source: rank 0 takes one message from every other
+    // rank, in whatever order they come, and learns who sent each.
+    if r == 0 {
+        let mut seen = vec![false; n];
+        for _ in 1..n {
+            let mut v = [0i32; 3];
+            let src = comm.recv_any(&mut v, 9).unwrap();
+            assert!(v.iter().all(|&x| x == src as i32 * 7), "payload of {src}");
+            assert!(!seen[src], "rank {src} twice");
+            seen[src] = true;
+        }
+    } else {
+        comm.send(&[r as i32 * 7; 3], 0, 9).unwrap();
+    }
+    comm.barrier().unwrap();
+    println!("p2p ok");
 }
 
 fn api(comm: &Communicator) {

@@ -80,6 +80,13 @@ pub enum Kind {
         peer: usize,
         tag: u32,
     },
+    /// A receive from whichever rank sends first; the sender's rank is
+    /// written to the `i64` at address `source`, which the caller holds.
+    RecvAny {
+        buf: Buf,
+        tag: u32,
+        source: usize,
+    },
 }
 
 /// A call: what, over which element type, and what to do after it.
@@ -100,7 +107,10 @@ impl Job {
     /// Whether this is a point-to-point call (those may wait on each other,
     /// so they do not queue behind one worker).
     pub fn is_p2p(&self) -> bool {
-        matches!(self.kind, Kind::Send { .. } | Kind::Recv { .. })
+        matches!(
+            self.kind,
+            Kind::Send { .. } | Kind::Recv { .. } | Kind::RecvAny { .. }
+        )
     }
 
     /// Checks what the slices made later rely on: aligned addresses, and
@@ -121,6 +131,14 @@ impl Job {
                 bufs.push((*recv, true));
             }
             Kind::Broadcast { buf, .. } | Kind::Recv { buf, .. } => bufs.push((*buf, true)),
+            Kind::RecvAny { buf, source, .. } => {
+                if *source == 0 || *source % 8 != 0 {
+                    return Err(Error::invalid(
+                        "recv_any: the source cell must be an aligned 8-byte integer",
+                    ));
+                }
+                bufs.push((*buf, true));
+            }
             Kind::Send { buf, .. } => bufs.push((*buf, false)),
             Kind::Barrier => {}
         }
@@ -166,6 +184,7 @@ impl Job {
             Kind::Barrier => "barrier",
             Kind::Send { .. } => "send",
             Kind::Recv { .. } => "recv",
+            Kind::RecvAny { .. } => "recv_any",
         }
     }
 
@@ -289,6 +308,13 @@ impl Job {
             Kind::Barrier => comm.barrier()?,
             &Kind::Send { buf, peer, tag } => comm.send(read(buf), peer, tag)?,
             &Kind::Recv { buf, peer, tag } => comm.recv(write(buf), peer, tag)?,
+            &Kind::RecvAny { buf, tag, source } => {
+                let from = comm.recv_any(write(buf), tag)?;
+                // SAFETY: `check` verified the cell is non-null and aligned;
+                // the Python layer holds it (an 8-byte integer) until the
+                // call completes, and nothing else writes it meanwhile.
+                unsafe { *(source as *mut i64) = from as i64 };
+            }
         }
         if let (Some(factor), Some(out)) = (self.scale, scaled) {
             T::scale(write(out), factor);

@@ -389,6 +389,12 @@ fn make_kind(
             peer: a.peer,
             tag: a.tag,
         },
+        // `send` holds the address of the cell the sender's rank goes to.
+        "recv_any" => Kind::RecvAny {
+            buf: recv,
+            tag: a.tag,
+            source: send.addr,
+        },
         other => {
             return Err(errors::InvalidArgument::new_err(format!(
                 "unknown call `{other}`"

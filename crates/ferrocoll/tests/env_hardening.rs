@@ -189,6 +189,15 @@ fn rows() -> Vec<Row> {
             bad: &["a very long interface name", "eth/0", "eth 0", "l\no"],
             std_bad: &[],
         },
+        Row {
+            // Set by `ferrocoll run`: a path the ranks append to.
+            var: "FERROCOLL_BLAME_FILE",
+            parser: Library,
+            zero: true,
+            good: &["/tmp/ferrocoll-blame", "garbage"],
+            bad: &["a\nb"],
+            std_bad: &[],
+        },
         // ---- start-up (init) ----
         Row {
             var: "FERROCOLL_TRANSPORT",

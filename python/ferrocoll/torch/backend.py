@@ -238,6 +238,14 @@ class FerrocollWork(dist.Work):
             raise self._error
         return True
 
+    def _source_rank(self) -> int:
+        """The rank a receive came from (torch asks after ``recv(src=None)``)."""
+        cell = getattr(self, "_source_cell", None)
+        if cell is not None:
+            self.wait()
+            return int(cell[0])
+        return int(getattr(self, "_source", -1))
+
     def is_completed(self) -> bool:
         """True once every part finished (successfully or not). Never blocks."""
         return all(h.is_completed() for h in self._handles)
@@ -852,7 +860,23 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         return work
 
     def recv_anysource(self, tensors: List[torch.Tensor], tag: int) -> FerrocollWork:
-        raise _fail("recv from any source is not supported; name the source rank")
+        """``dist.recv(t, src=None)``: the message of whichever rank sends
+        first under ``tag``; the work's ``_source_rank()`` names it."""
+        if len(tensors) != 1:
+            raise _fail(f"recv from any source takes one tensor, got {len(tensors)}")
+        t = tensors[0]
+        _check_cpu(t, "recv tensor")
+        code, units = _bytes_spec(t)
+        staged = _Staged()
+        c = staged.contiguous(t, True)
+        # The extension writes the sender's rank here when the call is done.
+        cell = torch.full((1,), -1, dtype=torch.int64)
+        handle = self._submit(
+            None, "recv_any", dtype=code, recv=self._ptr(c, units), send=(cell.data_ptr(), 1), tag=tag
+        )
+        work = FerrocollWork([handle], tensors, (c, cell), staged)
+        work._source_cell = cell  # type: ignore[attr-defined]
+        return work
 
 
 def _combine(works: List[FerrocollWork], outputs: List[torch.Tensor]) -> FerrocollWork:

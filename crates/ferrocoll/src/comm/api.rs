@@ -422,6 +422,31 @@ impl Communicator {
         )
     }
 
+    /// Receives exactly `buf.len()` elements with `tag` from whichever rank
+    /// sends first, and returns that rank (MPI's `MPI_ANY_SOURCE`, torch's
+    /// `recv(src=None)`). Messages of one sender still arrive in order. Not
+    /// on the thread transport yet: there it fails with
+    /// [`Error::InvalidArgument`].
+    pub fn recv_any<T: Element>(&self, buf: &mut [T], tag: u32) -> Result<usize> {
+        if self.size() < 2 {
+            return Err(Error::invalid(
+                "recv_any: a communicator of one rank has nobody to receive from",
+            ));
+        }
+        let sig = Signature {
+            kind: CallKind::PointToPoint,
+            dtype: T::DTYPE,
+            op: None,
+            count: buf.len(),
+            root: None,
+        };
+        self.recv_any_bytes(
+            &sig,
+            Header::P2P_BIT | u64::from(tag),
+            bytemuck::cast_slice_mut(buf),
+        )
+    }
+
     /// Receives exactly `buf.len()` elements from `peer` with `tag`.
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize, tag: u32) -> Result<()> {
         let (seq, sig) = self.p2p_header_sig::<T>("recv", peer, tag, buf.len())?;

@@ -6,7 +6,7 @@
 //! on the transport and reports errors in this group's ranks.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{coll_bit, Communicator};
 use crate::error::{Error, Result};
@@ -14,6 +14,10 @@ use crate::exec::{self, Call, Memory};
 use crate::plan::{self, Collective, Layout, Op, Plan, PlanRequest, Round};
 use crate::transport::{CallKind, Header, Signature, SmallBuffers, SmallCall, SmallCollectives};
 use crate::types::{DType, ReduceOp};
+
+/// How long a timeout waits for the peers to say where they are (the
+/// desync report): they answer within microseconds when they are in a call.
+const DESYNC_WAIT: Duration = Duration::from_millis(100);
 
 /// Everything that describes one collective call.
 pub(super) struct Spec {
@@ -140,14 +144,27 @@ impl Communicator {
                 peer,
                 waited,
                 report,
-            } => Error::Timeout {
-                collective,
-                seq,
-                rank: g(rank),
-                peer: g(peer),
-                waited,
-                report,
-            },
+            } => {
+                let report = if report.is_empty() {
+                    self.desync_report(&collective, seq, g(peer))
+                } else {
+                    report
+                };
+                if self.shared.config.debug && !report.is_empty() {
+                    eprintln!(
+                        "ferrocoll: rank {} timed out; where every rank is: {report}",
+                        g(rank)
+                    );
+                }
+                Error::Timeout {
+                    collective,
+                    seq,
+                    rank: g(rank),
+                    peer: g(peer),
+                    waited,
+                    report,
+                }
+            }
             Error::Mismatch {
                 rank,
                 local,
@@ -162,6 +179,42 @@ impl Communicator {
             Error::PeerLost { rank } => Error::PeerLost { rank: g(rank) },
             other => other,
         }
+    }
+
+    /// Where every rank of this group is, as far as the transport can ask
+    /// within [`DESYNC_WAIT`] (`rank 0: in all_reduce(...) #5 (this rank);
+    /// rank 1: no answer ...`), for a timeout of this rank in `collective`
+    /// (call or tag `seq`) waiting for `peer`; empty when the transport
+    /// cannot ask at all.
+    fn desync_report(&self, collective: &str, seq: u64, peer: usize) -> String {
+        let group = &self.shared.group;
+        let found = self
+            .shared
+            .transport
+            .positions(self.shared.id, group, DESYNC_WAIT);
+        if found.iter().all(Option::is_none) {
+            return String::new();
+        }
+        found
+            .iter()
+            .enumerate()
+            .map(|(r, at)| match at {
+                _ if r == self.rank() => {
+                    let call = if collective.starts_with("send/recv") {
+                        format!("tag {seq}")
+                    } else {
+                        format!("#{seq}")
+                    };
+                    format!("rank {r}: in {collective} {call} (this rank, timed out waiting for rank {peer})")
+                }
+                Some(text) => format!("rank {r}: {text}"),
+                None => format!(
+                    "rank {r}: no answer within {} ms (in no ferrocoll call: computing, stopped, or stuck elsewhere)",
+                    DESYNC_WAIT.as_millis()
+                ),
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     /// Plans and runs one collective on `mem`, which holds the lengths the
@@ -281,6 +334,48 @@ impl Communicator {
             }
         }
         result.map_err(|e| self.group_error(e))
+    }
+}
+
+impl Communicator {
+    /// Receives one message of `sig` under tag key `seq` into `buf` from
+    /// whichever rank of this group sends first; returns that group rank.
+    pub(super) fn recv_any_bytes(
+        &self,
+        sig: &Signature,
+        seq: u64,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let header = Header {
+            comm: self.shared.id,
+            seq,
+            sig: *sig,
+        };
+        let mut sink = IntoBytes(buf);
+        let len = sink.0.len();
+        let world = self
+            .shared
+            .transport
+            .recv_any(&header, len, &mut sink, self.deadline())
+            .map_err(|e| self.group_error(e))?;
+        self.shared
+            .group
+            .iter()
+            .position(|&w| w == world)
+            .ok_or_else(|| {
+                Error::Internal(format!(
+                    "recv_any: transport rank {world} sent under this group's key but is not in it"
+                ))
+            })
+    }
+}
+
+/// A sink that copies one message into a byte buffer.
+struct IntoBytes<'a>(&'a mut [u8]);
+
+impl crate::transport::Sink for IntoBytes<'_> {
+    fn deliver(&mut self, _index: usize, offset: usize, chunk: &[u8]) {
+        self.0[offset..offset + chunk.len()].copy_from_slice(chunk);
     }
 }
 

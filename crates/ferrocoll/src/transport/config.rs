@@ -6,6 +6,7 @@
 //! (or an embedder) can build one by hand and two communicators of one
 //! process can differ.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::env;
@@ -43,6 +44,10 @@ pub(crate) struct TransportConfig {
     /// `FERROCOLL_SOCKET_IFNAME`: the interface TCP listens on (`None`: the
     /// one that routes to the rendezvous store).
     pub socket_ifname: Option<String>,
+    /// `FERROCOLL_BLAME_FILE` (set by `ferrocoll run`): where this rank
+    /// appends `CULPRIT REPORTER` once it knows which rank failed first, so
+    /// the launcher reports that rank rather than the first to exit.
+    pub blame_file: Option<PathBuf>,
     /// `FERROCOLL_TEST_FLIP_FRAME=N` (only with the `fault-injection`
     /// feature): flip one payload bit of the N-th data frame this process
     /// sends, after its checksum was computed, to prove corruption is
@@ -60,6 +65,7 @@ impl Default for TransportConfig {
             socket_buffer: SOCKET_BUFFER,
             tcp_streams: DEFAULT_STREAMS,
             socket_ifname: None,
+            blame_file: None,
             #[cfg(feature = "fault-injection")]
             flip_frame: None,
         }
@@ -69,6 +75,9 @@ impl Default for TransportConfig {
 /// Longest spin `FERROCOLL_SPIN_US` may ask for: 1 s (a waiting rank
 /// must sleep eventually; ranks often share cores).
 pub(crate) const MAX_SPIN_US: u64 = 1_000_000;
+
+/// Longest path (Linux's PATH_MAX less the NUL).
+const MAX_PATH: usize = 4095;
 
 /// Longest interface name (Linux's IFNAMSIZ less the NUL).
 const MAX_IFNAME: usize = 15;
@@ -162,6 +171,17 @@ impl TransportConfig {
                 Some(name)
             }
         };
+        let blame_file = match get("FERROCOLL_BLAME_FILE") {
+            None => None,
+            Some(v) => Some(PathBuf::from(env::text(
+                "FERROCOLL_BLAME_FILE",
+                &v,
+                MAX_PATH,
+                "path",
+                "`ferrocoll run` sets it to a file of its own; unset it when not running under \
+                 it",
+            )?)),
+        };
         Ok(TransportConfig {
             spin,
             checksums,
@@ -169,6 +189,7 @@ impl TransportConfig {
             socket_buffer,
             tcp_streams,
             socket_ifname,
+            blame_file,
             #[cfg(feature = "fault-injection")]
             flip_frame: match get("FERROCOLL_TEST_FLIP_FRAME") {
                 None => None,

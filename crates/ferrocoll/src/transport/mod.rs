@@ -111,10 +111,17 @@ pub struct Outgoing<'a> {
 /// One expected incoming message of a round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Incoming {
-    /// Source, in transport (world) ranks.
+    /// Source, in transport (world) ranks; [`Incoming::ANY_SOURCE`] only in
+    /// [`Transport::recv_any`].
     pub peer: usize,
     /// Exact length in bytes; a message of any other length is a mismatch.
     pub len: usize,
+}
+
+impl Incoming {
+    /// A receive that takes the message of whichever peer sends first
+    /// ([`Transport::recv_any`]).
+    pub const ANY_SOURCE: usize = usize::MAX;
 }
 
 /// Receives incoming data.
@@ -167,6 +174,32 @@ pub trait Transport: Send + Sync {
 
     /// Short name for diagnostics and benchmark output (`thread`, `shm`, `tcp`).
     fn name(&self) -> &'static str;
+
+    /// Receives one point-to-point message of `header` (a tag) of `len`
+    /// bytes from whichever peer's arrives first, into `sink` (index 0),
+    /// and returns that peer (MPI's `MPI_ANY_SOURCE`). Messages of one
+    /// peer still arrive in order. Default: the transport cannot.
+    fn recv_any(
+        &self,
+        _header: &Header,
+        _len: usize,
+        _sink: &mut dyn Sink,
+        _deadline: Instant,
+    ) -> Result<usize> {
+        Err(crate::Error::invalid(format!(
+            "recv_any: the {} transport cannot receive from any source; name the sender",
+            self.name()
+        )))
+    }
+
+    /// Where each of `ranks` (transport ranks) is on communicator `comm`,
+    /// as far as they answer within `within`: "in all_reduce(...) #183",
+    /// "in no call on this communicator; last finished ... #182", "gone";
+    /// `None` for a rank that did not answer. A timeout lists them (the
+    /// desync report). Default: nothing known.
+    fn positions(&self, _comm: u64, ranks: &[usize], _within: Duration) -> Vec<Option<String>> {
+        vec![None; ranks.len()]
+    }
 
     /// The transport's way to run small collectives without plans, if it
     /// has one (the shared-memory fast path). Default: none, every call

@@ -6,8 +6,8 @@
 //!
 //! | bytes  | field                                                        |
 //! |--------|--------------------------------------------------------------|
-//! | 0..4   | magic `FCW1`                                                 |
-//! | 4      | frame kind: 0 data, 1 abort, 2 remote data, 3 acknowledgement, 4 shared data, 5 lost rank, 6 goodbye, 7 mismatch notice |
+//! | 0..4   | magic `FCW2`                                                 |
+//! | 4      | frame kind: 0 data, 1 abort, 2 remote data, 3 acknowledgement, 4 shared data, 5 lost rank, 6 goodbye, 7 mismatch verdict, 8 probe, 9 position |
 //! | 5      | call kind: collective index, or 0xFE for send/recv           |
 //! | 6      | element type index                                           |
 //! | 7      | reduction operator index, 0xFF for none                      |
@@ -38,7 +38,10 @@ use crate::types::{DType, ReduceOp};
 /// Size of a frame header on the wire.
 pub(crate) const HEADER_BYTES: usize = 64;
 
-const MAGIC: [u8; 4] = *b"FCW1";
+/// `FCW2` since mismatch notices became verdicts with a payload: ranks of
+/// different builds fail at once with "bad frame magic" instead of
+/// misreading each other.
+const MAGIC: [u8; 4] = *b"FCW2";
 const P2P_CODE: u8 = 0xFE;
 const NONE_OP: u8 = 0xFF;
 
@@ -61,9 +64,18 @@ pub(crate) enum FrameKind {
     Lost,
     /// The sender's transport is closing normally; no payload.
     Bye,
-    /// The sender's call (the header) does not match the message it got
-    /// from the receiver at the same point; no payload.
-    Mismatch,
+    /// A mismatch verdict for the call of the header: `len` payload bytes
+    /// name the two ranks and their calls (`engine/verdict.rs`).
+    Verdict,
+    /// "I have waited long in the call of the header; where are you?": the
+    /// receiver compares the call with its own at that point (a mismatch
+    /// that no message revealed, such as two ranks that only receive) and
+    /// answers with a position; no payload.
+    Probe,
+    /// Where the sender is on the header's communicator: `len` payload bytes
+    /// of text (`in all_reduce(...) #183`), for the desync report of a
+    /// timeout.
+    Position,
 }
 
 /// A decoded frame header.
@@ -119,7 +131,9 @@ impl Frame {
             FrameKind::Shared => 4,
             FrameKind::Lost => 5,
             FrameKind::Bye => 6,
-            FrameKind::Mismatch => 7,
+            FrameKind::Verdict => 7,
+            FrameKind::Probe => 8,
+            FrameKind::Position => 9,
         };
         b[5] = match sig.kind {
             CallKind::Collective(c) => index_of(&Collective::ALL, &c),
@@ -157,7 +171,9 @@ impl Frame {
             4 => FrameKind::Shared,
             5 => FrameKind::Lost,
             6 => FrameKind::Bye,
-            7 => FrameKind::Mismatch,
+            7 => FrameKind::Verdict,
+            8 => FrameKind::Probe,
+            9 => FrameKind::Position,
             k => return Err(format!("unknown frame kind {k}")),
         };
         let call = match b[5] {
@@ -239,7 +255,9 @@ mod tests {
             FrameKind::Shared,
             FrameKind::Lost,
             FrameKind::Bye,
-            FrameKind::Mismatch,
+            FrameKind::Verdict,
+            FrameKind::Probe,
+            FrameKind::Position,
         ] {
             let frame = Frame {
                 kind,

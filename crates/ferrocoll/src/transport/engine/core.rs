@@ -13,16 +13,16 @@
 //! that posted the receive: that is a call into the caller's code, not
 //! I/O, and it keeps the common path free of copies.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::frames::{
-    push_between_frames, Outbound, RemoteRead, Rx, SinkPtr, Target, Unexpected, CRC_PRESENT,
-    INLINE_BYTES,
+    Outbound, RemoteRead, Rx, SinkPtr, Target, Unexpected, CRC_PRESENT, INLINE_BYTES,
 };
 use super::ledger::{self, LedgerLock};
+use super::verdict::Verdict;
 use crate::error::{Error, Result};
 use crate::transport::wire::{padded, Frame, FrameKind, HEADER_BYTES};
 use crate::transport::{Header, Incoming, Outgoing, Sink};
@@ -90,6 +90,14 @@ pub(crate) struct Core {
     /// The first rank known to have crashed (here or as a peer reported):
     /// from then on every call fails with `PeerLost` naming it.
     pub(super) culprit: Option<usize>,
+    /// Ranks a peer reported gone, not yet acted on: the driver first reads
+    /// once more from every channel (what such a rank sent before leaving
+    /// may still complete calls here), then applies them
+    /// ([`Core::apply_reported_losses`]).
+    pub(super) reported_lost: Vec<usize>,
+    /// The first rank reported gone: the origin that errors name when a
+    /// peer leaves because of it, before the report is applied.
+    pub(super) origin: Option<usize>,
     /// Set by a late mismatch (a message for a call this rank finished):
     /// every later call fails with it.
     pub(super) sticky: Option<Error>,
@@ -103,6 +111,11 @@ pub(crate) struct Core {
     pub(super) broken: Arc<AtomicBool>,
     /// Set by an abort, here or by a peer's notice.
     pub(super) aborted: Arc<AtomicBool>,
+    /// The calls whose mismatch verdict this rank has passed on (each
+    /// verdict goes out once, see `faults.rs`).
+    pub(super) spread: HashSet<(u64, u64)>,
+    /// What each peer last said of where it is: (communicator, text).
+    pub(super) positions: Vec<Option<(u64, String)>>,
 }
 
 impl Core {
@@ -136,11 +149,15 @@ impl Core {
                 .collect(),
             calls: Vec::new(),
             culprit: None,
+            reported_lost: Vec::new(),
+            origin: None,
             sticky: None,
             ledger,
             verdicts,
             broken: Arc::new(AtomicBool::new(false)),
             aborted: Arc::new(AtomicBool::new(false)),
+            spread: HashSet::new(),
+            positions: vec![None; connected.len()],
         }
     }
 
@@ -187,6 +204,14 @@ impl Core {
             .any(|p| p.lost.is_none() && p.connected && !p.sendq.is_empty())
     }
 
+    /// Whether a notice (verdict, lost rank, abort) waits to be written to
+    /// a live, connected peer.
+    pub(super) fn has_queued_notice(&self) -> bool {
+        self.peers
+            .iter()
+            .any(|p| p.lost.is_none() && p.connected && p.sendq.iter().any(|o| o.alert))
+    }
+
     /// Whether frames wait to be written to `peer`.
     pub(super) fn wants_write(&self, peer: usize) -> bool {
         !self.peers[peer].sendq.is_empty()
@@ -209,6 +234,7 @@ impl Core {
             .iter()
             .map(|s| s.peer)
             .chain(recvs.iter().map(|r| r.peer))
+            .filter(|&p| p != Incoming::ANY_SOURCE)
         {
             if peer >= size || peer == self.me {
                 return Err(Error::Internal(format!(
@@ -293,14 +319,9 @@ impl Core {
         } else {
             None
         };
-        if let Some((peer, theirs)) = verdict {
+        if let Some(v) = verdict {
             self.retire(id);
-            return Err(Error::Mismatch {
-                rank: self.me,
-                local: header.sig.to_string(),
-                peer,
-                remote: theirs.sig.to_string(),
-            });
+            return Err(v.error_for(self.me));
         }
         self.match_unexpected(id);
         Ok(id)
@@ -379,11 +400,9 @@ impl Core {
     /// that peer sent before leaving did not hold the message).
     pub(super) fn check_gone(&self, id: usize) -> Result<()> {
         let c = self.calls[id].as_ref().expect("live call");
-        match c
-            .recvs
-            .iter()
-            .find(|r| !r.done && self.peers[r.peer].lost.is_some())
-        {
+        match c.recvs.iter().find(|r| {
+            !r.done && r.peer != Incoming::ANY_SOURCE && self.peers[r.peer].lost.is_some()
+        }) {
             Some(r) => Err(Error::PeerLost { rank: r.peer }),
             None => Ok(()),
         }
@@ -414,7 +433,7 @@ impl Core {
         let peer = c
             .recvs
             .iter()
-            .find(|r| !r.done)
+            .find(|r| !r.done && r.peer != Incoming::ANY_SOURCE)
             .map(|r| r.peer)
             .or_else(|| {
                 self.peers
@@ -430,6 +449,12 @@ impl Core {
             waited: now.saturating_duration_since(c.start),
             report: String::new(),
         })
+    }
+
+    /// The peer receive `idx` of call `id` came from (an any-source
+    /// receive learns it when it matches).
+    pub(super) fn source_of(&self, id: usize, idx: usize) -> usize {
+        self.calls[id].as_ref().expect("live call").recvs[idx].peer
     }
 
     /// When call `id`'s waiting fails.
@@ -494,7 +519,10 @@ impl Core {
             if c.header.key() != header.key() {
                 return None;
             }
-            let idx = c.recvs.iter().position(|r| r.peer == peer && !r.matched)?;
+            let idx = c
+                .recvs
+                .iter()
+                .position(|r| (r.peer == peer || r.peer == Incoming::ANY_SOURCE) && !r.matched)?;
             Some((id, idx))
         })
     }
@@ -529,29 +557,34 @@ impl Core {
     ) -> bool {
         let c = self.calls[call].as_mut().expect("live call");
         c.recvs[idx].matched = true;
+        // An any-source receive is from this peer from now on.
+        c.recvs[idx].peer = peer;
         let want = c.recvs[idx].len;
-        if header.sig != c.header.sig || len != want {
-            let remote = if header.sig != c.header.sig {
-                header.sig.to_string()
-            } else {
-                format!(
-                    "{} with a message of {len} bytes where {want} were expected",
-                    header.sig
-                )
-            };
-            c.error.get_or_insert(Error::Mismatch {
-                rank: self.me,
-                local: c.header.sig.to_string(),
-                peer,
-                remote,
-            });
-            // Tell the peer, so that it fails with the same verdict instead
-            // of waiting for a message this rank will never send.
-            let notice = super::faults::mismatch_notice(&c.header);
-            push_between_frames(&mut self.peers[peer].sendq, &notice);
-            return false;
+        if header.sig == c.header.sig && len == want {
+            return true;
         }
-        true
+        let remote = if header.sig != c.header.sig {
+            header.sig.to_string()
+        } else {
+            format!(
+                "{} with a message of {len} bytes where {want} were expected",
+                header.sig
+            )
+        };
+        let ours = c.header;
+        // Tell the peer, so that it fails with the same verdict instead of
+        // waiting for a message this rank will never send, and for a
+        // collective every other rank too.
+        let err = self.declare(Verdict {
+            header: ours,
+            a: self.me,
+            a_call: ours.sig.to_string(),
+            b: peer,
+            b_call: remote,
+        });
+        let c = self.calls[call].as_mut().expect("live call");
+        c.error.get_or_insert(err);
+        false
     }
 
     pub(super) fn finish_recv(&mut self, call: usize, idx: usize) {
@@ -570,7 +603,21 @@ impl Core {
             .enumerate()
             .map(|(i, r)| (i, r.peer))
             .collect();
-        for (idx, peer) in wanted {
+        for (idx, wanted_peer) in wanted {
+            // An any-source receive takes the first peer with a message.
+            let peer = if wanted_peer == Incoming::ANY_SOURCE {
+                match (0..self.peers.len()).find(|&p| {
+                    self.peers[p]
+                        .unexpected
+                        .iter()
+                        .any(|u| u.header.key() == key)
+                }) {
+                    Some(p) => p,
+                    None => continue,
+                }
+            } else {
+                wanted_peer
+            };
             let q = &mut self.peers[peer].unexpected;
             let Some(pos) = q.iter().position(|u| u.header.key() == key) else {
                 continue;

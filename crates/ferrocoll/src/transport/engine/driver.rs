@@ -34,6 +34,16 @@ pub(super) const LIVENESS_EVERY: Duration = Duration::from_millis(200);
 /// Bytes read from a remote sender at a time (the bounce buffer).
 const BOUNCE_BYTES: usize = 256 << 10;
 
+/// How long a failed call may spend writing its notices before its error
+/// returns ([`State::drain_notices`]): a notice is one frame, written in
+/// microseconds unless the peer's channel is full and the peer not reading.
+const NOTICE_DRAIN: Duration = Duration::from_millis(20);
+
+/// How long a collective waits before it probes the peers it waits on
+/// (`desync.rs`): long against any message's way (microseconds), short
+/// against a deadline.
+pub(super) const PROBE_AFTER: Duration = Duration::from_millis(100);
+
 /// Data frames this process sent, counted only for the fault hook
 /// ([`TransportConfig::flip_frame`]), which counts across every engine of
 /// the process.
@@ -69,6 +79,9 @@ pub(super) struct State {
     pub(super) last_liveness: Instant,
     /// Where remote data lands before it is reduced or copied into place.
     bounce: Vec<u64>,
+    /// Where to tell the launcher which rank failed first
+    /// ([`TransportConfig::blame_file`]), until it is told.
+    blame_file: Option<std::path::PathBuf>,
 }
 
 /// A transport made of one [`Channel`] per peer.
@@ -122,6 +135,7 @@ impl Engine {
                 connector: None,
                 last_liveness: Instant::now(),
                 bounce: Vec::new(),
+                blame_file: config.blame_file.clone(),
             }),
             bell,
             aborted,
@@ -275,7 +289,16 @@ impl State {
     /// Returns whether any byte moved.
     pub(super) fn progress(&mut self) -> bool {
         let culprit_before = self.core.culprit();
-        let moved = self.progress_channels();
+        let mut moved = self.progress_channels();
+        if !self.core.reported_lost.is_empty() {
+            // A peer says a rank is gone: read what that rank sent before
+            // leaving (it may complete calls here) before acting on it.
+            moved |= self.progress_channels();
+            self.core.apply_reported_losses();
+        }
+        if culprit_before.is_none() {
+            self.tell_launcher();
+        }
         if self.core.culprit().is_some() && culprit_before.is_none() {
             self.flush_now();
         }
@@ -379,6 +402,54 @@ impl State {
             };
             let _ = self.write(p, chan.as_mut(), &mut false);
             self.chans[p] = Some(chan);
+        }
+    }
+
+    /// After a call failed: writes the notices it queued (a verdict, a
+    /// lost rank) before the error returns, moving the channels for at most
+    /// [`NOTICE_DRAIN`]. A rank that catches its error and stays alive (a
+    /// training loop that logs and waits) drives nothing afterwards, so a
+    /// notice left queued would reach its peers only at the rank's exit,
+    /// and they would wait until their deadline.
+    pub(super) fn drain_notices(&mut self) {
+        self.flush_now();
+        let until = Instant::now() + NOTICE_DRAIN;
+        while self.core.has_queued_notice() && Instant::now() < until {
+            if !self.progress() {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Appends the first failed rank, once known, to the launcher's blame
+    /// file (best effort: the launcher falls back to the first rank that
+    /// exited).
+    pub(super) fn tell_launcher(&mut self) {
+        let Some(culprit) = self.core.culprit() else {
+            return;
+        };
+        let Some(path) = self.blame_file.take() else {
+            return;
+        };
+        use std::io::Write;
+        let line = format!("{culprit} {}\n", self.core.me);
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+    }
+
+    /// A call fails with `err` before it started: if a gone peer is the
+    /// cause, it is the origin of the failure, and every rank is told so
+    /// (see [`Core::blame`]).
+    fn fail_on_lost(&mut self, err: &Error) {
+        if let Error::PeerLost { rank } = *err {
+            if self.core.culprit().is_none() {
+                self.core.blame(rank);
+                self.tell_launcher();
+                self.drain_notices();
+            }
         }
     }
 
@@ -507,7 +578,10 @@ impl Transport for Engine {
         }
         let start = Instant::now();
         let mut st = self.lock();
-        st.core.precheck(sends, recvs)?;
+        if let Err(err) = st.core.precheck(sends, recvs) {
+            st.fail_on_lost(&err);
+            return Err(err);
+        }
         st.connect_to(
             self.rank,
             sends
@@ -539,15 +613,63 @@ impl Transport for Engine {
         }
         if let Err(err) = st.core.check_gone(id) {
             st.core.retire(id);
+            st.fail_on_lost(&err);
             return Err(err);
         }
         self.active.fetch_add(1, Ordering::SeqCst);
         let (mut st, result) = self.drive(st, id, start);
         self.active.fetch_sub(1, Ordering::SeqCst);
         st.core.retire(id);
+        if result.is_err() {
+            st.drain_notices();
+        }
         drop(st);
         self.ring_if_others();
         result
+    }
+
+    fn recv_any(
+        &self,
+        header: &Header,
+        len: usize,
+        sink: &mut dyn Sink,
+        deadline: Instant,
+    ) -> Result<usize> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(Error::Aborted);
+        }
+        let start = Instant::now();
+        let recvs = [Incoming {
+            peer: Incoming::ANY_SOURCE,
+            len,
+        }];
+        let mut st = self.lock();
+        if let Err(err) = st.core.precheck(&[], &recvs) {
+            st.fail_on_lost(&err);
+            return Err(err);
+        }
+        // Over TCP a lower rank sends only once the higher one connected:
+        // any peer may be the sender.
+        st.connect_to(self.rank, 0..self.size)?;
+        // SAFETY: as in `exchange`: `sink` is borrowed for this whole
+        // function and the call is retired before it returns.
+        let id = unsafe {
+            st.core
+                .add_call(header, &[], &recvs, sink, start, deadline, |_| {
+                    Route::Stream { flip: false }
+                })?
+        };
+        self.active.fetch_add(1, Ordering::SeqCst);
+        let (mut st, result) = self.drive(st, id, start);
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        let source = st.core.source_of(id, 0);
+        st.core.retire(id);
+        if result.is_err() {
+            st.drain_notices();
+        }
+        drop(st);
+        self.ring_if_others();
+        result.map(|()| source)
     }
 
     fn end_call(&self, header: &Header) -> Result<()> {
@@ -569,7 +691,7 @@ impl Transport for Engine {
         // something else here.
         let result = st.core.check_unclaimed(header);
         if result.is_err() {
-            st.flush_now();
+            st.drain_notices();
         }
         result
     }
@@ -590,6 +712,21 @@ impl Transport for Engine {
     fn name(&self) -> &'static str {
         self.name
     }
+
+    fn positions(&self, comm: u64, ranks: &[usize], within: Duration) -> Vec<Option<String>> {
+        let until = Instant::now() + within;
+        let mut st = self.lock();
+        st.core.probe_where(comm, ranks);
+        st.flush_now();
+        while !st.core.all_placed(comm, ranks) && Instant::now() < until {
+            if !st.progress() {
+                drop(st);
+                std::thread::sleep(Duration::from_micros(500));
+                st = self.lock();
+            }
+        }
+        st.core.positions_of(comm, ranks)
+    }
 }
 
 impl Drop for Engine {
@@ -597,6 +734,13 @@ impl Drop for Engine {
     /// reads as a clean exit there rather than a crash.
     fn drop(&mut self) {
         let mut st = self.lock();
+        if std::thread::panicking() {
+            // Leaving because this rank failed: peers learn that it is the
+            // origin, not a clean exit (which they would blame only where
+            // they wait on it).
+            st.core.blame_self();
+            st.tell_launcher();
+        }
         st.core.say_goodbye();
         st.drain_briefly(Duration::from_millis(200));
     }

@@ -10,8 +10,9 @@ use std::sync::atomic::Ordering;
 use super::core::Core;
 use super::frames::{control_frame, push_between_frames, Outbound};
 use super::ledger;
+use super::verdict::Verdict;
 use crate::error::{Error, Result};
-use crate::transport::wire::{Frame, FrameKind};
+use crate::transport::wire::FrameKind;
 use crate::transport::Header;
 
 /// A message that arrived by a bypass (the fast path) for a call this rank
@@ -38,20 +39,8 @@ pub(crate) enum Fault {
         key: (u64, u64),
         theirs: String,
     },
-    /// `peer` already reported a mismatch for this call.
-    Reported { peer: usize, theirs: Header },
-}
-
-/// A mismatch notice for our call `ours`.
-pub(super) fn mismatch_notice(ours: &Header) -> [u8; crate::transport::wire::HEADER_BYTES] {
-    Frame {
-        kind: FrameKind::Mismatch,
-        header: *ours,
-        len: 0,
-        addr: 0,
-        region: 0,
-    }
-    .encode()
+    /// A peer already reported a mismatch for this call.
+    Reported(Verdict),
 }
 
 impl Core {
@@ -70,15 +59,125 @@ impl Core {
         self.peers[peer].unacked.clear();
         self.peers[peer].to_read.clear();
         self.peers[peer].sendq.clear();
+        // A peer that leaves because another rank failed names that one.
+        let origin = self.culprit.or(self.origin).unwrap_or(peer);
+        let mut awaited = false;
         for (id, call) in self.calls.iter_mut().enumerate() {
             let Some(call) = call else { continue };
             let waits = call.recvs.iter().any(|r| r.peer == peer && !r.done);
             if waits || sending.contains(&id) {
-                call.error.get_or_insert(Error::PeerLost { rank: peer });
+                call.error.get_or_insert(Error::PeerLost { rank: origin });
+                awaited = true;
             }
         }
-        if !self.peers[peer].said_bye {
+        // A crash, or a clean exit while a call here still needed the peer
+        // (it returned early): either way it is the origin of the failure,
+        // and every rank is told so, before this rank's own exit makes it
+        // look like the culprit to ranks that wait on it.
+        if !self.peers[peer].said_bye || awaited {
+            self.crashed(origin);
+        }
+    }
+
+    /// Peer `from` reports rank `culprit` gone. Said of itself (it leaves
+    /// because it failed), it holds at once: everything it sent came
+    /// first on this channel. Said of a third rank, it is the origin to
+    /// blame from now on, and holds once the driver has read what that
+    /// rank may have sent before it left ([`Core::apply_reported_losses`]).
+    pub(super) fn loss_reported(&mut self, from: usize, culprit: usize) {
+        if culprit == from {
+            self.crashed(culprit);
+        } else {
+            self.origin.get_or_insert(culprit);
+            self.reported_lost.push(culprit);
+        }
+    }
+
+    /// Acts on the losses peers reported ([`Core::loss_reported`]), after
+    /// the driver read every channel once more.
+    pub(super) fn apply_reported_losses(&mut self) {
+        for culprit in std::mem::take(&mut self.reported_lost) {
+            self.crashed(culprit);
+        }
+    }
+
+    /// A call here fails because `peer` is gone (it left before, cleanly):
+    /// `peer` is the origin, as in [`Core::lose`].
+    pub(super) fn blame(&mut self, peer: usize) {
+        if peer != self.me && peer < self.peers.len() {
             self.crashed(peer);
+        }
+    }
+
+    /// This rank leaves because it failed (its thread panicked): its peers
+    /// are told it is the origin, as of a crash.
+    pub(super) fn blame_self(&mut self) {
+        self.crashed(self.me);
+    }
+
+    /// This rank found mismatch `verdict` (it is the verdict's rank `a`):
+    /// tells the peers that must learn of it and returns the error for this
+    /// rank.
+    pub(super) fn declare(&mut self, verdict: Verdict) -> Error {
+        let err = verdict.error_for(self.me);
+        self.spread(&verdict, None);
+        err
+    }
+
+    /// Queues `verdict` for every peer that must learn of it and has a
+    /// channel, except `from` (who sent it here): all of them for a
+    /// collective, the other rank of the pair for point-to-point. Once per
+    /// call: a verdict floods the open channels and stops.
+    fn spread(&mut self, verdict: &Verdict, from: Option<usize>) {
+        if !self.spread.insert(verdict.key()) {
+            return;
+        }
+        let bytes = verdict.encode();
+        for p in 0..self.peers.len() {
+            let wanted = verdict.is_collective() || p == verdict.a || p == verdict.b;
+            if p == self.me || Some(p) == from || !wanted {
+                continue;
+            }
+            if self.peers[p].lost.is_none() && self.peers[p].connected {
+                push_between_frames(&mut self.peers[p].sendq, &bytes);
+            }
+        }
+    }
+
+    /// A peer's verdict arrived: passed on once, it fails this rank's call
+    /// at that point (now, when this rank gets there, or, if this rank has
+    /// finished it, every call from now on: the ranks no longer agree on
+    /// where they are).
+    pub(super) fn verdict_arrived(&mut self, from: usize, verdict: Verdict) {
+        self.spread(&verdict, Some(from));
+        let err = verdict.error_for(self.me);
+        let running = self
+            .calls
+            .iter_mut()
+            .flatten()
+            .find(|c| c.header.key() == verdict.key());
+        if let Some(c) = running {
+            c.error.get_or_insert(err);
+            return;
+        }
+        if !verdict.is_collective() {
+            // A message of a send that completed here already: the receiver
+            // failed, this rank's later messages under that tag are fine.
+            return;
+        }
+        // Under one lock: a verdict kept must not miss the call finishing
+        // meanwhile (or a bypass call in flight, which looks at the
+        // verdicts before it ends).
+        let finished = ledger::with(&*self.ledger, |l| {
+            let ours = l.finished_with(verdict.key());
+            if ours.is_none() {
+                l.add_verdict(verdict.clone());
+            }
+            ours
+        });
+        if finished.is_some() {
+            self.fail_all(&err);
+            self.set_sticky(err);
         }
     }
 
@@ -101,61 +200,16 @@ impl Core {
         let Some(ours) = ledger::with(&*self.ledger, |l| l.finished_with(key)) else {
             return false;
         };
-        let err = Error::Mismatch {
-            rank: self.me,
-            local: ours.sig.to_string(),
-            peer,
-            remote,
-        };
+        let err = self.declare(Verdict {
+            header: ours,
+            a: self.me,
+            a_call: ours.sig.to_string(),
+            b: peer,
+            b_call: remote,
+        });
         self.fail_all(&err);
         self.set_sticky(err);
-        push_between_frames(&mut self.peers[peer].sendq, &mismatch_notice(&ours));
         true
-    }
-
-    /// Peer `peer` found that its call `theirs` and ours at the same point
-    /// differ: fail ours (now, or when this rank gets there).
-    pub(super) fn mismatch_reported(&mut self, peer: usize, theirs: Header) {
-        let ours = self
-            .calls
-            .iter_mut()
-            .flatten()
-            .find(|c| c.header.key() == theirs.key());
-        match ours {
-            Some(c) => {
-                c.error.get_or_insert(Error::Mismatch {
-                    rank: self.me,
-                    local: c.header.sig.to_string(),
-                    peer,
-                    remote: theirs.sig.to_string(),
-                });
-            }
-            None => {
-                // Under one lock: a verdict kept must not miss the call
-                // finishing meanwhile.
-                let finished = ledger::with(&*self.ledger, |l| {
-                    let ours = l.finished_with(theirs.key());
-                    if ours.is_none() {
-                        // Not there yet (or a bypass call in flight, which
-                        // looks at the verdicts before it ends).
-                        l.add_verdict(peer, theirs);
-                    }
-                    ours
-                });
-                // Our side of that point is over: the communicator is
-                // broken from here, for every call.
-                if let Some(ours) = finished {
-                    let err = Error::Mismatch {
-                        rank: self.me,
-                        local: ours.sig.to_string(),
-                        peer,
-                        remote: theirs.sig.to_string(),
-                    };
-                    self.fail_all(&err);
-                    self.set_sticky(err);
-                }
-            }
-        }
     }
 
     /// Rank `culprit` went away without saying goodbye (killed, crashed):
@@ -168,7 +222,13 @@ impl Core {
         }
         self.culprit = Some(culprit);
         self.broken.store(true, Ordering::SeqCst);
-        self.fail_all(&Error::PeerLost { rank: culprit });
+        // Calls that got everything they wait for still succeed.
+        let err = Error::PeerLost { rank: culprit };
+        for call in self.calls.iter_mut().flatten() {
+            if call.pending_sends > 0 || call.pending_recvs > 0 {
+                call.error.get_or_insert_with(|| err.clone());
+            }
+        }
         let notice = control_frame(FrameKind::Lost, culprit as u64);
         for (p, peer) in self.peers.iter_mut().enumerate() {
             if p != culprit && peer.lost.is_none() && peer.connected {
@@ -184,14 +244,6 @@ impl Core {
         self.broken.store(true, Ordering::SeqCst);
     }
 
-    /// Tells `peer` that its call at the point of our call `ours` differs.
-    pub(super) fn notify_mismatch(&mut self, peer: usize, ours: &Header) {
-        if self.peers[peer].lost.is_some() || !self.peers[peer].connected {
-            return;
-        }
-        push_between_frames(&mut self.peers[peer].sendq, &mismatch_notice(ours));
-    }
-
     /// Handles messages a bypass found where this rank used the engine
     /// (`Bypass::strays`): one for a call running here fails that call
     /// (and tells the peer); one for a finished call is a late mismatch.
@@ -205,19 +257,32 @@ impl Core {
                 .find(|c| c.header.key() == f.key);
             match running {
                 Some(c) => {
-                    c.error.get_or_insert(Error::Mismatch {
-                        rank: self.me,
-                        local: c.header.sig.to_string(),
-                        peer: f.peer,
-                        remote,
-                    });
                     let ours = c.header;
-                    self.notify_mismatch(f.peer, &ours);
+                    let err = self.declare(Verdict {
+                        header: ours,
+                        a: self.me,
+                        a_call: ours.sig.to_string(),
+                        b: f.peer,
+                        b_call: remote,
+                    });
+                    self.fail_call(ours.key(), err);
                 }
                 None => {
                     self.late_mismatch_of(f.peer, f.key, remote);
                 }
             }
+        }
+    }
+
+    /// Fails the running call with `key`, if any, with `err`.
+    pub(super) fn fail_call(&mut self, key: (u64, u64), err: Error) {
+        if let Some(c) = self
+            .calls
+            .iter_mut()
+            .flatten()
+            .find(|c| c.header.key() == key)
+        {
+            c.error.get_or_insert(err);
         }
     }
 
@@ -316,22 +381,17 @@ impl Core {
             return Err(err.clone());
         }
         let verdict = ledger::with(&*self.ledger, |l| l.take_verdict(header.key()));
-        if let Some((peer, theirs)) = verdict {
-            return Err(Error::Mismatch {
-                rank: self.me,
-                local: header.sig.to_string(),
-                peer,
-                remote: theirs.sig.to_string(),
-            });
+        if let Some(v) = verdict {
+            return Err(v.error_for(self.me));
         }
         if let Some((p, msg)) = self.take_unexpected(header.key()) {
-            self.notify_mismatch(p, header);
-            return Err(Error::Mismatch {
-                rank: self.me,
-                local: header.sig.to_string(),
-                peer: p,
-                remote: msg.header.sig.to_string(),
-            });
+            return Err(self.declare(Verdict {
+                header: *header,
+                a: self.me,
+                a_call: header.sig.to_string(),
+                b: p,
+                b_call: msg.header.sig.to_string(),
+            }));
         }
         if let Some(&p) = awaited.iter().find(|&&p| self.peers[p].lost.is_some()) {
             return Err(Error::PeerLost { rank: p });
@@ -343,15 +403,13 @@ impl Core {
     /// queueing the notice the engine would send.
     pub(super) fn bypass_fault(&mut self, header: &Header, fault: Fault) -> Error {
         match fault {
-            Fault::Mismatch { peer, theirs } => {
-                self.notify_mismatch(peer, header);
-                Error::Mismatch {
-                    rank: self.me,
-                    local: header.sig.to_string(),
-                    peer,
-                    remote: theirs,
-                }
-            }
+            Fault::Mismatch { peer, theirs } => self.declare(Verdict {
+                header: *header,
+                a: self.me,
+                a_call: header.sig.to_string(),
+                b: peer,
+                b_call: theirs,
+            }),
             Fault::Late { peer, key, theirs } => {
                 self.late_mismatch_of(peer, key, theirs.clone());
                 self.sticky.clone().unwrap_or_else(|| Error::Mismatch {
@@ -361,12 +419,7 @@ impl Core {
                     remote: theirs,
                 })
             }
-            Fault::Reported { peer, theirs } => Error::Mismatch {
-                rank: self.me,
-                local: header.sig.to_string(),
-                peer,
-                remote: theirs.sig.to_string(),
-            },
+            Fault::Reported(verdict) => verdict.error_for(self.me),
         }
     }
 }

@@ -133,6 +133,9 @@ pub(super) enum Target {
     Unexpected(Vec<u64>),
     /// Its call failed or left: drop the bytes.
     Discard,
+    /// The payload of a control frame (a mismatch verdict, a position),
+    /// read whole before it is handled.
+    Control(Vec<u64>),
 }
 
 /// Receive side of one peer's stream.

@@ -15,6 +15,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::verdict::Verdict;
 use crate::transport::Header;
 
 /// Collectives finished by this rank that are remembered, so that a message
@@ -27,9 +28,12 @@ pub(crate) struct Ledger {
     /// for one of them arriving later was sent by a peer that called
     /// something else.
     finished: VecDeque<Header>,
-    /// Mismatches peers reported for calls this rank has not reached yet:
-    /// (peer, the peer's call).
-    verdicts: Vec<(usize, Header)>,
+    /// Mismatches peers reported for calls this rank has not reached yet.
+    verdicts: Vec<Verdict>,
+    /// Calls of a bypass that have waited long enough to sleep: the
+    /// engine, which does not run them, names them when a peer asks where
+    /// this rank is.
+    bypass_waiting: Vec<Header>,
     /// `verdicts.len()`, readable without the lock ([`Ledger::verdicts_hint`]).
     verdict_count: Arc<AtomicUsize>,
 }
@@ -46,6 +50,7 @@ impl Ledger {
         Ledger {
             finished: VecDeque::new(),
             verdicts: Vec::new(),
+            bypass_waiting: Vec::new(),
             verdict_count: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -63,22 +68,47 @@ impl Ledger {
         self.finished.iter().find(|h| h.key() == key).copied()
     }
 
+    /// The last collective this rank finished on communicator `comm`, if
+    /// remembered.
+    pub(crate) fn last_finished(&self, comm: u64) -> Option<Header> {
+        self.finished.iter().rev().find(|h| h.comm == comm).copied()
+    }
+
+    /// A bypass call `header` waits long (see `bypass_waiting`).
+    pub(crate) fn bypass_waits(&mut self, header: Header) {
+        self.bypass_waiting.push(header);
+    }
+
+    /// The bypass call with `key` is over.
+    pub(crate) fn bypass_done(&mut self, key: (u64, u64)) {
+        self.bypass_waiting.retain(|h| h.key() != key);
+    }
+
+    /// The bypass calls on communicator `comm` that wait long.
+    pub(crate) fn bypass_waiting(&self, comm: u64) -> Vec<Header> {
+        self.bypass_waiting
+            .iter()
+            .filter(|h| h.comm == comm)
+            .copied()
+            .collect()
+    }
+
     /// Whether a peer reported any mismatch not taken yet.
     pub(crate) fn has_verdicts(&self) -> bool {
         !self.verdicts.is_empty()
     }
 
     /// Removes and returns the mismatch a peer reported for `key`.
-    pub(crate) fn take_verdict(&mut self, key: (u64, u64)) -> Option<(usize, Header)> {
-        let at = self.verdicts.iter().position(|(_, h)| h.key() == key)?;
+    pub(crate) fn take_verdict(&mut self, key: (u64, u64)) -> Option<Verdict> {
+        let at = self.verdicts.iter().position(|v| v.key() == key)?;
         self.verdict_count.fetch_sub(1, Ordering::Relaxed);
         Some(self.verdicts.swap_remove(at))
     }
 
-    /// Keeps the mismatch `peer` reported for its call `theirs`, which this
-    /// rank has not reached yet.
-    pub(crate) fn add_verdict(&mut self, peer: usize, theirs: Header) {
-        self.verdicts.push((peer, theirs));
+    /// Keeps a verdict a peer reported for a call this rank has not
+    /// reached yet.
+    pub(crate) fn add_verdict(&mut self, verdict: Verdict) {
+        self.verdicts.push(verdict);
         self.verdict_count.fetch_add(1, Ordering::Relaxed);
     }
 

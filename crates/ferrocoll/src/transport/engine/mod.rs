@@ -15,8 +15,9 @@
 //! [`super::wire`]): remote and shared data with their acknowledgements (the
 //! receiver reads the sender's memory in place), abort, a goodbye when the
 //! transport is dropped (so the channel closing next is a clean exit), a
-//! lost-rank notice (a peer vanished without a goodbye: every call fails
-//! naming it) and a mismatch notice (both sides of a mismatch fail alike).
+//! lost-rank notice (a peer vanished without a goodbye, or left while a
+//! call waited on it: every call fails naming it) and a mismatch verdict
+//! (every rank of the communicator fails alike, see `verdict.rs`).
 //!
 //! # Layout
 //!
@@ -29,6 +30,10 @@
 //!   aborts, goodbyes, and what a bypass call asks the engine to check.
 //! * `ledger.rs`: finished calls and reported verdicts ([`Ledger`]), shared
 //!   with a bypass.
+//! * `desync.rs`: probes of a call that waits long (a mismatch no message
+//!   reveals) and the positions peers answer with (the desync report).
+//! * `verdict.rs`: a mismatch verdict ([`Verdict`]: the two ranks and their
+//!   calls) and its frame; verdicts of collectives reach every rank.
 //! * `frames.rs`: queued frames, receive states, control frames.
 //! * `driver.rs`: the [`Engine`] itself: channels, the TCP connector and
 //!   lazy peers, remote reads (another process's memory), environment
@@ -44,6 +49,7 @@
 //! [`Link`].
 
 mod core;
+mod desync;
 mod driver;
 mod faults;
 mod frames;
@@ -51,9 +57,11 @@ mod ledger;
 mod receive;
 #[cfg(test)]
 mod tests;
+mod verdict;
 mod wait;
 
 pub(crate) use driver::{Bypass, Engine, Link};
 pub(crate) use faults::{Fault, Stray};
 pub(crate) use ledger::{Ledger, LedgerLock};
+pub(crate) use verdict::Verdict;
 pub(crate) use wait::{LocalBell, SLEEP_SLICE};

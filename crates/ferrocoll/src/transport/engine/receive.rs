@@ -5,6 +5,7 @@ use std::sync::atomic::Ordering;
 
 use super::core::Core;
 use super::frames::{Outbound, RemoteRead, Rx, Target, Unexpected, CRC_PRESENT};
+use super::verdict::{Verdict, MAX_CONTROL_BYTES};
 use crate::error::Error;
 use crate::transport::wire::{padded, Frame, FrameKind, HEADER_BYTES};
 use crate::transport::Header;
@@ -34,12 +35,27 @@ impl Core {
                             return bytes.len();
                         }
                     };
-                    if frame.kind == FrameKind::Mismatch {
-                        self.mismatch_reported(peer, frame.header);
+                    if frame.kind == FrameKind::Probe {
+                        self.probe_arrived(peer, &frame.header);
                         self.peers[peer].rx = Rx::Header {
                             buf: [0; HEADER_BYTES],
                             have: 0,
                         };
+                        continue;
+                    }
+                    if matches!(frame.kind, FrameKind::Verdict | FrameKind::Position) {
+                        if frame.len > MAX_CONTROL_BYTES {
+                            let why = format!("a control frame of {} bytes", frame.len);
+                            self.lose(peer, format!("corrupt stream from rank {peer}: {why}"));
+                            return bytes.len();
+                        }
+                        self.peers[peer].rx = Rx::Body {
+                            frame,
+                            target: Target::Control(vec![0u64; frame.len.div_ceil(8)]),
+                            got: 0,
+                            crc: 0,
+                        };
+                        self.maybe_finish_body(peer);
                         continue;
                     }
                     if matches!(frame.kind, FrameKind::Lost | FrameKind::Bye) {
@@ -48,7 +64,7 @@ impl Core {
                         } else {
                             let culprit = frame.addr as usize;
                             if culprit < self.peers.len() && culprit != self.me {
-                                self.crashed(culprit);
+                                self.loss_reported(peer, culprit);
                             }
                         }
                         self.peers[peer].rx = Rx::Header {
@@ -129,7 +145,7 @@ impl Core {
                                 // exchange; we hold the mutex (see SinkPtr).
                                 unsafe { (*c.sink.0).deliver(*idx, *got, chunk) };
                             }
-                            Target::Unexpected(buf) => {
+                            Target::Unexpected(buf) | Target::Control(buf) => {
                                 let dst: &mut [u8] = bytemuck::cast_slice_mut(buf);
                                 dst[*got..payload_end].copy_from_slice(chunk);
                             }
@@ -293,6 +309,20 @@ impl Core {
                             });
                         }
                     }
+                }
+            }
+            Target::Control(data) => {
+                let bytes: &[u8] = bytemuck::cast_slice(&data);
+                let payload = &bytes[..frame.len];
+                let handled = if frame.kind == FrameKind::Verdict {
+                    Verdict::decode(frame.header, payload).map(|v| self.verdict_arrived(peer, v))
+                } else {
+                    String::from_utf8(payload.to_vec())
+                        .map(|text| self.position_arrived(peer, &frame.header, text))
+                        .map_err(|_| "a position that is not UTF-8".to_string())
+                };
+                if let Err(why) = handled {
+                    self.lose(peer, format!("corrupt stream from rank {peer}: {why}"));
                 }
             }
             Target::Discard => {}

@@ -240,6 +240,128 @@ fn mismatch_is_found_on_both_sides() {
 }
 
 #[test]
+fn a_verdict_reaches_every_rank_wherever_it_is() {
+    let now = Instant::now();
+    let (mut a, mut b) = (core(0, 4), core(1, 4));
+    let (mut waiting, mut behind, mut ahead) = (core(2, 4), core(3, 4), core(3, 4));
+    let data = [0u8; 8];
+    let (ha, hb) = (header(5, 2), header(5, 3));
+    let (mut sa, mut sb, mut sw) = (Got::default(), Got::default(), Got::default());
+    let send = [Outgoing {
+        peer: 1,
+        data: &data,
+    }];
+    // SAFETY: buffers and sinks live until the calls are retired.
+    let ca = unsafe { add(&mut a, &ha, &send, &[], &mut sa, now) }.unwrap();
+    // SAFETY: as above.
+    let cb = unsafe {
+        add(
+            &mut b,
+            &hb,
+            &[],
+            &[Incoming { peer: 0, len: 12 }],
+            &mut sb,
+            now,
+        )
+    }
+    .unwrap();
+    // Rank 2 waits for rank 1 in its call at that point; it never hears
+    // from either of the two otherwise.
+    // SAFETY: as above.
+    let cw = unsafe {
+        add(
+            &mut waiting,
+            &ha,
+            &[],
+            &[Incoming { peer: 1, len: 8 }],
+            &mut sw,
+            now,
+        )
+    }
+    .unwrap();
+    // One rank 3 finished that call already, another is not there yet.
+    ahead.finished(&ha);
+    carry(&mut a, &mut b);
+    assert!(matches!(
+        b.poll_call(cb),
+        Some(Err(Error::Mismatch {
+            rank: 1,
+            peer: 0,
+            ..
+        }))
+    ));
+    carry(&mut b, &mut waiting);
+    let Some(Err(Error::Mismatch {
+        rank: 1,
+        peer: 0,
+        local,
+        remote,
+    })) = waiting.poll_call(cw)
+    else {
+        panic!("the third rank fails with the verdict of the pair")
+    };
+    assert!(
+        local.contains("count=3") && remote.contains("count=2"),
+        "{local} / {remote}"
+    );
+    // A rank past that call fails every call from now on; one behind fails
+    // when it gets there.
+    let mut from_b = Vec::new();
+    while let Some(bytes) = b.poll_transmit(3) {
+        let bytes = bytes.to_vec();
+        b.handle_written(3, bytes.len());
+        from_b.extend_from_slice(&bytes);
+    }
+    assert_eq!(ahead.handle_bytes(1, &from_b), from_b.len());
+    assert!(matches!(
+        ahead.precheck(&[], &[]),
+        Err(Error::Mismatch { rank: 1, .. })
+    ));
+    assert_eq!(behind.handle_bytes(1, &from_b), from_b.len());
+    assert!(
+        behind.precheck(&[], &[]).is_ok(),
+        "calls before that point go on"
+    );
+    let mut sh = Got::default();
+    // SAFETY: as above.
+    let r = unsafe { add(&mut behind, &ha, &[], &[], &mut sh, now) };
+    assert!(
+        matches!(
+            r,
+            Err(Error::Mismatch {
+                rank: 1,
+                peer: 0,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
+    // The rank that sent the disagreeing message is told too, from its side.
+    carry(&mut b, &mut a);
+    assert!(matches!(
+        a.poll_call(ca),
+        Some(Err(Error::Mismatch {
+            rank: 0,
+            peer: 1,
+            ..
+        }))
+    ));
+    // Rank 0 passes it on once (to ranks 2 and 3, which may have no
+    // channel to rank 1 over TCP); the copy rank 2 passes on to it is not
+    // echoed again.
+    for p in [2, 3] {
+        let n = a.poll_transmit(p).map(<[u8]>::len).expect("passed on");
+        a.handle_written(p, n);
+        assert!(a.poll_transmit(p).is_none());
+    }
+    carry(&mut waiting, &mut a);
+    assert!((1..4).all(|p| a.poll_transmit(p).is_none()), "no echo");
+    a.retire(ca);
+    b.retire(cb);
+    waiting.retire(cw);
+}
+
+#[test]
 fn late_mismatch_after_a_call_finished() {
     let now = Instant::now();
     let (mut a, mut b) = (core(0, 2), core(1, 2));
@@ -307,23 +429,16 @@ fn goodbye_is_not_a_crash_but_loss_is() {
     let (mut a, mut b) = (core(0, 3), core(1, 3));
     let h = header(0, 2);
     let recvs = [Incoming { peer: 0, len: 8 }, Incoming { peer: 2, len: 8 }];
-    let mut got = Got::default();
-    // SAFETY: `got` lives until the call is retired.
-    let cb = unsafe { add(&mut b, &h, &[], &recvs, &mut got, now) }.unwrap();
-    // Rank 0 says goodbye, then its channel closes.
+    // Rank 0 says goodbye while nothing here waits on it, then its channel
+    // closes: a clean exit.
     a.say_goodbye();
     carry(&mut a, &mut b);
     b.handle_lost(0, "closed".into());
-    assert!(matches!(
-        b.poll_call(cb),
-        Some(Err(Error::PeerLost { rank: 0 }))
-    ));
-    b.retire(cb);
     assert_eq!(b.culprit(), None, "a clean exit");
     assert!(b.precheck(&[], &[Incoming { peer: 2, len: 8 }]).is_ok());
     // Rank 2 vanishes without one: every call fails naming it.
     let mut got = Got::default();
-    // SAFETY: as above.
+    // SAFETY: `got` lives until the call is retired.
     let cb = unsafe { add(&mut b, &h, &[], &recvs[1..], &mut got, now) }.unwrap();
     b.handle_lost(2, "killed".into());
     assert_eq!(b.culprit(), Some(2));
@@ -339,12 +454,57 @@ fn goodbye_is_not_a_crash_but_loss_is() {
 }
 
 #[test]
+fn a_goodbye_while_a_call_waits_is_the_origin_of_the_failure() {
+    let now = Instant::now();
+    let (mut a, mut b, mut c) = (core(0, 3), core(1, 3), core(2, 3));
+    let h = header(0, 2);
+    let mut got = Got::default();
+    // SAFETY: `got` lives until the call is retired.
+    let cb = unsafe {
+        add(
+            &mut b,
+            &h,
+            &[],
+            &[Incoming { peer: 0, len: 8 }],
+            &mut got,
+            now,
+        )
+    }
+    .unwrap();
+    // Rank 0 returns early: goodbye, then its channel closes, while rank 1
+    // still waits on it.
+    a.say_goodbye();
+    carry(&mut a, &mut b);
+    b.handle_lost(0, "closed".into());
+    assert!(matches!(
+        b.poll_call(cb),
+        Some(Err(Error::PeerLost { rank: 0 }))
+    ));
+    b.retire(cb);
+    assert_eq!(b.culprit(), Some(0), "it left while needed");
+    // Rank 2 hears it from rank 1 before rank 1's own goodbye, so it blames
+    // rank 0 even after rank 1 exits too.
+    b.say_goodbye();
+    carry(&mut b, &mut c);
+    c.handle_lost(1, "closed".into());
+    c.apply_reported_losses();
+    assert_eq!(c.culprit(), Some(0));
+    assert!(matches!(
+        c.precheck(&[], &[Incoming { peer: 1, len: 8 }]),
+        Err(Error::PeerLost { rank: 0 })
+    ));
+}
+
+#[test]
 fn loss_is_told_to_the_other_peers() {
     let (mut a, mut b) = (core(0, 3), core(1, 3));
     // Rank 1 sees rank 2 crash; rank 0, which waits on nothing from 2,
     // learns it from rank 1's notice.
     b.handle_lost(2, "killed".into());
     carry(&mut b, &mut a);
+    // Acted on once the driver has read what rank 2 sent before it left.
+    assert_eq!(a.culprit(), None);
+    a.apply_reported_losses();
     assert_eq!(a.culprit(), Some(2));
 }
 

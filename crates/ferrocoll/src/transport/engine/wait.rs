@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::driver::{Engine, State, LIVENESS_EVERY};
+use super::driver::{Engine, State, LIVENESS_EVERY, PROBE_AFTER};
 use crate::error::Result;
 use crate::transport::channel::Doorbell;
 
@@ -27,6 +27,7 @@ impl Engine {
         start: Instant,
     ) -> (MutexGuard<'a, State>, Result<()>) {
         let spin_until = start + self.spin_time();
+        let mut probed = false;
         loop {
             let token = self.bell.token();
             let moved = st.progress();
@@ -42,6 +43,14 @@ impl Engine {
             }
             if now.duration_since(st.last_liveness) >= LIVENESS_EVERY {
                 st.check_liveness(now);
+                continue;
+            }
+            if !probed && now.duration_since(start) >= PROBE_AFTER {
+                // Long for any message: ask the peers (a mismatch where no
+                // message would show it, see desync.rs).
+                probed = true;
+                st.core.probe(id);
+                st.flush_now();
                 continue;
             }
             // A peer on the bypass where this call uses the channels: its

@@ -98,7 +98,7 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::engine::{Bypass, Fault, Ledger, LedgerLock, Link, Stray};
+use super::engine::{Bypass, Fault, Ledger, LedgerLock, Link, Stray, Verdict};
 use super::shm::{SLOTS, SLOT_PAYLOAD};
 use super::Header;
 use crate::error::{Error, Result};
@@ -172,8 +172,8 @@ enum Problem {
         key: (u64, u64),
         theirs: u64,
     },
-    /// `peer` already reported a mismatch for this call.
-    Reported { peer: usize, theirs: Header },
+    /// A peer already reported a mismatch for this call.
+    Reported(Verdict),
 }
 
 impl Problem {
@@ -189,7 +189,7 @@ impl Problem {
                 key,
                 theirs: describe(theirs),
             },
-            Problem::Reported { peer, theirs } => Fault::Reported { peer, theirs },
+            Problem::Reported(verdict) => Fault::Reported(verdict),
         }
     }
 }
@@ -413,9 +413,26 @@ impl FastPath {
         if link.is_broken() || self.notices_changed() {
             self.checkup(link, header, from, false)?;
         }
+        let mut wait = Wait::new(link, timeout);
+        let result = self.run_passes(link, header, sig, payload, (to, from, got), &mut wait);
+        if wait.registered {
+            self.books().ledger.bypass_done(header.key());
+        }
+        result
+    }
+
+    /// The passes of [`FastPath::exchange`] until the call is done or fails.
+    fn run_passes(
+        &self,
+        link: &Link<'_>,
+        header: &Header,
+        sig: u64,
+        payload: &[u8],
+        (to, from, got): (&[usize], &[usize], &mut [Payload]),
+        wait: &mut Wait,
+    ) -> Result<()> {
         let mut to_send = all_bits(to.len());
         let mut to_recv = all_bits(from.len());
-        let mut wait = Wait::new(link, timeout);
         let mut first = true;
         loop {
             let (pass, gen) = {
@@ -461,8 +478,8 @@ impl FastPath {
     ) -> Pass {
         let key = header.key();
         if first && ledger.ledger.has_verdicts() {
-            if let Some((peer, theirs)) = ledger.ledger.take_verdict(key) {
-                return Pass::Failed(Problem::Reported { peer, theirs });
+            if let Some(verdict) = ledger.ledger.take_verdict(key) {
+                return Pass::Failed(Problem::Reported(verdict));
             }
         }
         if *to_send != 0 {
@@ -549,8 +566,8 @@ impl FastPath {
                 theirs: s.msg.sig,
             });
         }
-        if let Some((peer, theirs)) = ledger.ledger.take_verdict(key) {
-            return Pass::Failed(Problem::Reported { peer, theirs });
+        if let Some(verdict) = ledger.ledger.take_verdict(key) {
+            return Pass::Failed(Problem::Reported(verdict));
         }
         ledger.ledger.finish(header);
         Pass::Done
@@ -590,6 +607,9 @@ struct Wait {
     polls: u32,
     /// Set at the first clock read.
     start: Option<Instant>,
+    /// The call is listed in the ledger as waiting long (for the positions
+    /// a peer's probe asks for), and must be taken off when it ends.
+    registered: bool,
 }
 
 impl Wait {
@@ -600,6 +620,7 @@ impl Wait {
             timeout,
             polls: 0,
             start: None,
+            registered: false,
         }
     }
 
@@ -657,7 +678,12 @@ impl Wait {
             }
             // Polled long enough: let the engine look at the rings (notices,
             // abort, frames of a peer on the other path, dead peers), then
-            // sleep until something rings.
+            // sleep until something rings. From now on a peer's probe may
+            // ask where this rank is: the engine does not see this call.
+            if !self.registered {
+                fast.books().ledger.bypass_waits(*header);
+                self.registered = true;
+            }
             let waiting: Vec<usize> = awaited().collect();
             fast.checkup(link, header, &waiting, true)?;
             let left = (start + self.timeout).saturating_duration_since(Instant::now());

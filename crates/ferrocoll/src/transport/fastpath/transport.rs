@@ -5,7 +5,7 @@
 //! [`Link`](crate::transport::engine::Link).
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::small;
 use super::FastPath;
@@ -55,6 +55,16 @@ impl Transport for FastTransport {
         self.engine.exchange(header, sends, recvs, sink, deadline)
     }
 
+    fn recv_any(
+        &self,
+        header: &Header,
+        len: usize,
+        sink: &mut dyn Sink,
+        deadline: Instant,
+    ) -> Result<usize> {
+        self.engine.recv_any(header, len, sink, deadline)
+    }
+
     fn end_call(&self, header: &Header) -> Result<()> {
         self.engine.end_call(header)
     }
@@ -69,6 +79,10 @@ impl Transport for FastTransport {
 
     fn small_collectives(&self) -> Option<&dyn SmallCollectives> {
         Some(self)
+    }
+
+    fn positions(&self, comm: u64, ranks: &[usize], within: Duration) -> Vec<Option<String>> {
+        self.engine.positions(comm, ranks, within)
     }
 }
 

@@ -1,0 +1,217 @@
+//! Probes and positions: what a rank that waits long asks its peers.
+//!
+//! A call that has waited [`super::driver::PROBE_AFTER`] sends a *probe*
+//! with its own header to every peer it still waits on. The peer compares
+//! it with its call at that point: two calls that differ but exchange no
+//! message (a reduce to root 0 against a broadcast from root 0 on two ranks:
+//! both only receive) are a mismatch no data frame would ever reveal, found
+//! this way in a fraction of a second instead of at the deadline. The peer
+//! answers with its *position* (the calls it is in on that communicator, or
+//! the last one it finished), which the prober keeps: when a wait reaches
+//! its deadline, the communicator asks every rank again
+//! ([`crate::transport::Transport::positions`]) and the timeout lists
+//! where each one is, the desync report ("rank 7: in no call on this
+//! communicator; last finished all_reduce(...) #182").
+//!
+//! A peer answers only while some thread of it drives its engine (it is in
+//! a ferrocoll call, on any communicator); one computing, stopped or stuck
+//! outside ferrocoll does not, and the report says so.
+
+use super::core::Core;
+use super::frames::push_between_frames;
+use super::ledger;
+use super::verdict::Verdict;
+use crate::transport::wire::{Frame, FrameKind};
+use crate::transport::{CallKind, Header, Incoming, Signature};
+use crate::types::DType;
+
+/// The sequence number of a probe that asks only where a peer is (no call
+/// of the prober's to compare): collective numbers never get near it, and
+/// point-to-point keys have [`Header::P2P_BIT`] set.
+const WHERE_ONLY: u64 = (1 << 62) - 1;
+
+/// A header naming only communicator `comm` (positions, where-only probes).
+fn comm_only(comm: u64) -> Header {
+    Header {
+        comm,
+        seq: WHERE_ONLY,
+        sig: Signature {
+            kind: CallKind::PointToPoint,
+            dtype: DType::U8,
+            op: None,
+            count: 0,
+            root: None,
+        },
+    }
+}
+
+/// A call as a position names it: a collective by its number, a message by
+/// its tag.
+fn describe(h: &Header) -> String {
+    if h.seq & Header::P2P_BIT != 0 {
+        format!("{} tag {}", h.sig, h.seq & !Header::P2P_BIT)
+    } else {
+        format!("{} #{}", h.sig, h.seq)
+    }
+}
+
+impl Core {
+    /// Call `id` has waited long: asks every peer it still waits on where
+    /// it is, with the call's header for them to compare.
+    pub(super) fn probe(&mut self, id: usize) {
+        let c = self.calls[id].as_ref().expect("live call");
+        let header = c.header;
+        let mut peers: Vec<usize> = c
+            .recvs
+            .iter()
+            .filter(|r| !r.done && r.peer != Incoming::ANY_SOURCE)
+            .map(|r| r.peer)
+            .collect();
+        peers.dedup();
+        let frame = Frame {
+            kind: FrameKind::Probe,
+            header,
+            len: 0,
+            addr: 0,
+            region: 0,
+        }
+        .encode();
+        for p in peers {
+            if self.peers[p].lost.is_none() && self.peers[p].connected {
+                push_between_frames(&mut self.peers[p].sendq, &frame);
+            }
+        }
+    }
+
+    /// Asks each of `ranks` with a channel where it is on communicator
+    /// `comm`, forgetting what they said before.
+    pub(super) fn probe_where(&mut self, comm: u64, ranks: &[usize]) {
+        let frame = Frame {
+            kind: FrameKind::Probe,
+            header: comm_only(comm),
+            len: 0,
+            addr: 0,
+            region: 0,
+        }
+        .encode();
+        for &p in ranks {
+            if p == self.me || p >= self.peers.len() {
+                continue;
+            }
+            self.positions[p] = None;
+            if self.peers[p].lost.is_none() && self.peers[p].connected {
+                push_between_frames(&mut self.peers[p].sendq, &frame);
+            }
+        }
+    }
+
+    /// A peer's probe: a collective of its at a point where this rank runs
+    /// (or ran) another is a mismatch; either way the peer gets this
+    /// rank's position.
+    pub(super) fn probe_arrived(&mut self, from: usize, theirs: &Header) {
+        let collective = matches!(theirs.sig.kind, CallKind::Collective(_));
+        if collective && theirs.seq != WHERE_ONLY {
+            let running = self
+                .calls
+                .iter()
+                .flatten()
+                .find(|c| c.header.key() == theirs.key())
+                .map(|c| c.header);
+            match running {
+                Some(ours) if ours.sig != theirs.sig => {
+                    let err = self.declare(Verdict {
+                        header: ours,
+                        a: self.me,
+                        a_call: ours.sig.to_string(),
+                        b: from,
+                        b_call: theirs.sig.to_string(),
+                    });
+                    self.fail_call(ours.key(), err);
+                }
+                Some(_) => {}
+                None => {
+                    let finished = ledger::with(&*self.ledger, |l| l.finished_with(theirs.key()));
+                    if finished.is_some_and(|ours| ours.sig != theirs.sig) {
+                        self.late_mismatch_of(from, theirs.key(), theirs.sig.to_string());
+                    }
+                }
+            }
+        }
+        if self.peers[from].lost.is_some() || !self.peers[from].connected {
+            return;
+        }
+        let text = self.position_text(theirs.comm);
+        let frame = Frame {
+            kind: FrameKind::Position,
+            header: comm_only(theirs.comm),
+            len: text.len(),
+            addr: 0,
+            region: 0,
+        };
+        let mut bytes = frame.encode().to_vec();
+        bytes.extend_from_slice(text.as_bytes());
+        bytes.resize(bytes.len().next_multiple_of(8), 0);
+        self.peers[from]
+            .sendq
+            .push_back(super::frames::Outbound::notice(bytes));
+    }
+
+    /// A peer said where it is on communicator `header.comm`.
+    pub(super) fn position_arrived(&mut self, from: usize, header: &Header, text: String) {
+        self.positions[from] = Some((header.comm, text));
+    }
+
+    /// Where this rank is on communicator `comm`: the calls it is in, else
+    /// the last one it finished.
+    pub(super) fn position_text(&self, comm: u64) -> String {
+        let bypass = ledger::with(&*self.ledger, |l| l.bypass_waiting(comm));
+        let running: Vec<String> = self
+            .calls
+            .iter()
+            .flatten()
+            .map(|c| c.header)
+            .filter(|h| h.comm == comm)
+            .chain(bypass)
+            .map(|h| format!("in {}", describe(&h)))
+            .collect();
+        if !running.is_empty() {
+            return running.join(", ");
+        }
+        match ledger::with(&*self.ledger, |l| l.last_finished(comm)) {
+            Some(h) => format!(
+                "in no call on this communicator; last finished {}",
+                describe(&h)
+            ),
+            None => "in no call on this communicator; finished none yet".to_string(),
+        }
+    }
+
+    /// What is known of where each of `ranks` is on `comm` (`None`: no
+    /// answer); this rank and gone peers are always known.
+    pub(super) fn positions_of(&self, comm: u64, ranks: &[usize]) -> Vec<Option<String>> {
+        ranks
+            .iter()
+            .map(|&r| {
+                if r == self.me {
+                    return Some(format!("{} (this rank)", self.position_text(comm)));
+                }
+                let peer = self.peers.get(r)?;
+                if peer.lost.is_some() {
+                    return Some("gone".to_string());
+                }
+                if !peer.connected {
+                    return Some("not asked: no channel to it yet".to_string());
+                }
+                match &self.positions[r] {
+                    Some((c, text)) if *c == comm => Some(text.clone()),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// Whether every rank of `ranks` has answered (or cannot).
+    pub(super) fn all_placed(&self, comm: u64, ranks: &[usize]) -> bool {
+        self.positions_of(comm, ranks).iter().all(Option::is_some)
+    }
+}
