@@ -35,6 +35,7 @@ from ._ferrocoll import (
     InvalidArgument,
     Mismatch,
     PeerLost,
+    StartupError,
     Timeout,
     UnknownAlgorithm,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "Mismatch",
     "PeerLost",
     "Request",
+    "StartupError",
     "Timeout",
     "UnknownAlgorithm",
     "dtype_code",

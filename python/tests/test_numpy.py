@@ -226,6 +226,7 @@ def test_exception_classes() -> None:
         ferrocoll.Corrupted,
         ferrocoll.InvalidArgument,
         ferrocoll.ConfigError,
+        ferrocoll.StartupError,
     ]:
         assert issubclass(cls, ferrocoll.Error)
     assert issubclass(ferrocoll.Error, RuntimeError)

@@ -105,10 +105,17 @@ pub struct BenchArgs {
     #[arg(long, default_value = "5", value_parser = at_least::<0>)]
     pub warmup: usize,
 
-    /// Verify every size: run once more with known data and count the
-    /// elements that differ from a sequential reference.
-    #[arg(long)]
+    /// Verify every size (the default, as nccl-tests): run once more, after
+    /// the timed calls, with known data and count the elements that differ
+    /// from a sequential reference in the `#wrong` column. Accepted for
+    /// compatibility; `--no-check` turns it off.
+    #[arg(long, overrides_with = "no_check")]
     pub check: bool,
+
+    /// Skip the check: pure timing (`#wrong` shows N/A). The check is not
+    /// timed, but computing the reference costs the sweep's wall time.
+    #[arg(long = "no-check", overrides_with = "check")]
+    pub no_check: bool,
 
     /// Print one JSON object per size and line, nothing else, on stdout.
     #[arg(long)]
@@ -255,10 +262,12 @@ fn is_block(coll: Collective) -> bool {
     )
 }
 
-/// Sizes from `min` to `max` bytes, multiplying by `factor`, rounded down to
-/// whole elements (whole n-block buffers for the block collectives); sizes
-/// that round to nothing are skipped. For alltoallv each size fixes the
-/// average block and reports the average send buffer (see the module docs).
+/// Sizes from `min` to `max` bytes, multiplying by `factor`, and `max`
+/// itself when the steps miss it (8 B by 4 reaches 32 MiB, then 64 MiB
+/// ends the sweep), rounded down to whole elements (whole n-block buffers
+/// for the block collectives); sizes that round to nothing are skipped.
+/// For alltoallv each size fixes the average block and reports the average
+/// send buffer (see the module docs).
 pub fn sweep(
     coll: Collective,
     n: usize,
@@ -270,7 +279,18 @@ pub fn sweep(
     let unit = elem * if is_block(coll) { n } else { 1 };
     let mut sizes: Vec<Size> = Vec::new();
     let mut bytes = Some(min);
-    while let Some(b) = bytes.filter(|&b| b <= max) {
+    let mut last = false;
+    while let Some(b) = bytes {
+        let b = if b > max {
+            // Past the end: the sweep ends at `max` itself.
+            if last {
+                break;
+            }
+            max
+        } else {
+            b
+        };
+        last |= b == max;
         let count = b / unit;
         let reported = if coll == Collective::AllToAllV {
             verify::alltoallv_mean(n, count).saturating_mul(elem)
@@ -283,7 +303,12 @@ pub fn sweep(
                 count,
             });
         }
-        bytes = b.checked_mul(factor);
+        bytes = match b.checked_mul(factor) {
+            Some(next) => Some(next),
+            // Overflow: only `max` remains to do.
+            None if !last => Some(max),
+            None => None,
+        };
     }
     sizes
 }
@@ -675,9 +700,19 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
         )));
     }
     let options = algorithm_options(coll, &args.algo)?;
-    // Report a bad FERROCOLL_ALGO/FERROCOLL_TIMEOUT before printing anything
-    // (local::run reads the same variables again).
-    ferrocoll::Config::from_env().map_err(CliError::Lib)?;
+    // Report a bad FERROCOLL_* variable before printing anything
+    // (local::run and init read the same variables again), including a
+    // FERROCOLL_TOPO that does not fit the ranks.
+    let config = ferrocoll::Config::from_env().map_err(CliError::Lib)?;
+    if let Some(topo) = &config.topology {
+        topo.check_size(n).map_err(|e| {
+            CliError::Lib(ferrocoll::Error::Config {
+                var: "FERROCOLL_TOPO".into(),
+                value: topo.to_string(),
+                reason: format!("{} (bench -n {n})", lib_message(e)),
+            })
+        })?;
+    }
     if args.minbytes > args.maxbytes {
         return Err(CliError::Usage(format!(
             "--minbytes ({}) is larger than --maxbytes ({})",
@@ -716,7 +751,7 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
         sizes,
         warmup: args.warmup,
         iters: args.iters,
-        check: args.check,
+        check: !args.no_check,
         json: args.json,
         transport: args.transport,
     };
@@ -727,18 +762,24 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
         return launch_ranks(&setup);
     }
 
-    if !setup.json && (setup.transport == Transport::Thread || crate::run::rank_from_env() == 0) {
-        let mut out = io::stdout().lock();
-        writeln!(out, "{}", describe(&setup, &args.algo))?;
-        writeln!(out, "#")?;
-        for line in TABLE_HEADER {
-            writeln!(out, "{line}")?;
+    let header = |rank: usize| -> Result<(), CliError> {
+        if !setup.json && rank == 0 {
+            let mut out = io::stdout().lock();
+            writeln!(out, "{}", describe(&setup, &args.algo))?;
+            writeln!(out, "#")?;
+            for line in TABLE_HEADER {
+                writeln!(out, "{line}")?;
+            }
         }
-    }
+        Ok(())
+    };
 
     let outcomes = match setup.transport {
         Transport::Shm | Transport::Tcp => {
+            // The header once start-up succeeded (it reports a bad
+            // variable on its own).
             let comm = ferrocoll::init()?;
+            header(comm.rank())?;
             if comm.size() != n {
                 return Err(CliError::Usage(format!(
                     "bench -n {n} but the job has {} ranks; pass -n {}",
@@ -756,15 +797,18 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
             }
             vec![result]
         }
-        Transport::Thread => ferrocoll::local::run(n, |comm| {
-            let result = with_dtype!(setup.dtype, run_rank(&comm, &setup));
-            if result.is_err() {
-                // Don't leave the other ranks waiting for this one until
-                // the timeout.
-                comm.abort();
-            }
-            result
-        })?,
+        Transport::Thread => {
+            header(0)?;
+            ferrocoll::local::run(n, |comm| {
+                let result = with_dtype!(setup.dtype, run_rank(&comm, &setup));
+                if result.is_err() {
+                    // Don't leave the other ranks waiting for this one until
+                    // the timeout.
+                    comm.abort();
+                }
+                result
+            })?
+        }
     };
     // Report the first error that is not merely a consequence of another
     // rank's (the ranks that were waiting for it see `Aborted`).
@@ -858,7 +902,13 @@ mod tests {
     fn sweep_rounds_to_whole_blocks_and_skips_empty_ones() {
         let s = sweep(Collective::AllReduce, 4, 4, 8, 64 << 20, 4);
         assert_eq!(s.first(), Some(&Size { bytes: 8, count: 2 }));
+        // The steps of 4 miss 64 MiB: the sweep ends there anyway.
+        let tail: Vec<usize> = s[s.len() - 2..].iter().map(|z| z.bytes).collect();
+        assert_eq!(tail, [32 << 20, 64 << 20]);
+        // A sweep the steps end exactly on has no extra size.
+        let s = sweep(Collective::AllReduce, 4, 4, 8, 32 << 20, 4);
         assert_eq!(s.last().unwrap().bytes, 32 << 20);
+        assert_eq!(s.len(), 12);
         // 3 ranks of f32: 12-byte units; 8 B holds none.
         let s = sweep(Collective::AllGather, 3, 4, 8, 512, 4);
         assert_eq!(

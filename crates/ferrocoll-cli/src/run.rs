@@ -659,14 +659,16 @@ fn parse_addr(s: &str) -> Result<String, String> {
 const CHILD_VAR: &str = "FERROCOLL_SELF_LAUNCHED";
 
 /// Whether this process is one rank of a launched job (by us or by any
-/// launcher whose variables `ferrocoll::init` reads).
+/// launcher whose variables `ferrocoll::init` reads). A launcher's variable
+/// that is set but wrong counts as a job too, so that `init` reports it
+/// rather than this command starting ranks of its own inside someone
+/// else's job.
 pub fn in_job() -> bool {
-    std::env::var_os(CHILD_VAR).is_some() || ferrocoll::world::WorldSpec::from_env().is_ok()
-}
-
-/// This process's rank in a launched job (0 when not in one).
-pub fn rank_from_env() -> usize {
-    ferrocoll::world::WorldSpec::from_env().map_or(0, |w| w.rank)
+    std::env::var_os(CHILD_VAR).is_some()
+        || matches!(
+            ferrocoll::world::WorldSpec::from_env(),
+            Ok(_) | Err(ferrocoll::Error::Config { .. })
+        )
 }
 
 /// Runs this very command again as `n` processes under the launcher, with

@@ -20,13 +20,26 @@ pub struct StoreArgs {
 /// Serves until the process is stopped.
 pub fn main(args: &StoreArgs) -> Result<(), CliError> {
     let secret = match &args.secret {
-        Some(s) => s.clone(),
-        None => std::env::var("FERROCOLL_SECRET").map_err(|_| {
-            CliError::Usage(
-                "give --secret or set FERROCOLL_SECRET (the ranks present the same)".into(),
-            )
-        })?,
+        Some(s) => s.trim().to_string(),
+        // Empty counts as unset, as on the ranks (which then derive a
+        // secret of their own that no empty one would match).
+        None => std::env::var("FERROCOLL_SECRET")
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| {
+                CliError::Usage(
+                    "give --secret or set FERROCOLL_SECRET to the ranks' secret (it is unset or \
+                     empty)"
+                        .into(),
+                )
+            })?,
     };
+    if secret.trim().is_empty() {
+        return Err(CliError::Usage(
+            "--secret is empty; give the secret the ranks present (their FERROCOLL_SECRET)".into(),
+        ));
+    }
     let server = ferrocoll::store::StoreServer::start(&args.addr, &secret)?;
     eprintln!("ferrocoll store: serving on {}", server.local_addr());
     loop {

@@ -139,8 +139,11 @@ fn every_collective_checks_clean_with_exact_fields() {
             }
         }
         // Sizes grow by the default factor of 4, from the first one that
-        // holds at least one element per rank.
-        assert_eq!(rows.len(), if block { 6 } else { 7 }, "{coll}: {rows:?}");
+        // holds at least one element per rank, and end at 64 KiB (which
+        // the steps from 8 B miss: 32 KiB, then 128 KiB).
+        assert_eq!(rows.len(), if block { 7 } else { 8 }, "{coll}: {rows:?}");
+        let last = rows.last().unwrap()["bytes"].as_u64().unwrap();
+        assert!(last > 32 * 1024, "{coll}: {rows:?}");
     }
 }
 
@@ -158,17 +161,25 @@ fn alltoallv_mean(n: usize, b: usize) -> u64 {
     (total / n) as u64
 }
 
-/// The average blocks of an alltoallv sweep from `min` to `max` bytes by 4
-/// (n ranks, `elem`-byte elements), skipping those that send nothing.
+/// The average blocks of an alltoallv sweep from `min` to `max` bytes by 4,
+/// ending at `max` itself when the steps miss it (n ranks, `elem`-byte
+/// elements), skipping those that send nothing.
 fn alltoallv_blocks(n: usize, elem: usize, min: usize, max: usize) -> Vec<usize> {
-    let mut blocks = Vec::new();
+    let mut sizes = Vec::new();
     let mut bytes = min;
     while bytes <= max {
+        sizes.push(bytes);
+        bytes *= 4;
+    }
+    if sizes.last() != Some(&max) {
+        sizes.push(max);
+    }
+    let mut blocks: Vec<usize> = Vec::new();
+    for bytes in sizes {
         let b = bytes / (n * elem);
-        if alltoallv_mean(n, b) > 0 {
+        if alltoallv_mean(n, b) > 0 && blocks.last() != Some(&b) {
             blocks.push(b);
         }
-        bytes *= 4;
     }
     blocks
 }
@@ -221,9 +232,36 @@ fn alltoallv_algorithms_are_named_and_check_clean() {
 }
 
 #[test]
-fn without_check_wrong_is_null() {
+fn results_are_checked_by_default_and_no_check_skips_it() {
+    // As nccl-tests: every size is checked unless asked not to.
     let rows = json_rows(&["--json", "-n", "2", "-e", "1K"], None);
+    assert!(rows.iter().all(|r| r["wrong"] == 0), "{rows:?}");
+    let rows = json_rows(&["--json", "-n", "2", "-e", "1K", "--no-check"], None);
     assert!(rows.iter().all(|r| r["wrong"].is_null()), "{rows:?}");
+    // The last of --check and --no-check wins.
+    let rows = json_rows(
+        &["--json", "-n", "2", "-e", "1K", "--no-check", "--check"],
+        None,
+    );
+    assert!(rows.iter().all(|r| r["wrong"] == 0), "{rows:?}");
+    // The table says so too: a count, not N/A, and the verdict.
+    let out = bench(&["-n", "2", "-e", "1K"], None);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("check on"), "{stdout}");
+    assert!(stdout.contains("# Wrong elements    : 0 OK"), "{stdout}");
+    assert!(!stdout.contains("N/A  "), "{stdout}");
+}
+
+#[test]
+fn the_sweep_ends_at_the_largest_size_even_between_steps() {
+    // From 32 MiB by 4 the next step (128 MiB) is past the default end
+    // (64 MiB): the sweep ends at 64 MiB all the same, as the default
+    // sweep from 8 B does (8 B by 4 reaches 32 MiB).
+    let rows = json_rows(&["--json", "-n", "2", "-b", "32M"], None);
+    let sizes: Vec<u64> = rows.iter().map(|r| r["bytes"].as_u64().unwrap()).collect();
+    assert_eq!(sizes, [32 << 20, 64 << 20]);
+    assert!(rows.iter().all(|r| r["wrong"] == 0), "{rows:?}");
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Faults injected into multi-process jobs, on shared memory and on TCP:
-//! a rank killed mid-allreduce, mismatched calls, a rank that never arrives,
-//! an abort from another thread, an unreachable rendezvous. Small calls
+//! a rank killed mid-allreduce, mismatched calls, a rank that never arrives
+//! (at a collective, and at init), an abort from another thread, an
+//! unreachable rendezvous. Small calls
 //! (which on shared memory take the fast path through mailboxes) get the
 //! same faults: killed peer, mismatches of kind, count and type, and a
 //! small call against a large one. Every survivor
@@ -42,7 +43,7 @@ fn main() {
         rank_program(&role, &comm);
         return;
     }
-    let tests: [(&str, fn()); 10] = [
+    let tests: [(&str, fn()); 11] = [
         ("dropped_worlds_leak_nothing", dropped_worlds_leak_nothing),
         ("soak_of_mixed_collectives", soak_of_mixed_collectives),
         ("flipped_bit_is_corrupted", flipped_bit_is_corrupted),
@@ -63,6 +64,7 @@ fn main() {
             absent_rank_times_out_by_name,
         ),
         ("abort_wakes_every_rank", abort_wakes_every_rank),
+        ("rank_absent_at_init_is_named", rank_absent_at_init_is_named),
         (
             "unreachable_rendezvous_fails_init",
             unreachable_rendezvous_fails_init,
@@ -145,8 +147,10 @@ fn killed_rank_during_small_calls() {
 }
 
 /// A rank of 3 killed mid-run in `roles`: the others get `PeerLost`
-/// naming it within 2 s, on shared memory (with the fast path on and off)
-/// and TCP.
+/// naming it, within 50 ms on shared memory (with the fast path on and
+/// off: the node's pidfd watcher wakes them; measured 1-10 ms on the
+/// project's 2-core machine) and within 2 s on TCP (the closed connection;
+/// measured in single milliseconds too).
 fn killed_rank(roles: &[&str]) {
     let configs = [("shm", "auto"), ("shm", "off"), ("tcp", "auto")];
     for (role, (transport, fast)) in roles
@@ -172,7 +176,11 @@ fn killed_rank(roles: &[&str]) {
             println!(
                 "  {role} {transport} (fast path {fast}): rank {r} reported PeerLost {{ rank: 1 }} {ms:.0} ms after the kill"
             );
-            assert!(ms < 2000.0, "{transport} rank {r} took {ms} ms");
+            let limit = if transport == "shm" { 50.0 } else { 2000.0 };
+            assert!(
+                ms < limit,
+                "{role} {transport} (fast path {fast}): rank {r} took {ms} ms (limit {limit} ms)"
+            );
         }
     }
 }
@@ -363,6 +371,46 @@ fn soak_of_mixed_collectives() {
             String::from_utf8_lossy(&outs[0].stdout).trim()
         );
     }
+}
+
+fn rank_absent_at_init_is_named() {
+    // Ranks 0 and 2 of 3, as processes; rank 1 never starts. Both must
+    // name rank 1, not blame FERROCOLL_TIMEOUT, nor (rank 2) report a lost
+    // store when rank 0, which serves it, gives up and exits.
+    let me = std::env::current_exe().unwrap();
+    let port = common::free_port();
+    let start = Instant::now();
+    let children: Vec<_> = [0, 2]
+        .into_iter()
+        .map(|r| {
+            Command::new(&me)
+                .env(ROLE, "sum")
+                .env("FERROCOLL_RANK", r.to_string())
+                .env("FERROCOLL_WORLD_SIZE", "3")
+                .env("FERROCOLL_ADDR", format!("127.0.0.1:{port}"))
+                .env("FERROCOLL_SECRET", "faults")
+                .env("FERROCOLL_TIMEOUT", "1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (r, child) in [0, 2].into_iter().zip(children) {
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("init failed")
+                && text.contains("rank 1 did not arrive")
+                && !text.contains("bad configuration"),
+            "rank {r}: {}",
+            show(&out)
+        );
+        if r == 2 {
+            println!("  rank 2: {}", text.trim());
+        }
+    }
+    assert!(start.elapsed() < Duration::from_secs(10));
 }
 
 fn unreachable_rendezvous_fails_init() {

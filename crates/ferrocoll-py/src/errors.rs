@@ -59,6 +59,12 @@ create_exception!(
 );
 create_exception!(
     _ferrocoll,
+    StartupError,
+    Error,
+    "Start-up could not complete: ranks that did not arrive at the rendezvous, or a rendezvous nobody serves."
+);
+create_exception!(
+    _ferrocoll,
     InternalError,
     Error,
     "A bug in ferrocoll; please report it."
@@ -76,6 +82,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PeerLost", py.get_type::<PeerLost>())?;
     m.add("Aborted", py.get_type::<Aborted>())?;
     m.add("Corrupted", py.get_type::<Corrupted>())?;
+    m.add("StartupError", py.get_type::<StartupError>())?;
     m.add("InternalError", py.get_type::<InternalError>())?;
     Ok(())
 }
@@ -97,6 +104,7 @@ pub fn to_py(py: Python<'_>, e: &ferrocoll::Error) -> PyErr {
         E::PeerLost { .. } => PeerLost::new_err(msg),
         E::Aborted => Aborted::new_err(msg),
         E::Corrupted { .. } => Corrupted::new_err(msg),
+        E::Startup(_) => StartupError::new_err(msg),
         _ => InternalError::new_err(msg),
     };
     let value = err.value(py);

@@ -11,7 +11,6 @@
 
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use ferrocoll::init::TransportKind;
 use ferrocoll::{CallOptions, Communicator, Config, DType, ReduceOp};
@@ -61,7 +60,9 @@ fn py_err(py: Python<'_>, e: ferrocoll::Error) -> PyErr {
 fn config_with(timeout: Option<f64>) -> ferrocoll::Result<Config> {
     let config = Config::from_env()?;
     Ok(match timeout {
-        Some(t) if t > 0.0 => config.with_timeout(Duration::from_secs_f64(t)),
+        Some(t) if t > 0.0 => {
+            config.with_timeout(ferrocoll::config::timeout_from_secs("timeout", t)?)
+        }
         _ => config,
     })
 }
@@ -420,7 +421,9 @@ impl Comm {
                 None => CallOptions::default(),
             };
             if let Some(t) = timeout.filter(|t| *t > 0.0) {
-                options = options.timeout(Duration::from_secs_f64(t));
+                let t = ferrocoll::config::timeout_from_secs("timeout", t)
+                    .map_err(|e| py_err(py, e))?;
+                options = options.timeout(t);
             }
             Some(self.inner.with_options(options))
         } else {

@@ -155,7 +155,14 @@ impl Handle {
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let state = Arc::clone(&self.state);
         let outcome = py.detach(move || {
-            let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+            // NaN waits not at all; a timeout too long for the clock
+            // (1e300, inf) waits as long as no timeout does.
+            let deadline = timeout.and_then(|t| {
+                let t = if t.is_nan() { 0.0 } else { t.max(0.0) };
+                Duration::try_from_secs_f64(t)
+                    .ok()
+                    .and_then(|d| Instant::now().checked_add(d))
+            });
             let mut slot = state.slot.lock().unwrap_or_else(|p| p.into_inner());
             loop {
                 if let Some(o) = &slot.outcome {

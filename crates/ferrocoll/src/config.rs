@@ -12,21 +12,11 @@
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::env::{self, Vars};
+use crate::error::Result;
 use crate::plan::{Algorithm, Collective};
 use crate::select::AlgoChoice;
 use crate::topo::Topology;
-
-/// An environment variable's value; unset and empty are the same.
-fn var(name: &str) -> Result<String, std::env::VarError> {
-    std::env::var(name).and_then(|v| {
-        if v.trim().is_empty() {
-            Err(std::env::VarError::NotPresent)
-        } else {
-            Ok(v)
-        }
-    })
-}
 
 /// Default for [`Config::slice_bytes`]: measured best on the thread
 /// transport (see bench/RESULTS.md).
@@ -34,6 +24,31 @@ pub const DEFAULT_SLICE_BYTES: usize = 2 << 20;
 
 /// Default deadline for any single wait.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Longest deadline `FERROCOLL_TIMEOUT` may set: 30 days (a deadline must
+/// stay a point in time the clock can represent; a job that should wait
+/// longer than this for one message is stuck).
+pub const MAX_TIMEOUT_SECS: f64 = 30.0 * 86_400.0;
+
+/// Shortest deadline `FERROCOLL_TIMEOUT` may set: 1 ms.
+pub const MIN_TIMEOUT_SECS: f64 = 0.001;
+
+/// Smallest slice `FERROCOLL_SLICE_BYTES` may set (other than 0, never):
+/// below it every slice costs a call's overhead for next to no data.
+pub const MIN_SLICE_BYTES: usize = 4096;
+
+/// `secs` seconds as a deadline, checked as `FERROCOLL_TIMEOUT` is (from
+/// [`MIN_TIMEOUT_SECS`] to [`MAX_TIMEOUT_SECS`]); `what` names the source
+/// in the error (a variable, or an argument such as `timeout`).
+pub fn timeout_from_secs(what: &str, secs: f64) -> Result<Duration> {
+    env::seconds(
+        what,
+        &secs.to_string(),
+        MIN_TIMEOUT_SECS,
+        MAX_TIMEOUT_SECS,
+        "; the default is 300",
+    )
+}
 
 /// Settings shared by a communicator and the communicators split from it.
 #[derive(Clone, Debug, PartialEq)]
@@ -75,75 +90,125 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Reads `FERROCOLL_ALGO`, `FERROCOLL_TIMEOUT` and `FERROCOLL_DEBUG`.
+    /// Reads `FERROCOLL_ALGO`, `FERROCOLL_TIMEOUT`, `FERROCOLL_DEBUG`,
+    /// `FERROCOLL_TOPO`, `FERROCOLL_PROFILE`, `FERROCOLL_AUTO` and
+    /// `FERROCOLL_SLICE_BYTES` (the table in the module docs). A value that
+    /// cannot be used is an [`crate::Error::Config`] naming the variable and what
+    /// it accepts; unset or empty variables keep their defaults.
     pub fn from_env() -> Result<Config> {
+        Config::from_vars(&env::process)
+    }
+
+    /// [`Config::from_env`] reading variables through `get` (tests pass a
+    /// map; nothing reads the process environment).
+    pub fn from_vars(get: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
+        let vars: Vars<'_> = get;
         let mut config = Config::default();
-        if let Ok(spec) = var("FERROCOLL_ALGO") {
-            config.algorithms = AlgoChoice::parse(&spec).map_err(|e| Error::Config {
-                var: "FERROCOLL_ALGO".into(),
-                value: spec.clone(),
-                reason: match e {
-                    Error::InvalidArgument(reason) => reason,
-                    other => other.to_string(),
-                },
+        if let Some(spec) = env::get(vars, "FERROCOLL_ALGO") {
+            let example = "e.g. FERROCOLL_ALGO=ring or FERROCOLL_ALGO=allreduce:ring,bcast:tree";
+            if spec.split(',').any(|entry| entry.trim().is_empty()) {
+                return Err(env::bad(
+                    "FERROCOLL_ALGO",
+                    &spec,
+                    format!(
+                        "an empty entry between commas; give comma-separated entries, {example}"
+                    ),
+                ));
+            }
+            config.algorithms = AlgoChoice::parse(&spec).map_err(|e| {
+                env::bad(
+                    "FERROCOLL_ALGO",
+                    &spec,
+                    format!("{}; {example}", env::reason(e)),
+                )
             })?;
         }
-        if let Ok(v) = var("FERROCOLL_TIMEOUT") {
-            let secs: f64 = v
-                .trim()
-                .parse()
-                .ok()
-                .filter(|s: &f64| *s > 0.0 && s.is_finite())
-                .ok_or_else(|| Error::Config {
-                    var: "FERROCOLL_TIMEOUT".into(),
-                    value: v.clone(),
-                    reason: "give a positive number of seconds, e.g. 30 or 0.5".into(),
-                })?;
-            config.timeout = Duration::from_secs_f64(secs);
+        if let Some(v) = env::get(vars, "FERROCOLL_TIMEOUT") {
+            config.timeout = env::seconds(
+                "FERROCOLL_TIMEOUT",
+                &v,
+                MIN_TIMEOUT_SECS,
+                MAX_TIMEOUT_SECS,
+                "; the default is 300",
+            )?;
         }
-        if let Ok(v) = var("FERROCOLL_SLICE_BYTES") {
-            config.slice_bytes = v.trim().parse().map_err(|_| Error::Config {
-                var: "FERROCOLL_SLICE_BYTES".into(),
-                value: v.clone(),
-                reason: "give a number of bytes, e.g. 2097152, or 0 to never slice".into(),
-            })?;
+        if let Some(v) = env::get(vars, "FERROCOLL_SLICE_BYTES") {
+            let hint = "; 0 never slices, the default is 2097152 (2 MiB)";
+            let bytes =
+                env::whole_usize("FERROCOLL_SLICE_BYTES", &v, 0, usize::MAX, "bytes", hint)?;
+            if bytes > 0 && bytes < MIN_SLICE_BYTES {
+                return Err(env::bad(
+                    "FERROCOLL_SLICE_BYTES",
+                    &v,
+                    format!(
+                        "too small: slices under {MIN_SLICE_BYTES} bytes cost a step each for \
+                         next to no data; give 0 (never slice) or at least {MIN_SLICE_BYTES}, \
+                         e.g. FERROCOLL_SLICE_BYTES=2097152"
+                    ),
+                ));
+            }
+            config.slice_bytes = bytes;
         }
-        if let Ok(v) = var("FERROCOLL_TOPO") {
-            let topo = v.parse::<Topology>().map_err(|e| Error::Config {
-                var: "FERROCOLL_TOPO".into(),
-                value: v.clone(),
-                reason: e.to_string(),
-            })?;
+        if let Some(v) = env::get(vars, "FERROCOLL_TOPO") {
+            let topo = v
+                .parse::<Topology>()
+                .map_err(|e| env::bad("FERROCOLL_TOPO", &v, env::reason(e)))?;
             config.topology = Some(topo);
         }
-        if let Ok(v) = var("FERROCOLL_PROFILE") {
+        if let Some(v) = env::get(vars, "FERROCOLL_PROFILE") {
             let profile =
                 crate::cost::Profile::load(std::path::Path::new(&v)).map_err(|reason| {
-                    Error::Config {
-                        var: "FERROCOLL_PROFILE".into(),
-                        value: v.clone(),
-                        reason: format!("{reason}; run `ferrocoll calibrate` to write one"),
-                    }
+                    env::bad(
+                        "FERROCOLL_PROFILE",
+                        &v,
+                        format!(
+                            "{reason}; give the path of a profile `ferrocoll calibrate` wrote, \
+                             or unset it for the built-in one"
+                        ),
+                    )
                 })?;
             config.profile = Some(profile);
         }
-        if let Ok(v) = var("FERROCOLL_AUTO") {
-            config.auto_model = match v.trim() {
-                "model" => true,
-                "rule" => false,
-                _ => {
-                    return Err(Error::Config {
-                        var: "FERROCOLL_AUTO".into(),
-                        value: v.clone(),
-                        reason: "use `model` (least predicted time) or `rule` (size thresholds)"
-                            .into(),
-                    })
-                }
-            };
+        if let Some(v) = env::get(vars, "FERROCOLL_AUTO") {
+            config.auto_model = env::choice(
+                "FERROCOLL_AUTO",
+                &v,
+                &[
+                    ("model", "least predicted time", true),
+                    ("rule", "size thresholds", false),
+                ],
+            )?;
         }
-        if let Ok(v) = var("FERROCOLL_DEBUG") {
-            config.debug = !matches!(v.trim(), "" | "0" | "false" | "off");
-            config.debug_tune = v.split(',').any(|w| w.trim().eq_ignore_ascii_case("tune"));
+        if let Some(v) = env::get(vars, "FERROCOLL_DEBUG") {
+            for word in v.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+                let (debug, tune) = env::choice(
+                    "FERROCOLL_DEBUG",
+                    word,
+                    &[
+                        ("1", "print algorithm choices", (true, false)),
+                        ("on", "", (true, false)),
+                        ("true", "", (true, false)),
+                        ("yes", "", (true, false)),
+                        ("tune", "also the cost model's table", (true, true)),
+                        ("0", "off", (false, false)),
+                        ("off", "", (false, false)),
+                        ("false", "", (false, false)),
+                        ("no", "", (false, false)),
+                    ],
+                )
+                .map_err(|_| {
+                    env::bad(
+                        "FERROCOLL_DEBUG",
+                        &v,
+                        format!(
+                            "`{word}` is not a debug setting; use 1 (print algorithm choices), \
+                             tune (also the cost model's table) or 0 (off), e.g. FERROCOLL_DEBUG=1"
+                        ),
+                    )
+                })?;
+                config.debug |= debug;
+                config.debug_tune |= tune;
+            }
         }
         Ok(config)
     }

@@ -113,6 +113,12 @@ pub enum Error {
         collective: String,
     },
 
+    /// Start-up (`init`) could not complete: ranks that did not arrive at
+    /// the rendezvous in time (the message lists them and says what to
+    /// check), or a rendezvous nobody serves.
+    #[error("start-up failed: {0}")]
+    Startup(String),
+
     /// Something inside ferrocoll went wrong (an inconsistent plan, a
     /// background operation that panicked): a bug, reported rather than
     /// risking memory safety.

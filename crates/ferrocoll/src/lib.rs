@@ -38,6 +38,7 @@
 mod comm;
 pub mod config;
 pub mod cost;
+mod env;
 mod error;
 mod exec;
 #[doc(hidden)]

@@ -34,7 +34,18 @@ where
     R: Send,
     F: Fn(Communicator) -> R + Sync,
 {
-    run_with(n, Config::from_env()?, f)
+    let config = Config::from_env()?;
+    if let (Some(topo), true) = (&config.topology, n > 0) {
+        // The topology came from FERROCOLL_TOPO: say so if it does not fit.
+        topo.check_size(n).map_err(|e| {
+            crate::env::bad(
+                "FERROCOLL_TOPO",
+                &topo.to_string(),
+                format!("{} ({n} ranks)", crate::env::reason(e)),
+            )
+        })?;
+    }
+    run_with(n, config, f)
 }
 
 /// [`run`] with an explicit configuration (the environment is not read).

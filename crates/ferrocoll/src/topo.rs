@@ -32,7 +32,18 @@ impl Topology {
     pub fn new(levels: Vec<usize>) -> Result<Topology> {
         if levels.is_empty() || levels.contains(&0) {
             return Err(Error::invalid(format!(
-                "a topology needs one or more levels of at least one rank each, got {levels:?}"
+                "a topology needs one or more levels of at least one rank each, got {levels:?}; \
+                 give level sizes outermost first, e.g. 2x4 (2 nodes of 4 ranks)"
+            )));
+        }
+        if levels
+            .iter()
+            .try_fold(1usize, |a, &l| a.checked_mul(l))
+            .is_none()
+        {
+            return Err(Error::invalid(format!(
+                "a topology of levels {levels:?} has more ranks than can be counted; give the \
+                 level sizes of the real group, e.g. 2x4"
             )));
         }
         Ok(Topology { levels })
@@ -154,6 +165,7 @@ mod tests {
         assert_eq!("2x2x2".parse::<Topology>().unwrap().nodes(), 4);
         assert!("2x0".parse::<Topology>().is_err());
         assert!("two".parse::<Topology>().is_err());
+        assert!("18446744073709551615x2".parse::<Topology>().is_err());
         assert!(t.check_size(6).is_err());
     }
 

@@ -17,12 +17,13 @@
 //!    `auto` choice agrees even when hosts hold different calibration files.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::node::{bind_to_core, setup_shm};
 pub use super::placement::host_identity;
 use super::placement::Placement;
 use super::rendezvous::Rendezvous;
+use super::settings::LaunchSettings;
 use super::store::{StoreClient, StoreServer};
 use super::world::{Launcher, WorldSpec};
 use crate::comm::Communicator;
@@ -52,21 +53,60 @@ pub enum TransportKind {
 impl TransportKind {
     /// Reads `FERROCOLL_TRANSPORT` (unset or empty: `auto`).
     pub fn from_env() -> Result<TransportKind> {
-        match std::env::var("FERROCOLL_TRANSPORT")
-            .unwrap_or_default()
-            .trim()
-        {
-            "" | "auto" => Ok(TransportKind::Auto),
-            "shm" => Ok(TransportKind::Shm),
-            "tcp" => Ok(TransportKind::Tcp),
-            other => Err(Error::Config {
-                var: "FERROCOLL_TRANSPORT".into(),
-                value: other.into(),
-                reason: "use auto, shm or tcp (`thread` is for in-process ranks: ferrocoll::local)"
-                    .into(),
-            }),
-        }
+        TransportKind::from_vars(&crate::env::process)
     }
+
+    /// [`TransportKind::from_env`] reading variables through `get`.
+    pub fn from_vars(get: &dyn Fn(&str) -> Option<String>) -> Result<TransportKind> {
+        let Some(v) = crate::env::get(get, "FERROCOLL_TRANSPORT") else {
+            return Ok(TransportKind::Auto);
+        };
+        if v.eq_ignore_ascii_case("thread") {
+            return Err(crate::env::bad(
+                "FERROCOLL_TRANSPORT",
+                &v,
+                "`thread` is for in-process ranks (ferrocoll::local, `ferrocoll bench \
+                 --transport thread`); between processes use auto, shm or tcp",
+            ));
+        }
+        crate::env::choice(
+            "FERROCOLL_TRANSPORT",
+            &v,
+            &[
+                (
+                    "auto",
+                    "shared memory within a host, TCP between hosts",
+                    TransportKind::Auto,
+                ),
+                (
+                    "shm",
+                    "shared memory only, every rank on one host",
+                    TransportKind::Shm,
+                ),
+                ("tcp", "TCP everywhere", TransportKind::Tcp),
+            ],
+        )
+    }
+}
+
+/// Checks every variable the library reads (the configuration, the
+/// transports' knobs, the start-up's own and `FERROCOLL_TRANSPORT`) as
+/// [`init`] and [`crate::local::run`] would, reading them through `get`,
+/// without starting anything: the [`Error::Config`] `init` would fail with,
+/// naming the variable and what it accepts. The launcher's variables are
+/// [`WorldSpec::from_vars`]'s to check.
+///
+/// ```
+/// let vars = |name: &str| (name == "FERROCOLL_TIMEOUT").then(|| "1e300".to_string());
+/// let err = ferrocoll::init::check_vars(&vars).unwrap_err().to_string();
+/// assert!(err.contains("FERROCOLL_TIMEOUT"), "{err}");
+/// ```
+pub fn check_vars(get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+    Config::from_vars(get)?;
+    TransportConfig::from_lookup(get)?;
+    TransportKind::from_vars(get)?;
+    LaunchSettings::from_vars(get)?;
+    Ok(())
 }
 
 /// Builds the world communicator from the environment (see the module
@@ -116,50 +156,73 @@ pub fn init_with(spec: &WorldSpec, config: Config) -> Result<Communicator> {
 /// `FERROCOLL_TRANSPORT`.
 pub fn init_as(spec: &WorldSpec, config: Config, kind: TransportKind) -> Result<Communicator> {
     let rank = spec.rank;
-    let connect_timeout = config
-        .timeout
-        .min(Duration::from_secs(120))
-        .max(Duration::from_secs(1));
+    let connect_timeout = connect_timeout(config.timeout);
 
-    // Rank 0 serves the store on the address every rank was given, unless
-    // a separate `ferrocoll store` serves it (FERROCOLL_STORE=external).
-    let external =
-        match std::env::var("FERROCOLL_STORE").unwrap_or_default().trim() {
-            "" | "rank0" => false,
-            "external" => true,
-            other => return Err(Error::Config {
-                var: "FERROCOLL_STORE".into(),
-                value: other.into(),
-                reason:
-                    "use rank0 (rank 0 serves the rendezvous) or external (`ferrocoll store` does)"
-                        .into(),
-            }),
-        };
+    // Every knob is read (and a bad one reported) before the network is
+    // touched.
+    let settings = LaunchSettings::from_env()?;
+    TransportConfig::from_env()?;
+
+    // Rank 0 serves the store on the address every rank was given (or on
+    // FERROCOLL_STORE_BIND), unless a separate `ferrocoll store` serves it
+    // (FERROCOLL_STORE=external).
+    let external = settings.external_store;
     let server = if rank == 0 && !external {
-        let server = match StoreServer::start(&spec.store_addr, &spec.secret) {
-            Ok(s) => s,
-            Err(_) => {
-                // The name may not be a local address (a DNS alias): listen on
-                // every interface at its port.
-                let port = spec.store_addr.rsplit(':').next().unwrap_or("0");
-                StoreServer::start(&format!("0.0.0.0:{port}"), &spec.secret)
-                    .map_err(|e| store_error(e, "starting the rendezvous store on rank 0"))?
-            }
-        };
-        Some(server)
+        Some(Arc::new(start_store(spec, &settings)?))
     } else {
         None
     };
     let mut store = StoreClient::connect(&spec.store_addr, &spec.secret, connect_timeout)?;
     store.set_timeout(connect_timeout);
-    init_over(
+    let result = init_over(
         spec,
         Box::new(store),
-        Box::new(server),
+        Box::new(server.clone()),
         !external,
         config,
         kind,
-    )
+        &settings,
+    );
+    if let (Err(Error::Startup(why)), Some(server)) = (&result, &server) {
+        // Rank 0 gave up: tell the ranks still waiting why (it names the
+        // ranks that did not arrive), rather than vanishing under them,
+        // which they would report as a lost store.
+        server.fail_waits(why);
+        std::thread::sleep(STARTUP_VERDICT_GRACE);
+    }
+    result
+}
+
+/// How long rank 0 keeps the store up after its start-up failed, so the
+/// ranks still waiting get its verdict.
+const STARTUP_VERDICT_GRACE: Duration = Duration::from_millis(200);
+
+/// Rank 0's store, listening on `FERROCOLL_STORE_BIND` when set, else on
+/// the rendezvous address itself (so `127.0.0.1:29500` is reachable from
+/// this host only; a wildcard such as `0.0.0.0:29500` listens on every
+/// interface).
+fn start_store(spec: &WorldSpec, settings: &LaunchSettings) -> Result<StoreServer> {
+    let (var, addr) = match &settings.store_bind {
+        Some(bind) => ("FERROCOLL_STORE_BIND", bind.as_str()),
+        None => ("FERROCOLL_ADDR", spec.store_addr.as_str()),
+    };
+    StoreServer::start(addr, &spec.secret).map_err(|e| match e {
+        Error::Config { value, reason, .. } => Error::Config {
+            var: var.into(),
+            value,
+            reason: if var == "FERROCOLL_ADDR" && reason.contains("not an address of this host") {
+                let port = addr.rsplit(':').next().unwrap_or("29500");
+                format!(
+                    "{reason}; if other hosts reach this one by that name but it is no \
+                     address of this host (NAT, a DNS alias), set \
+                     FERROCOLL_STORE_BIND=0.0.0.0:{port} on rank 0 to listen on every interface"
+                )
+            } else {
+                format!("{reason} (starting the rendezvous store on rank 0)")
+            },
+        },
+        other => other,
+    })
 }
 
 /// Builds the world communicator of `size` ranks over a rendezvous store
@@ -186,15 +249,22 @@ pub fn init_with_rendezvous(
              size"
         )));
     }
+    let settings = LaunchSettings::from_env()?;
+    TransportConfig::from_env()?;
     if rank == 0 {
         let job = format!("s{:016x}", random_u64());
         let secret = format!("{:016x}{:016x}", random_u64(), random_u64());
         store.set("ferrocoll/job", format!("{job} {secret}").as_bytes())?;
     }
-    let job = store
-        .wait(&["ferrocoll/job"])
-        .map_err(|e| store_error(e, "learning the job identifier from rank 0"))?
-        .remove(0);
+    let job = wait_for_ranks(
+        store.as_mut(),
+        &["ferrocoll/job".to_string()],
+        &[0],
+        (rank, size),
+        "learning the job identifier from rank 0",
+        config.timeout,
+    )?
+    .remove(0);
     let job = String::from_utf8_lossy(&job).into_owned();
     let (job_id, secret) = job
         .split_once(' ')
@@ -209,7 +279,95 @@ pub fn init_with_rendezvous(
         job_id: job_id.to_string(),
         launcher: Launcher::Caller,
     };
-    init_over(&spec, store, Box::new(()), false, config, kind)
+    init_over(&spec, store, Box::new(()), false, config, kind, &settings)
+}
+
+/// Waits for `keys`, the key of each rank of `ranks` in turn; a wait that
+/// fails while some are still missing is an [`Error::Startup`] that says
+/// which ranks did not arrive within how long and what to check, not a
+/// blame on `FERROCOLL_TIMEOUT`. `me` is this rank and the world's size;
+/// `what` the step of the start-up; `timeout` the configured deadline.
+fn wait_for_ranks(
+    store: &mut dyn Rendezvous,
+    keys: &[String],
+    ranks: &[usize],
+    me: (usize, usize),
+    what: &str,
+    timeout: Duration,
+) -> Result<Vec<Vec<u8>>> {
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let start = Instant::now();
+    store
+        .wait(&refs)
+        .map_err(|e| not_arrived(store, e, keys, ranks, me, what, timeout, start.elapsed()))
+}
+
+/// The error for a start-up wait that failed after `waited`: an
+/// [`Error::Startup`] naming the ranks of `ranks` whose `keys` the store
+/// says are still missing, or the store's own error when it cannot tell
+/// (then nothing is missing, or the store is gone).
+#[allow(clippy::too_many_arguments)]
+fn not_arrived(
+    store: &mut dyn Rendezvous,
+    err: Error,
+    keys: &[String],
+    ranks: &[usize],
+    me: (usize, usize),
+    what: &str,
+    timeout: Duration,
+    waited: Duration,
+) -> Error {
+    if let Error::Startup(_) = err {
+        // Rank 0's verdict, through the store: it names the missing ranks.
+        return err;
+    }
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let missing: Vec<usize> = match store.missing(&refs) {
+        Some(idx) if !idx.is_empty() => idx.iter().filter_map(|&i| ranks.get(i).copied()).collect(),
+        _ => return store_error(err, what),
+    };
+    let (rank, size) = me;
+    let who = match missing.as_slice() {
+        [one] => format!("rank {one}"),
+        many => format!("ranks {}", rank_list(many)),
+    };
+    Error::Startup(format!(
+        "rank {rank} of {size}: {who} did not arrive at the rendezvous within {:.1} s (store at \
+         {}, {what}); check that every rank was started and is still running (a rank that \
+         failed before init printed why), and that all ranks were given the same rendezvous \
+         address (FERROCOLL_ADDR, or MASTER_ADDR and MASTER_PORT) and world size ({size}); each \
+         start-up step waits FERROCOLL_TIMEOUT, within 1 s and 120 s ({:.1} s here)",
+        waited.as_secs_f64(),
+        store.describe(),
+        connect_timeout(timeout).as_secs_f64(),
+    ))
+}
+
+/// Ranks for a message: `1, 3, 5-9` (runs of three or more as ranges).
+fn rank_list(ranks: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        if j >= i + 2 {
+            parts.push(format!("{}-{}", ranks[i], ranks[j]));
+        } else {
+            parts.extend(ranks[i..=j].iter().map(usize::to_string));
+        }
+        i = j + 1;
+    }
+    parts.join(", ")
+}
+
+/// How long each start-up step may wait: the configured deadline, within
+/// 1 s and 120 s.
+fn connect_timeout(timeout: Duration) -> Duration {
+    timeout
+        .min(Duration::from_secs(120))
+        .max(Duration::from_secs(1))
 }
 
 /// 64 bits that differ between processes and calls (not cryptographic:
@@ -237,26 +395,32 @@ fn init_over(
     serves_store: bool,
     mut config: Config,
     kind: TransportKind,
+    settings: &LaunchSettings,
 ) -> Result<Communicator> {
     let (rank, size) = (spec.rank, spec.size);
     // The transports' knobs, read once here and handed down.
     let transport_config = TransportConfig::from_env()?;
-    let connect_timeout = config
-        .timeout
-        .min(Duration::from_secs(120))
-        .max(Duration::from_secs(1));
+    let connect_timeout = connect_timeout(config.timeout);
 
     // Who is where.
-    let me = host_identity();
+    let me = settings
+        .host_id
+        .clone()
+        .unwrap_or_else(super::placement::machine_identity);
     store.set(&format!("host/{rank}"), me.as_bytes())?;
     let keys: Vec<String> = (0..size).map(|r| format!("host/{r}")).collect();
-    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let hosts: Vec<String> = store
-        .wait(&key_refs)
-        .map_err(|e| store_error(e, "exchanging host identities"))?
-        .into_iter()
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .collect();
+    let everyone: Vec<usize> = (0..size).collect();
+    let hosts: Vec<String> = wait_for_ranks(
+        store.as_mut(),
+        &keys,
+        &everyone,
+        (rank, size),
+        "exchanging host identities",
+        config.timeout,
+    )?
+    .into_iter()
+    .map(|b| String::from_utf8_lossy(&b).into_owned())
+    .collect();
     let mut node_names: Vec<&str> = Vec::new();
     let node_of: Vec<usize> = hosts
         .iter()
@@ -273,7 +437,7 @@ fn init_over(
         .iter()
         .position(|&r| r == rank)
         .expect("this rank is on its node");
-    let dedicated_core = bind_to_core(local_rank, locals.len())?;
+    let dedicated_core = bind_to_core(local_rank, locals.len(), settings.bind)?;
 
     let use_shm = |peer: usize| match kind {
         TransportKind::Tcp => false,
@@ -327,10 +491,14 @@ fn init_over(
         // connects), so only their addresses are needed.
         let lower: Vec<usize> = lazy.iter().copied().filter(|&p| p < rank).collect();
         let keys: Vec<String> = lower.iter().map(|p| format!("tcp/addr/{p}")).collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let addrs = store
-            .wait(&refs)
-            .map_err(|e| store_error(e, "exchanging TCP addresses"))?;
+        let addrs = wait_for_ranks(
+            store.as_mut(),
+            &keys,
+            &lower,
+            (rank, size),
+            "exchanging TCP addresses",
+            config.timeout,
+        )?;
         for (&peer, value) in lower.iter().zip(addrs) {
             let text = String::from_utf8_lossy(&value).into_owned();
             let addr = text
@@ -357,6 +525,7 @@ fn init_over(
             config.debug,
             my_node,
             &transport_config,
+            settings,
         )?;
         for (lp, &peer) in shm_locals.iter().enumerate() {
             if peer != rank {
@@ -384,38 +553,47 @@ fn init_over(
         let json = serde_json::to_vec(&profile).map_err(|e| Error::Internal(e.to_string()))?;
         store.set("profile", &json)?;
     }
-    let json = store
-        .wait(&["profile"])
-        .map_err(|e| store_error(e, "sharing the profile"))?
-        .remove(0);
+    let json = wait_for_ranks(
+        store.as_mut(),
+        &["profile".to_string()],
+        &[0],
+        (rank, size),
+        "sharing rank 0's cost-model profile",
+        config.timeout,
+    )?
+    .remove(0);
     config.profile = Some(
         serde_json::from_slice(&json)
             .map_err(|e| Error::Internal(format!("profile from rank 0: {e}")))?,
     );
 
-    if config.topology.is_none() {
-        if let Ok(path) = std::env::var("FERROCOLL_TOPO_FILE") {
-            if !path.trim().is_empty() {
-                let text = std::fs::read_to_string(path.trim()).map_err(|e| Error::Config {
-                    var: "FERROCOLL_TOPO_FILE".into(),
-                    value: path.clone(),
-                    reason: format!("cannot read it: {e}"),
-                })?;
-                let topo = text.trim().parse::<Topology>().map_err(|e| Error::Config {
-                    var: "FERROCOLL_TOPO_FILE".into(),
-                    value: path.clone(),
-                    reason: e.to_string(),
-                })?;
-                config.topology = Some(topo);
-            }
-        }
+    // The topology: FERROCOLL_TOPO (in `config`), else FERROCOLL_TOPO_FILE,
+    // else what the hosts imply. One given by a variable must fit the
+    // world.
+    let given = if config.topology.is_some() {
+        config.topology.clone().map(|t| ("FERROCOLL_TOPO", t))
+    } else {
+        settings
+            .topo_file
+            .clone()
+            .map(|t| ("FERROCOLL_TOPO_FILE", t))
+    };
+    if let Some((var, topo)) = given {
+        topo.check_size(size).map_err(|e| {
+            crate::env::bad(
+                var,
+                &topo.to_string(),
+                format!("{} (this job has {size} ranks)", crate::env::reason(e)),
+            )
+        })?;
+        config.topology = Some(topo);
     }
     if config.topology.is_none() {
         config.topology = Some(topology_of(&node_of));
     }
     // Over TCP, slices of 512 KiB pipeline better than the thread
     // transport's 2 MiB (bench/RESULTS.md); an explicit setting wins.
-    let slice_set = std::env::var("FERROCOLL_SLICE_BYTES").is_ok_and(|v| !v.trim().is_empty());
+    let slice_set = settings.slice_set;
     if links.contains(&"tcp")
         && !slice_set
         && config.slice_bytes == crate::config::DEFAULT_SLICE_BYTES
@@ -423,10 +601,25 @@ fn init_over(
         config.slice_bytes = TCP_SLICE_BYTES;
     }
 
-    // Everyone is connected before anyone sends.
-    store
-        .barrier("init/connected", size)
-        .map_err(|e| store_error(e, "the start-up barrier"))?;
+    // Everyone is connected before anyone sends. Each rank also leaves a
+    // key of its own, read only if the barrier fails, to say which ranks
+    // never got this far (the barrier itself costs a rank two requests,
+    // whatever the world's size).
+    store.set(&format!("init/ready/{rank}"), b"1")?;
+    let start = Instant::now();
+    if let Err(e) = store.barrier("init/connected", size) {
+        let keys: Vec<String> = (0..size).map(|r| format!("init/ready/{r}")).collect();
+        return Err(not_arrived(
+            store.as_mut(),
+            e,
+            &keys,
+            &everyone,
+            (rank, size),
+            "the start-up barrier, after connecting",
+            config.timeout,
+            start.elapsed(),
+        ));
+    }
     // When rank 0 serves the store, it must not take it down (by finishing
     // its work and exiting) before every rank has read the barrier's
     // answer: each other rank says it is through, and rank 0 waits for the
@@ -638,10 +831,12 @@ mod tests {
 
     #[test]
     fn ring_sizes_fit_the_budget() {
-        assert_eq!(ring_bytes(2).unwrap(), 4 << 20);
-        assert_eq!(ring_bytes(4).unwrap(), 2 << 20);
-        assert_eq!(ring_bytes(8).unwrap(), 512 << 10);
-        assert_eq!(ring_bytes(64).unwrap(), 64 << 10);
+        assert_eq!(ring_bytes(2, None), 4 << 20);
+        assert_eq!(ring_bytes(4, None), 2 << 20);
+        assert_eq!(ring_bytes(8, None), 512 << 10);
+        assert_eq!(ring_bytes(64, None), 64 << 10);
+        assert_eq!(ring_bytes(64, Some(1 << 20)), 1 << 20);
+        assert_eq!(rank_list(&[1, 3, 4, 5, 6, 9, 10]), "1, 3-6, 9, 10");
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod init;
 mod node;
 pub mod placement;
 pub mod rendezvous;
+mod settings;
 pub mod store;
 pub mod world;
 

@@ -4,35 +4,26 @@
 
 use super::init::store_error;
 use super::rendezvous::Rendezvous;
+use super::settings::{BindMode, LaunchSettings, SingleCopy};
 use super::world::WorldSpec;
 use crate::error::{Error, Result};
 use crate::transport::config::TransportConfig;
 use crate::transport::shm::ShmNode;
 
-/// Ring size for `local` ranks on a node: about 32 MiB of shared memory per
-/// node in all (local² rings), each ring 64 KiB to 4 MiB.
-pub(super) fn ring_bytes(local: usize) -> Result<usize> {
-    if let Ok(v) = std::env::var("FERROCOLL_SHM_RING_BYTES") {
-        if !v.trim().is_empty() {
-            return v
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|b| b.is_power_of_two() && *b >= 64 << 10)
-                .ok_or_else(|| Error::Config {
-                    var: "FERROCOLL_SHM_RING_BYTES".into(),
-                    value: v.clone(),
-                    reason: "give a power of two of at least 65536".into(),
-                });
-        }
+/// Ring size for `local` ranks on a node: `FERROCOLL_SHM_RING_BYTES` when
+/// set (`chosen`), else about 32 MiB of shared memory per node in all
+/// (local² rings), each ring 64 KiB to 4 MiB.
+pub(super) fn ring_bytes(local: usize, chosen: Option<usize>) -> usize {
+    if let Some(b) = chosen {
+        return b;
     }
-    let budget = (32usize << 20) / (local * local).max(1);
+    let budget = (32usize << 20) / (local.saturating_mul(local)).max(1);
     let pow = if budget.is_power_of_two() {
         budget
     } else {
         budget.next_power_of_two() / 2
     };
-    Ok(pow.clamp(64 << 10, 4 << 20))
+    pow.clamp(64 << 10, 4 << 20)
 }
 
 /// Pins this process to one CPU when `FERROCOLL_BIND` asks for it (`core`),
@@ -41,21 +32,10 @@ pub(super) fn ring_bytes(local: usize) -> Result<usize> {
 /// scheduler's wake-affinity), where every hand-off costs a context switch.
 /// Oversubscribed hosts are left to the scheduler. `none` never pins.
 /// Returns whether this rank now has a core to itself.
-pub(super) fn bind_to_core(local_rank: usize, local_size: usize) -> Result<bool> {
-    let mode = std::env::var("FERROCOLL_BIND").unwrap_or_default();
-    let mode = match mode.trim() {
-        "" | "auto" => "auto",
-        "core" => "core",
-        "none" => return Ok(false),
-        other => {
-            return Err(Error::Config {
-                var: "FERROCOLL_BIND".into(),
-                value: other.into(),
-                reason: "use auto (pin when ranks fit one per CPU), core (always pin) or none"
-                    .into(),
-            })
-        }
-    };
+pub(super) fn bind_to_core(local_rank: usize, local_size: usize, mode: BindMode) -> Result<bool> {
+    if mode == BindMode::None {
+        return Ok(false);
+    }
     // SAFETY: cpu_set_t is plain data; sched_getaffinity/sched_setaffinity
     // read and write exactly one cpu_set_t of the size passed, for this
     // process (pid 0).
@@ -67,7 +47,7 @@ pub(super) fn bind_to_core(local_rank: usize, local_size: usize) -> Result<bool>
         let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
             .filter(|&c| libc::CPU_ISSET(c, &allowed))
             .collect();
-        if cpus.is_empty() || (mode == "auto" && local_size > cpus.len()) {
+        if cpus.is_empty() || (mode == BindMode::Auto && local_size > cpus.len()) {
             return Ok(false);
         }
         let mut one: libc::cpu_set_t = std::mem::zeroed();
@@ -112,24 +92,6 @@ fn single_copy_speeds(pid: u32, addr: u64) -> (f64, f64) {
     (bytes / best_remote, bytes / best_local)
 }
 
-/// Reads `FERROCOLL_SHM_FAST`: whether this rank may use the small-call
-/// fast path (`auto`, the default) or not (`off`). Checksums turn it off:
-/// they guard the rings, so with them every message takes the rings.
-fn shm_fast_wanted(transport: &TransportConfig) -> Result<bool> {
-    let mode = std::env::var("FERROCOLL_SHM_FAST").unwrap_or_default();
-    match mode.trim() {
-        "" | "auto" => Ok(!transport.checksums),
-        "off" | "0" => Ok(false),
-        other => Err(Error::Config {
-            var: "FERROCOLL_SHM_FAST".into(),
-            value: other.into(),
-            reason: "use auto (small collectives through cache-line mailboxes when every rank \
-                     of a communicator is on this host) or off (every call through the rings)"
-                .into(),
-        }),
-    }
-}
-
 /// Creates this rank's segment, attaches every local peer's, and removes
 /// the files once all are mapped. Also returns whether every local rank
 /// agreed to the small-call fast path (it must be all or none: both sides
@@ -141,28 +103,50 @@ pub(super) fn setup_shm(
     debug: bool,
     node: usize,
     transport: &TransportConfig,
+    settings: &LaunchSettings,
 ) -> Result<(ShmNode, bool)> {
-    let fast_wanted = shm_fast_wanted(transport)?;
+    // The fast path (`FERROCOLL_SHM_FAST`) is off with checksums: they
+    // guard the rings, so with them every message takes the rings.
+    let fast_wanted = settings.shm_fast && !transport.checksums;
     let rank = spec.rank;
     let me = locals
         .iter()
         .position(|&r| r == rank)
         .expect("rank is local");
     let job = format!("{}-n{node}", spec.job_id);
-    let shm_err = |what: String, e: std::io::Error| {
-        Error::Config {
-        var: "FERROCOLL_TRANSPORT".into(),
-        value: "shm".into(),
-        reason: format!("{what}: {e}; is /dev/shm mounted and large enough? (FERROCOLL_TRANSPORT=tcp avoids it)"),
-    }
+    let shm_err = |what: String, e: std::io::Error| match settings.ring_bytes {
+        // Rings sized by hand: the likely cause of a segment that does not fit.
+        Some(bytes) => Error::Config {
+            var: "FERROCOLL_SHM_RING_BYTES".into(),
+            value: bytes.to_string(),
+            reason: format!(
+                "{what}: {e}; {} rings of {bytes} bytes per rank need about {} MiB of /dev/shm \
+                 on this host: give a smaller power of two, or unset it (32 MiB per host in all)",
+                locals.len(),
+                (locals.len() * locals.len()).saturating_mul(bytes) >> 20
+            ),
+        },
+        None => Error::Config {
+            var: "FERROCOLL_TRANSPORT".into(),
+            value: "shm".into(),
+            reason: format!(
+                "{what}: {e}; is /dev/shm mounted and large enough? (FERROCOLL_TRANSPORT=tcp \
+                 avoids it)"
+            ),
+        },
     };
-    let mut node_seg =
-        ShmNode::create(&job, me, locals.len(), ring_bytes(locals.len())?).map_err(|e| {
-            shm_err(
-                format!("rank {rank} cannot create its shared-memory segment"),
-                e,
-            )
-        })?;
+    let mut node_seg = ShmNode::create(
+        &job,
+        me,
+        locals.len(),
+        ring_bytes(locals.len(), settings.ring_bytes),
+    )
+    .map_err(|e| {
+        shm_err(
+            format!("rank {rank} cannot create its shared-memory segment"),
+            e,
+        )
+    })?;
     store.set(&format!("shm/{node}/{me}"), node_seg.name().as_bytes())?;
     let probe_addr = CMA_PROBE.as_ptr() as u64;
     store.set(
@@ -205,20 +189,8 @@ pub(super) fn setup_shm(
     // process_vm_readv) is used only if every local rank can read every
     // other: the kernel, Yama's ptrace_scope or a seccomp filter may forbid
     // it, and then the rings carry everything.
-    let mode = std::env::var("FERROCOLL_SHM_SINGLE_COPY").unwrap_or_default();
-    let mode = match mode.trim() {
-        "" | "auto" => "auto",
-        "1" | "on" => "on",
-        "0" | "off" => "off",
-        other => {
-            return Err(Error::Config {
-                var: "FERROCOLL_SHM_SINGLE_COPY".into(),
-                value: other.into(),
-                reason: "use auto (when measured faster than the rings), on (whenever the kernel allows) or off".into(),
-            })
-        }
-    };
-    let mut can_read_all = mode != "off";
+    let mode = settings.single_copy;
+    let mut can_read_all = mode != SingleCopy::Off;
     // Whether reading a peer's memory beat two copies through a ring (as
     // timed here): page pinning makes process_vm_readv slow on some kernels
     // and virtual machines.
@@ -234,7 +206,7 @@ pub(super) fn setup_shm(
             crate::transport::shm::cma_read(pid, addr, &mut got).is_ok() && got == *CMA_PROBE
         });
         can_read_all &= ok;
-        if ok && mode == "auto" && pays {
+        if ok && mode == SingleCopy::Auto && pays {
             let addr = store.wait(&[&format!("shm/{node}/{lp}/speed")])?.remove(0);
             let addr: u64 = String::from_utf8_lossy(&addr).parse().unwrap_or(0);
             let pid = node_seg.peer_pid(lp).expect("attached");
@@ -251,7 +223,7 @@ pub(super) fn setup_shm(
             }
         }
     }
-    let can_read_all = can_read_all && (mode == "on" || pays);
+    let can_read_all = can_read_all && (mode == SingleCopy::On || pays);
     // Whether every local peer's shared buffers can be mapped here.
     let mut can_map_all = true;
     for (lp, &peer) in locals.iter().enumerate() {

@@ -28,11 +28,11 @@ impl Placement {
 /// This host's identity: `FERROCOLL_HOST_ID` if set, else host name and boot
 /// id (two containers with the same host name but different kernels differ).
 pub fn host_identity() -> String {
-    if let Ok(id) = std::env::var("FERROCOLL_HOST_ID") {
-        if !id.trim().is_empty() {
-            return id.trim().to_string();
-        }
-    }
+    crate::env::get(&crate::env::process, "FERROCOLL_HOST_ID").unwrap_or_else(machine_identity)
+}
+
+/// The host name and the first characters of the boot id.
+pub(crate) fn machine_identity() -> String {
     let read = |p: &str| {
         std::fs::read_to_string(p)
             .map(|s| s.trim().to_string())

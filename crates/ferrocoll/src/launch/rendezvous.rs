@@ -36,6 +36,13 @@ pub trait Rendezvous: Send {
     /// Where the store is, for error messages (`host:port`, a file, ...).
     fn describe(&self) -> String;
 
+    /// Which of `keys` are not set now, by index, when the store can tell
+    /// without waiting (`None`: it cannot). Start-up asks after a wait
+    /// failed, to say which ranks did not arrive.
+    fn missing(&mut self, _keys: &[&str]) -> Option<Vec<usize>> {
+        None
+    }
+
     /// Waits until `size` callers have called `barrier(name, size)`. A name
     /// serves one barrier only.
     fn barrier(&mut self, name: &str, size: usize) -> Result<()> {

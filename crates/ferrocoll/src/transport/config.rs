@@ -9,7 +9,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::env;
+use crate::error::Result;
 
 /// Kernel socket buffer size asked for by default (the kernel may cap it).
 const SOCKET_BUFFER: libc::c_int = 4 << 20;
@@ -24,9 +25,9 @@ const SINGLE_COPY_BYTES: usize = 64 << 10;
 /// What the process transports read from the environment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TransportConfig {
-    /// `FERROCOLL_SPIN_US`: how long a waiting call polls before it sleeps,
-    /// overriding the engine's choice (by whether the rank has a core of
-    /// its own). Unparsable values are ignored, as they always were.
+    /// `FERROCOLL_SPIN_US`: how long a waiting call polls before it sleeps
+    /// (0 to 1 s), overriding the engine's choice (by whether the rank has
+    /// a core of its own).
     pub spin: Option<Duration>,
     /// `FERROCOLL_CHECKSUM=1` (or `on`, `true`): data frames carry a
     /// CRC32C, and the small-call fast path is off.
@@ -36,7 +37,7 @@ pub(crate) struct TransportConfig {
     /// variable's 0 turns it off).
     pub single_copy_bytes: usize,
     /// `FERROCOLL_SOCKET_BUFFER`: the kernel socket buffer size asked for
-    /// on every TCP stream (0 or less: the kernel's default).
+    /// on every TCP stream (0: the kernel's default).
     pub socket_buffer: libc::c_int,
     /// `FERROCOLL_TCP_STREAMS`: TCP connections per peer, 1 to 16.
     pub tcp_streams: usize,
@@ -71,50 +72,136 @@ impl Default for TransportConfig {
     }
 }
 
+/// Longest spin `FERROCOLL_SPIN_US` may ask for: 1 s (a waiting rank
+/// must sleep eventually; ranks often share cores).
+pub(crate) const MAX_SPIN_US: u64 = 1_000_000;
+
+/// Longest path (Linux's PATH_MAX less the NUL).
+const MAX_PATH: usize = 4095;
+
+/// Longest interface name (Linux's IFNAMSIZ less the NUL).
+const MAX_IFNAME: usize = 15;
+
 impl TransportConfig {
-    /// Reads the knobs from the environment; unset ones keep their
-    /// defaults. Fails (with [`Error::Config`]) only for a
-    /// `FERROCOLL_TCP_STREAMS` outside 1 to 16, the one knob that was ever
-    /// checked; the others ignore values they cannot parse, as before.
+    /// Reads the knobs from the environment; unset (or empty) ones keep
+    /// their defaults, and a value that cannot be used is an
+    /// [`Error::Config`] naming the variable and what it accepts.
     pub(crate) fn from_env() -> Result<TransportConfig> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(crate::env::process)
     }
 
     /// [`TransportConfig::from_env`] over any source of variables (tests).
     pub(crate) fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<TransportConfig> {
+        let vars: env::Vars<'_> = &var;
         let d = TransportConfig::default();
-        let tcp_streams = match var("FERROCOLL_TCP_STREAMS") {
-            Some(v) if !v.trim().is_empty() => v
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|k| (1..=16).contains(k))
-                .ok_or_else(|| Error::Config {
-                    var: "FERROCOLL_TCP_STREAMS".into(),
-                    value: v.clone(),
-                    reason: "give a number of TCP connections per peer from 1 to 16".into(),
-                })?,
-            _ => d.tcp_streams,
+        let get = |name| env::get(vars, name);
+        let spin = match get("FERROCOLL_SPIN_US") {
+            None => d.spin,
+            Some(v) => Some(Duration::from_micros(env::whole(
+                "FERROCOLL_SPIN_US",
+                &v,
+                0,
+                MAX_SPIN_US,
+                "microseconds",
+                "; 0 sleeps at once; unset, a rank spins 200 us on a core of its own, 30 us \
+                 sharing one",
+            )?)),
+        };
+        let checksums = match get("FERROCOLL_CHECKSUM") {
+            None => d.checksums,
+            Some(v) => env::switch("FERROCOLL_CHECKSUM", &v)?,
+        };
+        let single_copy_bytes = match get("FERROCOLL_SINGLE_COPY_BYTES") {
+            None => d.single_copy_bytes,
+            Some(v) => match env::whole_usize(
+                "FERROCOLL_SINGLE_COPY_BYTES",
+                &v,
+                0,
+                usize::MAX,
+                "bytes",
+                "; 0 turns the single-copy path off, the default is 65536",
+            )? {
+                0 => usize::MAX,
+                b => b,
+            },
+        };
+        let socket_buffer = match get("FERROCOLL_SOCKET_BUFFER") {
+            None => d.socket_buffer,
+            Some(v) => env::whole(
+                "FERROCOLL_SOCKET_BUFFER",
+                &v,
+                0,
+                libc::c_int::MAX as u64,
+                "bytes",
+                "; 0 leaves the size to the kernel, the default is 4194304 (the kernel caps it \
+                 at net.core.rmem_max / wmem_max)",
+            )? as libc::c_int,
+        };
+        let tcp_streams = match get("FERROCOLL_TCP_STREAMS") {
+            None => d.tcp_streams,
+            Some(v) => env::whole_usize(
+                "FERROCOLL_TCP_STREAMS",
+                &v,
+                1,
+                16,
+                "TCP connections per peer",
+                "; the default is 1",
+            )?,
+        };
+        let socket_ifname = match get("FERROCOLL_SOCKET_IFNAME") {
+            None => None,
+            Some(v) => {
+                let hint = "give one of this host's interfaces (`ip link` lists them), e.g. \
+                            FERROCOLL_SOCKET_IFNAME=eth0, or unset it for the one that routes to \
+                            the rendezvous";
+                let name = env::text(
+                    "FERROCOLL_SOCKET_IFNAME",
+                    &v,
+                    MAX_IFNAME,
+                    "network interface name",
+                    hint,
+                )?;
+                if name.contains(|c: char| c.is_whitespace() || c == '/') {
+                    return Err(env::bad(
+                        "FERROCOLL_SOCKET_IFNAME",
+                        &v,
+                        format!("an interface name has no spaces or `/`; {hint}"),
+                    ));
+                }
+                Some(name)
+            }
+        };
+        let blame_file = match get("FERROCOLL_BLAME_FILE") {
+            None => None,
+            Some(v) => Some(PathBuf::from(env::text(
+                "FERROCOLL_BLAME_FILE",
+                &v,
+                MAX_PATH,
+                "path",
+                "`ferrocoll run` sets it to a file of its own; unset it when not running under \
+                 it",
+            )?)),
         };
         Ok(TransportConfig {
-            spin: var("FERROCOLL_SPIN_US")
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_micros),
-            checksums: var("FERROCOLL_CHECKSUM")
-                .is_some_and(|v| matches!(v.trim(), "1" | "on" | "true")),
-            single_copy_bytes: var("FERROCOLL_SINGLE_COPY_BYTES")
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .map_or(d.single_copy_bytes, |b| if b == 0 { usize::MAX } else { b }),
-            socket_buffer: var("FERROCOLL_SOCKET_BUFFER")
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(d.socket_buffer),
+            spin,
+            checksums,
+            single_copy_bytes,
+            socket_buffer,
             tcp_streams,
-            socket_ifname: var("FERROCOLL_SOCKET_IFNAME").filter(|s| !s.is_empty()),
-            blame_file: var("FERROCOLL_BLAME_FILE")
-                .filter(|s| !s.is_empty())
-                .map(PathBuf::from),
+            socket_ifname,
+            blame_file,
             #[cfg(feature = "fault-injection")]
-            flip_frame: var("FERROCOLL_TEST_FLIP_FRAME").and_then(|v| v.trim().parse().ok()),
+            flip_frame: match get("FERROCOLL_TEST_FLIP_FRAME") {
+                None => None,
+                Some(v) => Some(env::whole(
+                    "FERROCOLL_TEST_FLIP_FRAME",
+                    &v,
+                    1,
+                    u64::MAX,
+                    "data frames",
+                    " (the frame whose bit to flip, counted from 1)",
+                )?),
+            },
         })
     }
 }
@@ -137,7 +224,7 @@ mod tests {
     }
 
     #[test]
-    fn knobs_are_read_as_before() {
+    fn knobs_are_read() {
         let c = from(&[
             ("FERROCOLL_SPIN_US", " 50 "),
             ("FERROCOLL_CHECKSUM", "on"),
@@ -153,15 +240,35 @@ mod tests {
         assert_eq!(c.socket_buffer, 65536);
         assert_eq!(c.tcp_streams, 3);
         assert_eq!(c.socket_ifname.as_deref(), Some("lo"));
-        // Unparsable values are ignored, an empty interface is none.
+        // Empty (or blank) values are unset.
         let c = from(&[
-            ("FERROCOLL_SPIN_US", "soon"),
-            ("FERROCOLL_CHECKSUM", "yes"),
+            ("FERROCOLL_SPIN_US", ""),
+            ("FERROCOLL_CHECKSUM", " "),
             ("FERROCOLL_SOCKET_IFNAME", ""),
             ("FERROCOLL_TCP_STREAMS", " "),
         ])
         .unwrap();
         assert_eq!(c, TransportConfig::default());
+    }
+
+    #[test]
+    fn unusable_values_are_errors_naming_the_knob() {
+        for (var, value) in [
+            ("FERROCOLL_SPIN_US", "soon"),
+            ("FERROCOLL_SPIN_US", "-1"),
+            ("FERROCOLL_SPIN_US", "18446744073709551615"),
+            ("FERROCOLL_CHECKSUM", "maybe"),
+            ("FERROCOLL_SINGLE_COPY_BYTES", "64K"),
+            ("FERROCOLL_SOCKET_BUFFER", "-1"),
+            ("FERROCOLL_SOCKET_BUFFER", "4294967296"),
+            ("FERROCOLL_SOCKET_IFNAME", "a very long interface name"),
+            ("FERROCOLL_SOCKET_IFNAME", "eth/0"),
+        ] {
+            match from(&[(var, value)]) {
+                Err(crate::Error::Config { var: v, .. }) => assert_eq!(v, var, "{value}"),
+                other => panic!("{var}={value}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -78,10 +78,10 @@ impl StoreClient {
                     return Ok(client);
                 }
                 Err(Attempt::Fatal(e)) => return Err(e),
-                Err(Attempt::Retry(last)) => {
+                Err(Attempt::Retry { why, refused }) => {
                     let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                     if left == Some(Duration::ZERO) {
-                        return Err(client.unreachable(start.elapsed(), &last));
+                        return Err(client.unreachable(start.elapsed(), &why, refused));
                     }
                     thread::sleep(left.map_or(pause, |l| l.min(pause)));
                     pause = (pause * 2).min(Duration::from_millis(500));
@@ -136,7 +136,9 @@ impl StoreClient {
     ///
     /// The wait happens in the server, so it holds up no other client. Past
     /// the deadline it fails with [`Error::Config`] naming
-    /// `FERROCOLL_TIMEOUT` and the first key still missing.
+    /// `FERROCOLL_TIMEOUT` and the first key still missing; when the
+    /// server's owner gave up the start-up ([`StoreServer::fail_waits`])
+    /// it fails with [`Error::Startup`] saying why.
     pub fn wait(&mut self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
         if keys.is_empty() {
             return Ok(Vec::new());
@@ -170,6 +172,14 @@ impl StoreClient {
         }
         let first = keys[0];
         let response = self.call("wait", first, &enc.finish(), WAIT_GRACE)?;
+        if response.first() == Some(&ST_FAILED) {
+            let mut d = Dec {
+                buf: &response[1..],
+            };
+            if let Some(why) = d.field().filter(|_| d.end()) {
+                return Err(Error::Startup(String::from_utf8_lossy(why).into_owned()));
+            }
+        }
         if response.first() == Some(&ST_TIMEOUT) {
             let mut d = Dec {
                 buf: &response[1..],
@@ -267,12 +277,21 @@ impl StoreClient {
     fn open(&self, deadline: Option<Instant>) -> std::result::Result<TcpStream, Attempt> {
         let addrs: Vec<SocketAddr> = match self.addr.to_socket_addrs() {
             Ok(a) => a.collect(),
-            Err(e) => return Err(Attempt::Retry(format!("cannot resolve the address: {e}"))),
+            Err(e) => {
+                return Err(Attempt::Retry {
+                    why: format!("cannot resolve the address: {e}"),
+                    refused: false,
+                })
+            }
         };
         if addrs.is_empty() {
-            return Err(Attempt::Retry("the address resolves to nothing".into()));
+            return Err(Attempt::Retry {
+                why: "the address resolves to nothing".into(),
+                refused: false,
+            });
         }
         let mut last = String::new();
+        let mut refused = true;
         for sa in addrs {
             // Short attempts, so that a silently dropped SYN does not eat the
             // whole timeout.
@@ -280,10 +299,13 @@ impl StoreClient {
                 .map_or(Duration::from_secs(5), |t| t.min(Duration::from_secs(5)));
             match TcpStream::connect_timeout(&sa, attempt) {
                 Ok(stream) => return self.hello(stream, deadline),
-                Err(e) => last = format!("{sa}: {e}"),
+                Err(e) => {
+                    refused &= e.kind() == io::ErrorKind::ConnectionRefused;
+                    last = format!("{sa}: {e}");
+                }
             }
         }
-        Err(Attempt::Retry(last))
+        Err(Attempt::Retry { why: last, refused })
     }
 
     /// Sends the hello on a fresh connection and reads the answer.
@@ -350,18 +372,31 @@ impl StoreClient {
         }
     }
 
-    /// The error for a store not reached within the connect timeout.
-    fn unreachable(&self, waited: Duration, last: &str) -> Error {
-        Error::Config {
-            var: "FERROCOLL_ADDR".into(),
-            value: self.addr.clone(),
-            reason: format!(
+    /// The error for a store not reached within the connect timeout;
+    /// `refused`: every attempt was refused (nothing listens there).
+    fn unreachable(&self, waited: Duration, last: &str, refused: bool) -> Error {
+        let reason = if refused {
+            format!(
+                "nothing listens at {}: every connection was refused for {:.1} s (last: {last}); \
+                 rank 0 serves the rendezvous store there once it starts: check that rank 0 was \
+                 started and has not failed (its output says why), and that every rank has the \
+                 same FERROCOLL_ADDR (or MASTER_ADDR and MASTER_PORT): host and port",
+                self.addr,
+                waited.as_secs_f64()
+            )
+        } else {
+            format!(
                 "the store at {} could not be reached after {:.1} s (last error: {last}); check \
                  that rank 0 is running and has started the store, that the address is \
                  reachable from this host, and that no firewall blocks the port",
                 self.addr,
                 waited.as_secs_f64()
-            ),
+            )
+        };
+        Error::Config {
+            var: "FERROCOLL_ADDR".into(),
+            value: self.addr.clone(),
+            reason,
         }
     }
 
@@ -410,7 +445,7 @@ impl StoreClient {
             match self.open(deadline) {
                 Ok(s) => self.stream = Some(s),
                 Err(Attempt::Fatal(e)) => return Err(e),
-                Err(Attempt::Retry(last)) => {
+                Err(Attempt::Retry { why: last, .. }) => {
                     return Err(Error::Config {
                         var: "FERROCOLL_ADDR".into(),
                         value: self.addr.clone(),
@@ -498,8 +533,14 @@ impl StoreClient {
 
 /// Why a connection attempt failed.
 pub(super) enum Attempt {
-    /// Worth retrying (refused, unreachable, unresolvable); the last cause.
-    Retry(String),
+    /// Worth retrying (refused, unreachable, unresolvable): the last cause,
+    /// and whether every address refused the connection (nothing listens).
+    Retry {
+        /// The last cause.
+        why: String,
+        /// Every address tried refused the connection.
+        refused: bool,
+    },
     /// Not worth retrying (the store answered and said no).
     Fatal(Error),
 }
@@ -526,6 +567,16 @@ impl Rendezvous for StoreClient {
     }
     fn describe(&self) -> String {
         self.addr().to_string()
+    }
+    /// Asks for each key in turn (the store answers a `get` at once).
+    fn missing(&mut self, keys: &[&str]) -> Option<Vec<usize>> {
+        let mut absent = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            if StoreClient::get(self, key).ok()?.is_none() {
+                absent.push(i);
+            }
+        }
+        Some(absent)
     }
     /// The store's own barrier, whose timeout says how many ranks arrived.
     fn barrier(&mut self, name: &str, size: usize) -> Result<()> {

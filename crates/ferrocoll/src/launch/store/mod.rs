@@ -34,7 +34,9 @@
 //!
 //!    A response starts with a status byte: 0 `OK`, 1 `ABSENT`, 2 `TIMEOUT`
 //!    (followed by the index, `u32`, of the first key still missing),
-//!    3 `ERROR` (followed by a message), 4 `BAD_SECRET`.
+//!    3 `ERROR` (followed by a message), 4 `BAD_SECRET`, 5 `FAILED` (a
+//!    `WAIT` only, followed by a message: the store's owner gave up the
+//!    start-up, [`StoreServer::fail_waits`], and says why).
 //!
 //! `WAIT` never blocks other clients: the server thread of the waiting
 //! connection sleeps on a condition variable until the keys are all set or
@@ -100,6 +102,7 @@ const ST_ABSENT: u8 = 1;
 const ST_TIMEOUT: u8 = 2;
 const ST_ERROR: u8 = 3;
 const ST_BAD_SECRET: u8 = 4;
+const ST_FAILED: u8 = 5;
 
 // ---------------------------------------------------------------------------
 // Framing

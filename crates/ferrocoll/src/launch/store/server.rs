@@ -18,6 +18,9 @@ pub(super) struct Shared {
     conns: Mutex<HashMap<u64, TcpStream>>,
     /// The job's secret.
     secret: Vec<u8>,
+    /// Set by [`StoreServer::fail_waits`]: why every wait now fails (read
+    /// and written under `map`'s lock).
+    failed: Mutex<Option<String>>,
 }
 
 /// A running store server; stops (closes the listener and all connections,
@@ -55,10 +58,21 @@ impl StoreServer {
             reason,
         };
         let listener = TcpListener::bind(addr).map_err(|e| {
-            bind_error(format!(
-                "rank 0 could not serve the store on it ({e}); use an address of this host \
-                 and a free port (port 0 picks one)"
-            ))
+            bind_error(match e.kind() {
+                io::ErrorKind::AddrNotAvailable => format!(
+                    "the store cannot listen there ({e}): it is not an address of this host; \
+                     give an address of the host that serves the store"
+                ),
+                io::ErrorKind::AddrInUse => format!(
+                    "the store cannot listen there ({e}): another process (another job, or \
+                     torchrun's own store on MASTER_PORT) already listens on that port; pick \
+                     a free port"
+                ),
+                _ => format!(
+                    "the store cannot listen there ({e}); use an address of this host and a \
+                     free port (port 0 picks one)"
+                ),
+            })
         })?;
         let local = listener
             .local_addr()
@@ -74,6 +88,7 @@ impl StoreServer {
             stop: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
             secret: secret.as_bytes().to_vec(),
+            failed: Mutex::new(None),
         });
         let thread = {
             let shared = Arc::clone(&shared);
@@ -92,6 +107,18 @@ impl StoreServer {
     /// The bound address (with the real port).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Fails every `wait`, those blocked now and those to come, with
+    /// `why` (a `FAILED` answer, which clients turn into
+    /// [`Error::Startup`]): the rank serving the store gave up on the
+    /// start-up and tells the ranks still waiting why, rather than
+    /// vanishing under them. Other requests are still answered.
+    pub fn fail_waits(&self, why: &str) {
+        let map = lock(&self.shared.map);
+        *lock(&self.shared.failed) = Some(why.to_string());
+        drop(map);
+        self.shared.changed.notify_all();
     }
 }
 
@@ -323,6 +350,7 @@ pub fn fuzz_connection(mut bytes: &[u8]) {
         stop: AtomicBool::new(true),
         conns: Mutex::new(HashMap::new()),
         secret: b"fuzz".to_vec(),
+        failed: Mutex::new(None),
     };
     // A smaller frame limit than the server's keeps each run quick; the
     // parsing is the same.
@@ -341,6 +369,14 @@ pub(super) fn wait_for(keys: &[&str], wait_ms: u64, shared: &Shared) -> Option<V
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             return None;
+        }
+        if let Some(why) = lock(&shared.failed).as_deref() {
+            return Some(
+                Enc::new(why.len() + 5)
+                    .u8(ST_FAILED)
+                    .field(why.as_bytes())
+                    .finish(),
+            );
         }
         match keys.iter().position(|k| !map.contains_key(*k)) {
             None => break,

@@ -275,7 +275,9 @@ fn connect_gives_up_after_the_timeout() {
         msg.contains("FERROCOLL_ADDR") && msg.contains(&addr),
         "{msg}"
     );
-    assert!(msg.contains("could not be reached"), "{msg}");
+    // Nobody listens there: the message says so, and what to check.
+    assert!(msg.contains("nothing listens at"), "{msg}");
+    assert!(msg.contains("rank 0 was started"), "{msg}");
 }
 
 #[test]
@@ -318,4 +320,25 @@ fn secrets_compare_whole() {
     assert!(!secrets_match(b"abc", b"abd"));
     assert!(!secrets_match(b"abc", b"ab"));
     assert!(!secrets_match(b"", b"a"));
+}
+
+#[test]
+fn fail_waits_answers_every_waiter_with_the_reason() {
+    let s = server();
+    let addr = s.local_addr().to_string();
+    let waiter = thread::spawn(move || {
+        let mut c = StoreClient::connect(&addr, SECRET, Duration::from_secs(10)).unwrap();
+        let start = Instant::now();
+        (c.wait(&["never"]), start.elapsed())
+    });
+    thread::sleep(Duration::from_millis(100));
+    s.fail_waits("rank 1 did not arrive");
+    let (got, waited) = waiter.join().unwrap();
+    assert_eq!(got, Err(Error::Startup("rank 1 did not arrive".into())));
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    // Later waits fail at once the same way; other requests still work.
+    let mut c = client(&s, 2000);
+    c.set("k", b"v").unwrap();
+    assert!(matches!(c.wait(&["k"]), Err(Error::Startup(_))));
+    assert_eq!(c.get("k").unwrap(), Some(b"v".to_vec()));
 }

@@ -30,7 +30,9 @@
 //! - `FERROCOLL_LOCAL_RANK` / `FERROCOLL_LOCAL_WORLD_SIZE` fill in the local
 //!   rank and size when the launcher does not give them.
 //! - `FERROCOLL_WORLD_SIZE`, when set while another family is used, must
-//!   equal that family's size.
+//!   equal that family's size; a world has at most [`MAX_WORLD_SIZE`]
+//!   ranks, and `FERROCOLL_SECRET` at most [`MAX_SECRET`] bytes without
+//!   control characters.
 //! - The store address is `host:port` (IPv6 as `[::1]:29500`) with a port in
 //!   1..=65535. A bare IPv6 `MASTER_ADDR` is bracketed for you.
 //! - Under a real `torchrun`, `MASTER_PORT` on rank 0's host is already taken
@@ -182,7 +184,11 @@ impl Env<'_> {
                 Err(_) => Err(config(
                     name,
                     &value,
-                    format!("not a non-negative integer; set {name} to a number such as 0 or 4"),
+                    format!(
+                        "{}: not a non-negative integer; set {name} to a whole number such as 0 \
+                         or 4",
+                        crate::env::not_whole(&value)
+                    ),
                 )),
             },
         }
@@ -473,8 +479,11 @@ fn slurm_store_addr(env: &Env, job: Option<&str>) -> Result<String> {
             config(
                 "SLURM_JOB_ID",
                 job,
-                "not a number, so no port can be derived from it; set FERROCOLL_PORT=port \
-                 (or FERROCOLL_ADDR=host:port)",
+                format!(
+                    "{}, so no port can be derived from it; set FERROCOLL_PORT=port (or \
+                     FERROCOLL_ADDR=host:port)",
+                    crate::env::not_whole(job)
+                ),
             )
         })?;
         (20000 + id % 20000) as u16
@@ -517,7 +526,7 @@ fn first_slurm_host(list: &str) -> Option<String> {
 }
 
 /// Checks a `host:port` address (IPv6 as `[addr]:port`) and returns it.
-fn check_addr(var: &str, value: &str) -> Result<String> {
+pub(crate) fn check_addr(var: &str, value: &str) -> Result<String> {
     let bad = |why: &str| {
         config(
             var,
@@ -623,13 +632,29 @@ fn finish(env: &Env, found: Found) -> Result<WorldSpec> {
             ),
         ));
     }
+    if size.value > MAX_WORLD_SIZE {
+        return Err(config(
+            size.var,
+            &size.value.to_string(),
+            format!(
+                "more ranks than a ferrocoll job can have (at most {MAX_WORLD_SIZE}); set {} to \
+                 the number of processes of the job",
+                size.var
+            ),
+        ));
+    }
     if rank.value >= size.value {
         return Err(config(
             rank.var,
             &rank.value.to_string(),
             format!(
-                "rank must be less than {}={}; ranks are numbered from 0",
-                size.var, size.value
+                "rank must be less than {}={} (ranks are numbered from 0); set {} to 0..{} or {} \
+                 to the number of ranks",
+                size.var,
+                size.value,
+                rank.var,
+                size.value - 1,
+                size.var
             ),
         ));
     }
@@ -663,8 +688,9 @@ fn finish(env: &Env, found: Found) -> Result<WorldSpec> {
                 ls.var,
                 &ls.value.to_string(),
                 format!(
-                    "processes on this host must be between 1 and {}={}",
-                    size.var, size.value
+                    "processes on this host must be between 1 and {}={}; set {} to the number \
+                     of ranks on this host",
+                    size.var, size.value, ls.var
                 ),
             ));
         }
@@ -678,7 +704,12 @@ fn finish(env: &Env, found: Found) -> Result<WorldSpec> {
             return Err(config(
                 lr.var,
                 &lr.value.to_string(),
-                format!("local rank must be less than {bound_var}={bound}"),
+                format!(
+                    "local rank must be less than {bound_var}={bound}; set {} to this process's \
+                     index among the ranks of its host, 0..{}",
+                    lr.var,
+                    bound - 1
+                ),
             ));
         }
     }
@@ -691,7 +722,18 @@ fn finish(env: &Env, found: Found) -> Result<WorldSpec> {
             format!("j{:012x}", h & 0xffff_ffff_ffff)
         }
     };
-    let secret = env.get("FERROCOLL_SECRET").unwrap_or_else(|| {
+    let secret = match env.get("FERROCOLL_SECRET") {
+        Some(given) => Some(crate::env::text(
+            "FERROCOLL_SECRET",
+            &given,
+            MAX_SECRET,
+            "secret",
+            "give the same plain token on every rank (e.g. 32 hex digits), or unset it to \
+             derive one",
+        )?),
+        None => None,
+    };
+    let secret = secret.unwrap_or_else(|| {
         format!(
             "{:016x}",
             fnv1a(&[launcher.name(), &job_id, &store_addr, &size_text])
@@ -709,6 +751,13 @@ fn finish(env: &Env, found: Found) -> Result<WorldSpec> {
         launcher,
     })
 }
+
+/// Most ranks a job may have (start-up waits for one key per rank in one
+/// request of the store).
+pub const MAX_WORLD_SIZE: usize = 1 << 20;
+
+/// Longest `FERROCOLL_SECRET` (it travels in the store's hello).
+pub const MAX_SECRET: usize = 4096;
 
 /// Longest job id.
 const MAX_JOB_ID: usize = 32;

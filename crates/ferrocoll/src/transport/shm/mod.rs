@@ -91,9 +91,12 @@
 //! The file is unlinked (`ShmNode::unlink`) as soon as every peer has
 //! mapped it, so a killed job leaves nothing in `/dev/shm`; the mappings
 //! stay valid. [`remove_job_segments`] removes what a rank that died early
-//! left behind. A peer killed by a signal cannot close anything, so
-//! `Channel::check_alive` watches its pid (recorded in its segment header).
-//! Ranks must share a pid namespace for that check (and for `attach`) to work.
+//! left behind. A peer killed by a signal cannot close anything, so a
+//! thread per node (`watch.rs`) holds a pidfd of every peer process
+//! (recorded in its segment header) and, when one exits, wakes this rank
+//! at once, whose channel to it then fails; `Channel::check_alive` checks
+//! the pid too, periodically, where pidfds are unavailable. Ranks must
+//! share a pid namespace for that (and for `attach`) to work.
 //!
 //! # Files
 //!
@@ -104,7 +107,8 @@
 //! * `ring.rs`: the single-producer ring channel to one peer;
 //! * `doorbell.rs`: the event count, over the futex calls of `futex.rs`;
 //! * `process.rs`: whether a peer process lives, and the single-copy
-//!   `process_vm_readv` read.
+//!   `process_vm_readv` read;
+//! * `watch.rs`: the thread that learns of a dead peer at once (pidfds).
 
 mod doorbell;
 mod futex;
@@ -114,6 +118,7 @@ mod ring;
 mod segment;
 #[cfg(test)]
 mod tests;
+mod watch;
 
 use std::fs;
 use std::io;

@@ -5,7 +5,7 @@ use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use memmap2::{Advice, MmapOptions};
 
@@ -13,6 +13,7 @@ use super::doorbell::ShmDoorbell;
 use super::process::{own_pid, pid_alive};
 use super::ring::ShmChannel;
 use super::segment::*;
+use super::watch::Watcher;
 use crate::transport::channel::{Channel, Doorbell};
 
 /// This rank's segment: its doorbell and one inbound ring per local peer.
@@ -39,6 +40,10 @@ pub(crate) struct ShmNode {
     cma: bool,
     /// Channels made from now on map peers' shared buffers.
     shared: bool,
+    /// The thread that learns of dead peers at once (started with the
+    /// first channel to another process; `None` inside when it cannot
+    /// run).
+    watcher: OnceLock<Option<Arc<Watcher>>>,
 }
 
 impl ShmNode {
@@ -140,6 +145,7 @@ impl ShmNode {
             unlinked: AtomicBool::new(false),
             cma: false,
             shared: false,
+            watcher: OnceLock::new(),
         })
     }
 
@@ -284,6 +290,18 @@ impl ShmNode {
         let tail_seen = peer.tail(me).load(Ordering::Acquire);
         let tail = own.tail(local_peer).load(Ordering::Acquire);
         let head_seen = own.head(local_peer).load(Ordering::Acquire);
+        // A peer in another process is watched (one in this process, as in
+        // tests, dies with us).
+        let (dead, watcher) = if peer.pid != own_pid() {
+            let watcher = self
+                .watcher
+                .get_or_init(|| Watcher::start(Arc::clone(&self.own)).ok().map(Arc::new))
+                .clone();
+            let dead = watcher.as_ref().and_then(|w| w.watch(peer.pid).ok());
+            (dead, watcher)
+        } else {
+            (None, None)
+        };
         Box::new(ShmChannel {
             peer,
             own,
@@ -300,6 +318,8 @@ impl ShmNode {
             shared: self.shared,
             pidfd: None,
             regions: Vec::new(),
+            dead,
+            _watcher: watcher,
         })
     }
 

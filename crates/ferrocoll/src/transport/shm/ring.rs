@@ -3,11 +3,12 @@
 
 use std::io;
 use std::ptr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::process::{cma_read, pid_alive};
 use super::segment::{invalid_data, Segment, NOTICES};
+use super::watch::Watcher;
 use crate::transport::channel::Channel;
 
 /// The byte stream to and from one local peer.
@@ -42,12 +43,25 @@ pub(super) struct ShmChannel {
     pub(super) shared: bool,
     pub(super) pidfd: Option<std::os::fd::OwnedFd>,
     pub(super) regions: Vec<(u64, crate::shared::PeerRegion)>,
+    /// Set by the node's watcher once the peer process has exited (`None`
+    /// when it cannot watch: then only [`Channel::check_alive`] notices).
+    pub(super) dead: Option<Arc<AtomicBool>>,
+    /// Keeps the watcher running while the channel lives.
+    pub(super) _watcher: Option<Arc<Watcher>>,
 }
 
 /// Peer buffers kept mapped per channel; the oldest mapping goes first.
 const MAPPED_REGIONS: usize = 64;
 
 impl ShmChannel {
+    /// The error for a peer whose process has exited.
+    fn exited(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            format!("local peer process {} has exited", self.peer.pid),
+        )
+    }
+
     /// The error for a ring whose shared positions make no sense.
     fn corrupt(&self, which: &str, value: u64) -> io::Error {
         invalid_data(format!(
@@ -133,6 +147,13 @@ impl Channel for ShmChannel {
         let seg = &*self.own;
         let mut avail = self.head_seen - self.tail;
         if avail < self.piece as u64 {
+            // Whether the peer is gone, read before its last `head`: what
+            // it published before it died is then all visible below, and is
+            // consumed before its death is reported.
+            let gone = self
+                .dead
+                .as_ref()
+                .is_some_and(|d| d.load(Ordering::Acquire));
             let head = seg.head(self.them).load(Ordering::Acquire);
             if head < self.head_seen || head - self.tail > self.cap {
                 return Err(self.corrupt("head", head));
@@ -140,7 +161,7 @@ impl Channel for ShmChannel {
             self.head_seen = head;
             avail = head - self.tail;
             if avail == 0 {
-                return Ok(0);
+                return if gone { Err(self.exited()) } else { Ok(0) };
             }
         }
         let idx = self.tail as usize & self.mask;
@@ -172,14 +193,14 @@ impl Channel for ShmChannel {
     }
 
     fn check_alive(&mut self) -> io::Result<()> {
-        let pid = self.peer.pid;
-        if pid_alive(pid) {
+        let watched_dead = self
+            .dead
+            .as_ref()
+            .is_some_and(|d| d.load(Ordering::Acquire));
+        if !watched_dead && pid_alive(self.peer.pid) {
             Ok(())
         } else {
-            Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                format!("local peer process {pid} has exited"),
-            ))
+            Err(self.exited())
         }
     }
 }

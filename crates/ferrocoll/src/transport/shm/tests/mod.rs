@@ -483,10 +483,11 @@ impl Drop for Reap {
     }
 }
 
-#[test]
-fn shm_cross_process_echo_and_death() {
-    let j = job("xproc");
-    let mut node = ShmNode::create(&j, 0, 2, MIN_RING_BYTES).unwrap();
+/// Starts the child of [`shm_cross_process_child`] as local rank 1 of job
+/// `j` and echoes [`ECHO_BYTES`] through it: returns our node, the
+/// channel to the child, our doorbell and the child.
+fn echo_with_child(j: &str) -> (ShmNode, Box<dyn Channel>, Arc<dyn Doorbell>, Reap) {
+    let mut node = ShmNode::create(j, 0, 2, MIN_RING_BYTES).unwrap();
     let tests = module_path!().split_once("::").unwrap().1;
     let child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
@@ -495,11 +496,11 @@ fn shm_cross_process_echo_and_death() {
             "--ignored",
             "--test-threads=1",
         ])
-        .env(CHILD_ENV, &j)
+        .env(CHILD_ENV, j)
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut child = Reap(child);
+    let child = Reap(child);
     let start = Instant::now();
     while let Err(e) = node.attach(1, &format!("ferrocoll-{j}-1")) {
         // The child creates its segment after starting up.
@@ -526,6 +527,13 @@ fn shm_cross_process_echo_and_death() {
             bell.wait(token, Duration::from_millis(100));
         }
     }
+    (node, ch, bell, child)
+}
+
+#[test]
+fn shm_cross_process_echo_and_death() {
+    let j = job("xproc");
+    let (node, mut ch, _bell, mut child) = echo_with_child(&j);
     node.unlink();
     assert!(ch.check_alive().is_ok());
 
@@ -544,6 +552,47 @@ fn shm_cross_process_echo_and_death() {
     child.0.wait().unwrap();
     assert!(ch.check_alive().is_err());
     // The child never unlinked its segment; the launcher's clean-up does.
+    assert_eq!(remove_job_segments(&j).unwrap(), 1);
+}
+
+/// A rank asleep on its doorbell, with nothing to wake it but the node's
+/// watcher, learns of its peer's SIGKILL at once: the sleep ends and the
+/// channel fails, well within 50 ms (the periodic check alone took up to
+/// 200 ms).
+#[test]
+fn shm_dead_peer_wakes_a_sleeping_rank_at_once() {
+    let j = job("watch");
+    let (node, mut ch, bell, child) = echo_with_child(&j);
+    node.unlink();
+    let pid = child.0.id() as libc::pid_t;
+    let killer = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(100));
+        let at = Instant::now();
+        // SAFETY: signals our own child process, which is not reaped
+        // before this thread is joined (`child` lives until the end).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        at
+    });
+    let start = Instant::now();
+    let mut sleeps = 0;
+    let err = loop {
+        let token = bell.token();
+        match ch.recv_some(&mut |b: &[u8]| b.len()) {
+            Err(e) => break e,
+            Ok(_) => assert!(start.elapsed() < Duration::from_secs(10), "never noticed"),
+        }
+        sleeps += 1;
+        bell.wait(token, Duration::from_secs(10));
+    };
+    let noticed = killer.join().unwrap().elapsed();
+    println!("a sleeping rank noticed its peer's SIGKILL after {noticed:?} ({sleeps} sleeps)");
+    assert_eq!(err.kind(), io::ErrorKind::BrokenPipe, "{err}");
+    assert!(err.to_string().contains("has exited"), "{err}");
+    assert!(
+        noticed < Duration::from_millis(50),
+        "noticed {noticed:?} after the kill ({sleeps} sleeps)"
+    );
+    drop(child);
     assert_eq!(remove_job_segments(&j).unwrap(), 1);
 }
 
