@@ -227,7 +227,9 @@ impl Config {
 
     /// Sets the default deadline.
     pub fn with_timeout(mut self, timeout: Duration) -> Config {
-        self.timeout = timeout;
+        // Longer than the longest `FERROCOLL_TIMEOUT` counts as it: a
+        // deadline must stay a time the clock can reach.
+        self.timeout = timeout.min(Duration::from_secs_f64(MAX_TIMEOUT_SECS));
         self
     }
 }

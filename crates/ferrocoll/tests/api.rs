@@ -347,3 +347,21 @@ fn topology_must_fit_the_group_and_follows_splits() {
     assert_eq!(out[0], Some(vec![2, 2]));
     assert_eq!(out[1], None);
 }
+
+/// A per-call or configured timeout of `Duration::MAX` waits "forever"
+/// (30 days) instead of overflowing the deadline's clock arithmetic.
+#[test]
+fn an_endless_timeout_is_capped_not_a_panic() {
+    use ferrocoll::{local, CallOptions, Config, ReduceOp};
+    use std::time::Duration;
+    let config = Config::from_env().unwrap().with_timeout(Duration::MAX);
+    let sums = local::run_with(2, config, |comm| {
+        let timed = comm.with_options(CallOptions::default().timeout(Duration::MAX));
+        let mut v = vec![1.0f32; 3];
+        timed.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        v[0]
+    })
+    .unwrap();
+    assert_eq!(sums, vec![4.0, 4.0]);
+}

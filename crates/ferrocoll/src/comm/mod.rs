@@ -75,9 +75,12 @@ impl CallOptions {
         Ok(CallOptions::algorithm(algorithm))
     }
 
-    /// Sets the per-wait deadline.
+    /// Sets the per-wait deadline. Longer than 30 days counts as 30 days
+    /// (the longest `FERROCOLL_TIMEOUT` accepts): a deadline must stay a
+    /// time the clock can reach.
     pub fn timeout(mut self, timeout: Duration) -> CallOptions {
-        self.timeout = Some(timeout);
+        let longest = Duration::from_secs_f64(crate::config::MAX_TIMEOUT_SECS);
+        self.timeout = Some(timeout.min(longest));
         self
     }
 }
