@@ -68,6 +68,9 @@ pub struct ThreadFabric {
     /// when its count drops to zero.
     endpoints: Vec<AtomicUsize>,
     gone: Vec<AtomicBool>,
+    /// How many ranks have left (so a wait knows to look at its peers
+    /// again).
+    departures: AtomicUsize,
     /// The first rank found gone by a wait on it, or the first that
     /// panicked ([`NO_CULPRIT`] until then); see the module documentation.
     culprit: AtomicUsize,
@@ -242,6 +245,7 @@ impl ThreadFabric {
             aborted: AtomicBool::new(false),
             endpoints: (0..n).map(|_| AtomicUsize::new(0)).collect(),
             gone: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            departures: AtomicUsize::new(0),
             culprit: AtomicUsize::new(NO_CULPRIT),
         })
     }
@@ -274,7 +278,9 @@ impl ThreadFabric {
 
     /// `rank` left: cleanly (its last endpoint was dropped) or not.
     fn depart(&self, rank: usize, crashed: bool) {
-        self.gone[rank].store(true, Ordering::SeqCst);
+        if !self.gone[rank].swap(true, Ordering::SeqCst) {
+            self.departures.fetch_add(1, Ordering::SeqCst);
+        }
         if crashed {
             let _ =
                 self.culprit
@@ -626,6 +632,9 @@ impl ThreadTransport {
         let mut remaining = recvs.len();
         let mut taken: Vec<(usize, Post)> = Vec::new();
         let mut spins = 0;
+        // When the peers were last looked at, and how many ranks had left
+        // then (see below).
+        let mut checked: Option<(Instant, usize)> = None;
         loop {
             let seen = {
                 let mut st = fabric.lock(self.rank);
@@ -667,11 +676,21 @@ impl ThreadTransport {
             }
             let now = Instant::now();
             let expired = now >= deadline;
-            if spins >= SPINS || expired {
+            // Past the first yields (the peer was not just late), look at
+            // what the peers are doing: at once, then when a rank left, else
+            // once per POLL however often posts for other calls wake us
+            // (each look locks every awaited peer; a mismatch shows within
+            // POLL at worst, and is usually found at once by the rank that
+            // entered its call second).
+            let departures = fabric.departures.load(Ordering::SeqCst);
+            let due = spins >= SPINS
+                && checked.map_or(true, |(at, left)| {
+                    left != departures || now.duration_since(at) >= POLL
+                });
+            if due || expired {
                 let awaited = self.awaited(recvs, &waiting, &posted, pending);
-                if spins >= SPINS {
-                    // Past the first yields (the peer was not just late):
-                    // look at what the peers are doing.
+                if due {
+                    checked = Some((now, departures));
                     self.check_peers(header, &awaited, &posted.done)?;
                 }
                 if expired {
