@@ -74,6 +74,11 @@ pub struct ThreadFabric {
     /// The first rank found gone by a wait on it, or the first that
     /// panicked ([`NO_CULPRIT`] until then); see the module documentation.
     culprit: AtomicUsize,
+    /// Held while a verdict goes to every rank ([`ThreadFabric::publish`]):
+    /// a rank that sees a peer gone waits for a delivery in progress, as the
+    /// peer may have left because of a verdict that is on its way to this
+    /// rank too, and then that verdict is the error, not the peer's absence.
+    publishing: Mutex<()>,
 }
 
 /// One rank's state and the condition variable its waits sleep on.
@@ -247,6 +252,7 @@ impl ThreadFabric {
             gone: (0..n).map(|_| AtomicBool::new(false)).collect(),
             departures: AtomicUsize::new(0),
             culprit: AtomicUsize::new(NO_CULPRIT),
+            publishing: Mutex::new(()),
         })
     }
 
@@ -344,6 +350,12 @@ impl ThreadFabric {
         })
     }
 
+    /// Returns once no verdict is being delivered (see
+    /// [`ThreadFabric::publishing`]).
+    fn settle(&self) {
+        drop(self.publishing.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
     /// Sleeps until `rank`'s generation moves past `seen` or `slice` passes.
     fn sleep(&self, rank: usize, seen: u64, slice: Duration) {
         let st = self.lock(rank);
@@ -365,6 +377,7 @@ impl ThreadFabric {
     /// The fabric does not know which ranks a communicator has: a rank
     /// outside it keeps the verdict unused, as it never makes that call.
     fn publish(&self, key: CallKey, a: usize, a_call: &str, b: usize, b_call: &str) {
+        let _delivering = self.publishing.lock().unwrap_or_else(|e| e.into_inner());
         for r in (0..self.ranks.len()).filter(|&r| r != a) {
             let err = if r == b {
                 mismatch(b, b_call, a, a_call)
@@ -558,11 +571,11 @@ impl ThreadTransport {
     /// of its communicator, an abort or a culprit already does, else
     /// registers it (collectives).
     fn enter(&self, header: &Header) -> Result<ActiveCall<'_>> {
-        if let Some(err) = self.fabric.broken() {
-            return Err(err);
-        }
         let mut st = self.fabric.lock(self.rank);
         if let Some(err) = st.fault_for(header) {
+            return Err(err);
+        }
+        if let Some(err) = self.fabric.broken() {
             return Err(err);
         }
         let p2p = is_p2p(header);
@@ -672,7 +685,10 @@ impl ThreadTransport {
                 return Ok(());
             }
             if let Some(err) = fabric.broken() {
-                return Err(err);
+                // A verdict delivered meanwhile comes first: a culprit is
+                // only named once the verdicts it may have left over are
+                // delivered (see `check_peers`).
+                return Err(fabric.lock(self.rank).fault_for(header).unwrap_or(err));
             }
             let now = Instant::now();
             let expired = now >= deadline;
@@ -770,6 +786,13 @@ impl ThreadTransport {
                 }
             }
             if self.fabric.lost_while_awaited(a.peer, ours) {
+                // It may have left over a verdict that concerns this call
+                // too: that verdict, once delivered, is the error.
+                self.fabric.settle();
+                let verdict = self.fabric.lock(self.rank).fault_for(header);
+                if let Some(err) = verdict {
+                    return Err(err);
+                }
                 if let Some(err) = self.fabric.lost(a.peer) {
                     return Err(err);
                 }
