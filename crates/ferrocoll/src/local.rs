@@ -20,15 +20,18 @@ use crate::comm::Communicator;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::transport::thread::ThreadFabric;
-use crate::transport::Transport;
 
 /// Runs `f` on `n` ranks (threads) with the configuration from the
 /// environment (`FERROCOLL_ALGO`, `FERROCOLL_TIMEOUT`, ...) and returns each
 /// rank's result in rank order.
 ///
-/// If a rank panics, the other ranks' waits on it fail with
-/// [`Error::PeerLost`] (instead of hanging) and the panic is resumed here once
-/// every rank has returned.
+/// A rank is gone once its closure has returned (or unwound) and dropped
+/// every handle on its communicator (clones, split groups): the other
+/// ranks' waits on it then fail at once with [`Error::PeerLost`] instead of
+/// hanging until the deadline, and so does every other wait from then on,
+/// each naming the first rank found gone (or the first that panicked), not
+/// a rank that left after failing because of it. A panic is resumed here
+/// once every rank has returned.
 pub fn run<R, F>(n: usize, f: F) -> Result<Vec<R>>
 where
     R: Send,
@@ -71,6 +74,10 @@ where
             let spawned = std::thread::Builder::new()
                 .name(format!("ferrocoll-rank-{rank}"))
                 .spawn_scoped(scope, move || {
+                    // A rank that returns leaves by dropping `comm`'s last
+                    // handle (see `ThreadFabric::transport`); one that
+                    // panics is marked here too, in case a handle outlives
+                    // the unwinding.
                     let out = panic::catch_unwind(AssertUnwindSafe(|| f(comm)));
                     if out.is_err() {
                         fabric.mark_lost(rank);
@@ -82,7 +89,7 @@ where
                 Err(e) => {
                     // The ranks already started would wait for this one
                     // forever: abort them, then report.
-                    fabric.transport(0).abort();
+                    fabric.abort();
                     spawn_error = Some(Error::invalid(format!(
                         "could not start a thread for rank {rank} of {n}: {e}; use fewer ranks"
                     )));

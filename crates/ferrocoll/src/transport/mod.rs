@@ -163,7 +163,7 @@ pub trait Transport: Send + Sync {
     /// something else at this point (a broadcast root that only sends meets
     /// a reduce that only sends): the transport reports it as
     /// [`crate::Error::Mismatch`] here, and on the peer. Default: nothing to
-    /// check (the thread transport compares active calls directly).
+    /// check.
     fn end_call(&self, _header: &Header) -> Result<()> {
         Ok(())
     }
