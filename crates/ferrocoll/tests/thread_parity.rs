@@ -843,3 +843,54 @@ fn a_point_to_point_timeout_names_its_tag() {
         }
     }
 }
+
+#[test]
+fn a_receive_from_any_source_takes_every_sender_once() {
+    for n in [2, 3, 5] {
+        let out = local::run_with(n, cfg(), |comm| {
+            let r = comm.rank();
+            let mut seen = Vec::new();
+            if r == 0 {
+                for _ in 1..n {
+                    let mut v = [0u32; 4];
+                    let src = comm.recv_any(&mut v, 8).unwrap();
+                    assert!(v.iter().all(|&x| x as usize == src * 3), "{src}: {v:?}");
+                    seen.push(src);
+                }
+            } else {
+                comm.send(&[r as u32 * 3; 4], 0, 8).unwrap();
+            }
+            comm.barrier().unwrap();
+            seen.sort();
+            seen
+        })
+        .unwrap();
+        assert_eq!(out[0], (1..n).collect::<Vec<_>>(), "n = {n}");
+    }
+}
+
+#[test]
+fn a_timeout_says_where_every_rank_is() {
+    // Rank 2 finishes call #0 and never joins #1; ranks 0 and 1 wait in it.
+    let config = Config::default().with_timeout(Duration::from_millis(300));
+    let out = local::run_with(3, config, |comm| {
+        let mut v = vec![1.0f32; 8];
+        comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        if comm.rank() == 2 {
+            std::thread::sleep(Duration::from_millis(900));
+            return String::new();
+        }
+        match comm.all_reduce_in_place(&mut v, ReduceOp::Sum) {
+            Err(e) => e.to_string(),
+            Ok(()) => "no error".into(),
+        }
+    })
+    .unwrap();
+    let text = &out[0];
+    assert!(
+        text.contains("where every rank is")
+            && text.contains("rank 0: in allreduce(count=8, f32, sum) #1 (this rank, timed out")
+            && text.contains("rank 2: in no collective on this communicator; last finished allreduce(count=8, f32, sum) #0"),
+        "{text}"
+    );
+}

@@ -424,9 +424,9 @@ impl Communicator {
 
     /// Receives exactly `buf.len()` elements with `tag` from whichever rank
     /// sends first, and returns that rank (MPI's `MPI_ANY_SOURCE`, torch's
-    /// `recv(src=None)`). Messages of one sender still arrive in order. Not
-    /// on the thread transport yet: there it fails with
-    /// [`Error::InvalidArgument`].
+    /// `recv(src=None)`). Messages of one sender still arrive in order.
+    /// Every transport offers it (a custom one that does not fails with
+    /// [`Error::InvalidArgument`]).
     pub fn recv_any<T: Element>(&self, buf: &mut [T], tag: u32) -> Result<usize> {
         if self.size() < 2 {
             return Err(Error::invalid(

@@ -897,6 +897,55 @@ impl Transport for ThreadTransport {
         result
     }
 
+    /// Waits for the first post under `header`'s tag from any rank, then
+    /// receives it as from that rank. (Two threads of one rank receiving
+    /// from any source under the same tag at once may both pick one sender;
+    /// one then waits for that sender's next message.)
+    fn recv_any(
+        &self,
+        header: &Header,
+        len: usize,
+        sink: &mut dyn Sink,
+        deadline: Instant,
+    ) -> Result<usize> {
+        let start = Instant::now();
+        let _active = self.enter(header)?;
+        let fabric = &*self.fabric;
+        let src = loop {
+            let seen = {
+                let mut st = fabric.lock(self.rank);
+                if let Some(err) = st.fault_for(header) {
+                    return Err(err);
+                }
+                if let Some(p) = st.posts.iter().find(|p| p.header.key() == header.key()) {
+                    break p.src;
+                }
+                st.generation
+            };
+            if let Some(err) = fabric.broken() {
+                return Err(err);
+            }
+            // Nobody left who could send.
+            let others = (0..self.size()).filter(|&p| p != self.rank);
+            if let Some(last) = others.clone().last() {
+                if others
+                    .clone()
+                    .all(|p| fabric.gone[p].load(Ordering::SeqCst))
+                {
+                    return Err(fabric.lost(last).unwrap_or(Error::PeerLost { rank: last }));
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.timeout(header, self.rank, start));
+            }
+            fabric.sleep(self.rank, seen, (deadline - now).min(POLL));
+        };
+        let recvs = [Incoming { peer: src, len }];
+        self.run_exchange(header, &[], &recvs, sink, deadline)
+            .map(|()| src)
+    }
+
     /// Fails the call if a verdict came for it or its communicator is
     /// broken, or if a message of it is still unclaimed: its sender called
     /// something else here (a late mismatch, told to every rank).
@@ -951,5 +1000,38 @@ impl Transport for ThreadTransport {
 
     fn name(&self) -> &'static str {
         "thread"
+    }
+
+    /// Read straight from each rank's state: threads need not answer.
+    fn positions(&self, comm: u64, ranks: &[usize], _within: Duration) -> Vec<Option<String>> {
+        let describe = |h: &Header| format!("{} #{}", h.sig, h.seq);
+        ranks
+            .iter()
+            .map(|&r| {
+                if r >= self.size() {
+                    return None;
+                }
+                if self.fabric.gone[r].load(Ordering::SeqCst) {
+                    return Some("gone".to_string());
+                }
+                let st = self.fabric.lock(r);
+                let running: Vec<String> = st
+                    .active
+                    .iter()
+                    .filter(|h| h.comm == comm)
+                    .map(|h| format!("in {}", describe(h)))
+                    .collect();
+                if !running.is_empty() {
+                    return Some(running.join(", "));
+                }
+                Some(match st.finished.iter().rev().find(|h| h.comm == comm) {
+                    Some(h) => format!(
+                        "in no collective on this communicator; last finished {}",
+                        describe(h)
+                    ),
+                    None => "in no collective on this communicator; finished none yet".to_string(),
+                })
+            })
+            .collect()
     }
 }
