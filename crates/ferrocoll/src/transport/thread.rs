@@ -927,7 +927,7 @@ impl Transport for ThreadTransport {
             }
             // Nobody left who could send.
             let others = (0..self.size()).filter(|&p| p != self.rank);
-            if let Some(last) = others.clone().last() {
+            if let Some(last) = others.clone().next_back() {
                 if others
                     .clone()
                     .all(|p| fabric.gone[p].load(Ordering::SeqCst))
