@@ -2,7 +2,7 @@
 //! (MPICH, Intel MPI): each reads its rank, size, local rank and size, job
 //! id and the store's address (`FERROCOLL_ADDR`, else `MASTER_ADDR` and
 //! `MASTER_PORT`) into a [`Found`]. Slurm's, which derives the address from
-//! its node list, is in [`super::slurm`].
+//! its node list, is in `slurm.rs`.
 
 use super::address::{check_addr, check_host, check_port};
 use super::job_id::is_valid_job_id;
