@@ -9,7 +9,9 @@
 //!   (torch.distributed's) serves instead;
 //! - [`init`](mod@init): the start-up itself, from hosts and links to the
 //!   communicator ([`init::init`], [`init::init_with_rendezvous`]);
-//! - [`placement`]: where the ranks ended up.
+//! - [`placement`]: where the ranks ended up;
+//! - `waits`: the start-up's waits on the store, and the errors that name
+//!   the ranks that never arrived.
 //!
 //! The transports know nothing of this layer: init learns addresses and
 //! segment names through the store and hands the transports what they need.
@@ -20,6 +22,7 @@ pub mod placement;
 pub mod rendezvous;
 mod settings;
 pub mod store;
+mod waits;
 pub mod world;
 
 pub use placement::Placement;

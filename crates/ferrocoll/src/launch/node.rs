@@ -2,9 +2,9 @@
 //! segments and what they can do (single-copy reads, mapped shared
 //! buffers, the small-call fast path), agreed through the rendezvous store.
 
-use super::init::store_error;
 use super::rendezvous::Rendezvous;
 use super::settings::{BindMode, LaunchSettings, SingleCopy};
+use super::waits::store_error;
 use super::world::WorldSpec;
 use crate::error::{Error, Result};
 use crate::transport::config::TransportConfig;

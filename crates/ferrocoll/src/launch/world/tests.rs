@@ -2,6 +2,8 @@
 
 use std::collections::HashMap;
 
+use super::job_id::is_valid_job_id;
+use super::slurm::first_slurm_host;
 use super::*;
 
 fn spec(vars: &[(&str, &str)]) -> Result<WorldSpec> {

@@ -1,0 +1,117 @@
+//! The validated set-up of one `bench` run: [`Setup::from_args`] checks the
+//! arguments (root, `--algo`, the `FERROCOLL_*` variables, the size range)
+//! before anything is printed or started, and fixes the sizes to sweep.
+
+use ferrocoll::{CallOptions, Collective, DType, ReduceOp};
+
+use super::args::{algorithm_options, BenchArgs, Transport};
+use super::sweep::{is_block, sweep, Size};
+use crate::error::{lib_message, CliError};
+
+/// Everything the ranks need, validated.
+pub(super) struct Setup {
+    pub(super) coll: Collective,
+    pub(super) n: usize,
+    pub(super) dtype: DType,
+    pub(super) op: ReduceOp,
+    pub(super) root: usize,
+    pub(super) options: CallOptions,
+    pub(super) sizes: Vec<Size>,
+    pub(super) warmup: usize,
+    pub(super) iters: usize,
+    pub(super) check: bool,
+    pub(super) json: bool,
+    pub(super) transport: Transport,
+    /// Send and receive buffers are `SharedBuffer`s.
+    pub(super) shared_buffers: bool,
+}
+
+impl Setup {
+    /// Checks `args` and builds the set-up every rank runs; the errors are
+    /// the command's usage errors and the library's configuration errors.
+    pub(super) fn from_args(args: &BenchArgs) -> Result<Setup, CliError> {
+        let coll = args.coll;
+        let n = args.ranks;
+        if coll.has_root() && args.root >= n {
+            return Err(CliError::Usage(format!(
+                "--root {} is not a rank; with {n} ranks use 0 to {}",
+                args.root,
+                n - 1
+            )));
+        }
+        let options = algorithm_options(coll, &args.algo)?;
+        // Report a bad FERROCOLL_* variable before printing anything
+        // (local::run and init read the same variables again), including a
+        // FERROCOLL_TOPO that does not fit the ranks.
+        let config = ferrocoll::Config::from_env().map_err(CliError::Lib)?;
+        if let Some(topo) = &config.topology {
+            topo.check_size(n).map_err(|e| {
+                CliError::Lib(ferrocoll::Error::Config {
+                    var: "FERROCOLL_TOPO".into(),
+                    value: topo.to_string(),
+                    reason: format!("{} (bench -n {n})", lib_message(e)),
+                })
+            })?;
+        }
+        if args.minbytes > args.maxbytes {
+            return Err(CliError::Usage(format!(
+                "--minbytes ({}) is larger than --maxbytes ({})",
+                args.minbytes, args.maxbytes
+            )));
+        }
+        let elem = args.dtype.size();
+        let sizes = sweep(coll, n, elem, args.minbytes, args.maxbytes, args.stepfactor);
+        if sizes.is_empty() {
+            let unit = elem * if is_block(coll) { n } else { 1 };
+            let alltoallv = if coll == Collective::AllToAllV {
+                ", and an average of at least 1 element sent per rank"
+            } else {
+                ""
+            };
+            return Err(CliError::Usage(format!(
+            "no size from {} to {} B holds a whole {coll} buffer: each needs at least {unit} B \
+             ({} x {elem} B){alltoallv}; raise --maxbytes",
+            args.minbytes,
+            args.maxbytes,
+            if is_block(coll) {
+                format!("{n} ranks")
+            } else {
+                "1 element".into()
+            },
+        )));
+        }
+        Ok(Setup {
+            coll,
+            n,
+            dtype: args.dtype,
+            op: args.op,
+            root: args.root,
+            shared_buffers: args.buffers == "shared",
+            options,
+            sizes,
+            warmup: args.warmup,
+            iters: args.iters,
+            check: !args.no_check,
+            json: args.json,
+            transport: args.transport,
+        })
+    }
+
+    /// The op name for output: the reduction, or `none`.
+    pub(super) fn op_name(&self) -> &'static str {
+        if self.coll.reduces() {
+            self.op.name()
+        } else {
+            "none"
+        }
+    }
+
+    /// The root for the table: the root, or -1 (as nccl-tests).
+    pub(super) fn root_column(&self) -> i64 {
+        if self.coll.has_root() {
+            self.root as i64
+        } else {
+            -1
+        }
+    }
+}
