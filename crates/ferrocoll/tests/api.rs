@@ -221,7 +221,7 @@ fn a_rank_that_never_arrives_is_a_timeout_naming_it() {
     let out = local::run_with(3, config, |comm| {
         if comm.rank() == 2 {
             // Alive but elsewhere until past the others' deadline (a rank
-            // that returns is lost at once instead: tests/thread_parity.rs).
+            // that returns is lost at once instead: tests/thread_faults.rs).
             std::thread::sleep(Duration::from_millis(800));
             return Ok(());
         }
