@@ -26,7 +26,10 @@
 //!
 //! Errors are values of [`Error`], with messages that say what to fix; no
 //! user mistake panics. Non-blocking forms (`iall_reduce`, ...) take owned
-//! buffers and return them from [`Request::wait`].
+//! buffers, run on the communicator's progress worker (one thread per
+//! communicator, not one per call) and return the buffers from
+//! [`Request::wait`] ([`Request::test`], [`Request::wait_all`] and
+//! [`Request::wait_any`] too).
 
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
