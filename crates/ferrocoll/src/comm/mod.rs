@@ -21,17 +21,23 @@
 //!   communicator's progress worker;
 //! * `progress.rs`: that worker, one thread per communicator running queued
 //!   calls in issue order;
+//! * `persistent.rs`: persistent collectives (`all_reduce_init`, ...), a
+//!   call resolved and planned once and started many times.
 //!
 //! The children use this file's items; this file uses none of theirs (it
 //! calls their methods on `Communicator` only) except the worker its shared
 //! state holds (`progress::Engine`, whose module imports nothing from
-//! here), so no two modules import each other.
+//! here) and the persistent types it re-exports, so no two modules import
+//! each other.
 
 mod api;
 mod call;
 mod handles;
 mod nonblocking;
+mod persistent;
 mod progress;
+
+pub use persistent::{Persistent, Started};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
