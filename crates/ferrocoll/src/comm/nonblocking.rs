@@ -36,7 +36,7 @@ impl Communicator {
         })?;
         // Another thread may have started one meanwhile: then that one is
         // used and this one ends (dropping it joins its idle thread).
-        Ok(self.shared.engine.get_or_init(|| engine))
+        Ok(self.shared.engine.get_or_init(|| Box::new(engine)))
     }
 
     /// Queues `f` on the progress worker behind every call issued before;
