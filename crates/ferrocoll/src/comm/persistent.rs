@@ -187,7 +187,8 @@ impl<T: Element> Persistent<T> {
         }
     }
 
-    /// The input, to fill before the next run (in place: the buffer).
+    /// The input, to fill before the next run (in place: the buffer). If a
+    /// forgotten [`Started`] left a run in flight, waits for it first.
     pub fn send_mut(&mut self) -> &mut [T] {
         let _ = self.settle();
         let in_place = matches!(self.fixed.shape, Shape::InPlace { .. });
@@ -209,7 +210,8 @@ impl<T: Element> Persistent<T> {
         self.bufs.as_ref().map_or(&[], |b| &b.recv)
     }
 
-    /// The output, writable (in place: the buffer).
+    /// The output, writable (in place: the buffer). If a forgotten
+    /// [`Started`] left a run in flight, waits for it first.
     pub fn recv_mut(&mut self) -> &mut [T] {
         let _ = self.settle();
         self.bufs.as_mut().map_or(&mut [], |b| &mut b.recv)
