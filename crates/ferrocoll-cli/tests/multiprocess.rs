@@ -936,7 +936,11 @@ fn api(comm: &Communicator) {
         comm.all_gather(&mine, &mut gathered).unwrap();
         let mut p = comm.all_reduce_init(mine.clone(), ReduceOp::Sum).unwrap();
         let fast = comm.uses_fast_path(Collective::AllReduce, len, DType::I64);
-        assert_eq!(p.algorithm().is_none(), fast, "persistent allreduce of {len}");
+        assert_eq!(
+            p.algorithm().is_none(),
+            fast,
+            "persistent allreduce of {len}"
+        );
         let mut g = comm.all_gather_init(mine.clone()).unwrap();
         let other = comm.iall_reduce(vec![1u8; 3], ReduceOp::Sum);
         let (sp, sg) = (p.start().unwrap(), g.start().unwrap());
