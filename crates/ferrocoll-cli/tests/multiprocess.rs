@@ -1,6 +1,6 @@
 //! Ranks as processes: every collective over shared memory and TCP with 2, 3
 //! and 4 ranks through `ferrocoll run`, the API (in place, non-blocking,
-//! point-to-point, split) across processes, small calls on the
+//! persistent, point-to-point, split) across processes, small calls on the
 //! shared-memory fast path (every type and operator, mixed with large
 //! calls, non-blocking calls, point-to-point and a second communicator on
 //! another thread), a 256 MiB message, the environments of torchrun, Open
@@ -924,6 +924,43 @@ fn api(comm: &Communicator) {
     let b = b.wait().unwrap();
     let a = a.wait().unwrap();
     assert!(a.iter().all(|x| *x == n as f32) && b.iter().all(|x| *x == 2i32.pow(n as u32)));
+
+    // Persistent collectives equal the plain calls: small ones on the fast
+    // path where it serves (resolved once, at init), large ones on plans;
+    // two started at once beside a non-blocking call, then run inline.
+    for len in [2usize, 100_003] {
+        let mine: Vec<i64> = (0..len as i64).map(|i| i * 3 + rank as i64).collect();
+        let mut want = vec![0i64; len];
+        comm.all_reduce(&mine, &mut want, ReduceOp::Sum).unwrap();
+        let mut gathered = vec![0i64; n * len];
+        comm.all_gather(&mine, &mut gathered).unwrap();
+        let mut p = comm.all_reduce_init(mine.clone(), ReduceOp::Sum).unwrap();
+        let fast = comm.uses_fast_path(Collective::AllReduce, len, DType::I64);
+        assert_eq!(
+            p.algorithm().is_none(),
+            fast,
+            "persistent allreduce of {len}"
+        );
+        let mut g = comm.all_gather_init(mine.clone()).unwrap();
+        let other = comm.iall_reduce(vec![1u8; 3], ReduceOp::Sum);
+        let (sp, sg) = (p.start().unwrap(), g.start().unwrap());
+        sg.wait().unwrap();
+        sp.wait().unwrap();
+        assert_eq!(other.wait().unwrap(), vec![n as u8; 3]);
+        assert_eq!(p.recv(), &want[..], "persistent allreduce of {len}");
+        assert_eq!(g.recv(), &gathered[..], "persistent allgather of {len}");
+        p.send_mut().copy_from_slice(&mine);
+        p.run().unwrap();
+        assert_eq!(p.recv(), &want[..], "persistent allreduce of {len}, run");
+        let mut b = comm.broadcast_init(vec![rank as i64; len], n - 1).unwrap();
+        b.run().unwrap();
+        assert!(b.recv().iter().all(|x| *x == (n - 1) as i64), "bcast {len}");
+        let blocks = vec![rank as i64 + 1; n * len];
+        let mut s = comm.reduce_scatter_init(blocks, ReduceOp::Sum).unwrap();
+        s.start().unwrap().wait().unwrap();
+        let total = (n * (n + 1) / 2) as i64;
+        assert!(s.recv().iter().all(|x| *x == total), "reducescatter {len}");
+    }
 
     // Point-to-point around the ring, tags received out of order.
     if n > 1 {

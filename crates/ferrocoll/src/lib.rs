@@ -26,7 +26,12 @@
 //!
 //! Errors are values of [`Error`], with messages that say what to fix; no
 //! user mistake panics. Non-blocking forms (`iall_reduce`, ...) take owned
-//! buffers and return them from [`Request::wait`].
+//! buffers, run on the communicator's progress worker (one thread per
+//! communicator, not one per call) and return the buffers from
+//! [`Request::wait`] ([`Request::test`], [`Request::wait_all`] and
+//! [`Request::wait_any`] too). Persistent collectives
+//! ([`Communicator::all_reduce_init`], ...) are planned once and run many
+//! times ([`Persistent`]).
 
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
@@ -72,7 +77,7 @@ pub mod fuzzing {
     }
 }
 
-pub use comm::{CallOptions, Communicator};
+pub use comm::{CallOptions, Communicator, Persistent, Started};
 pub use config::Config;
 pub use error::{Error, Result};
 pub use launch::init::{init, init_with_rendezvous, TransportKind};

@@ -61,7 +61,7 @@ fn non_blocking_calls_hand_buffers_back_and_overlap() {
         let r = comm.rank() as i64;
         // Several outstanding calls at once, waited in reverse order.
         let a = comm.iall_reduce(vec![r; 1000], ReduceOp::Sum);
-        let mut b = comm.iall_gather(vec![r; 3]);
+        let b = comm.iall_gather(vec![r; 3]);
         let c = comm.ibroadcast(vec![r; 10], 2);
         let d = comm.ibarrier();
         // A blocking call while the others are in flight.
@@ -69,7 +69,7 @@ fn non_blocking_calls_hand_buffers_back_and_overlap() {
         comm.all_reduce_in_place(&mut x, ReduceOp::Max).unwrap();
         d.wait().unwrap();
         let c = c.wait().unwrap();
-        while !b.test() {
+        while !b.is_complete() {
             std::thread::yield_now();
         }
         let b = b.wait().unwrap();

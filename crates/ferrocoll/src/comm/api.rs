@@ -16,14 +16,14 @@ fn bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
     bytemuck::cast_slice_mut(s)
 }
 
-fn len_error(call: &str, what: &str, got: usize, want: usize, why: &str) -> Error {
+pub(super) fn len_error(call: &str, what: &str, got: usize, want: usize, why: &str) -> Error {
     Error::invalid(format!(
         "{call}: {what} has {got} elements but must have {want} ({why})"
     ))
 }
 
 impl Communicator {
-    fn check_root(&self, call: &str, root: usize) -> Result<()> {
+    pub(super) fn check_root(&self, call: &str, root: usize) -> Result<()> {
         if root >= self.size() {
             return Err(Error::invalid(format!(
                 "{call}: root {root} is not a rank of this communicator; use 0..{}",

@@ -11,13 +11,49 @@ use std::time::{Duration, Instant};
 use super::{coll_bit, Communicator};
 use crate::error::{Error, Result};
 use crate::exec::{self, Call, Memory};
-use crate::plan::{self, Collective, Layout, Op, Plan, PlanRequest, Round};
+use crate::plan::{self, Algorithm, Collective, Layout, Op, Plan, PlanRequest, Round};
 use crate::transport::{CallKind, Header, Signature, SmallBuffers, SmallCall, SmallCollectives};
 use crate::types::{DType, ReduceOp};
 
 /// How long a timeout waits for the peers to say where they are (the
 /// desync report): they answer within microseconds when they are in a call.
 const DESYNC_WAIT: Duration = Duration::from_millis(100);
+
+/// A collective call resolved once ([`Communicator::prepare`]): what
+/// persistent collectives keep between runs.
+pub(super) struct Prepared {
+    pub(super) spec: Spec,
+    /// `None`: the call takes the transport's small-collective path.
+    planned: Option<Planned>,
+}
+
+impl Prepared {
+    /// Whether runs take the small-collective fast path.
+    pub(super) fn is_fast(&self) -> bool {
+        self.planned.is_none()
+    }
+
+    /// The algorithm runs use (`None` on the fast path).
+    pub(super) fn algorithm(&self) -> Option<Algorithm> {
+        self.planned.as_ref().map(|p| p.algo)
+    }
+}
+
+/// The algorithm and plans of a call that runs as plans.
+struct Planned {
+    algo: Algorithm,
+    /// Why `algo` was chosen (for `FERROCOLL_DEBUG`).
+    why: String,
+    /// The size choice looked at.
+    bytes: usize,
+    /// `(offset, len)` in elements of each consecutive piece
+    /// ([`exec::slices`]).
+    slices: Vec<(usize, usize)>,
+    /// The plan for each distinct slice length (there are at most two, see
+    /// [`crate::plan::block`]; an array keeps the plain call free of a second
+    /// allocation).
+    plans: [Option<(usize, Plan)>; 2],
+}
 
 /// Everything that describes one collective call.
 pub(super) struct Spec {
@@ -223,23 +259,52 @@ impl Communicator {
         if let Some(small) = self.small_path(spec.coll, spec.count, spec.dtype) {
             return self.run_fast(small, &spec, &mut mem);
         }
+        // The number first: a call whose choice or plan fails still takes
+        // its place, as it does on every other rank.
         let seq = self.next_seq();
+        let planned = self.plan_call(&spec)?;
+        self.run_planned(&spec, &planned, seq, &mut mem)
+    }
+
+    /// Resolves once what [`Communicator::run`] resolves per call: the
+    /// small-call fast path when the call qualifies (decided from the call's
+    /// shape, the group and the configuration only, so it stays right for
+    /// every later run), else the algorithm and its checked plans. Takes no
+    /// sequence number.
+    pub(super) fn prepare(&self, spec: Spec) -> Result<Prepared> {
+        let planned = match self.small_path(spec.coll, spec.count, spec.dtype) {
+            Some(_) => None,
+            None => Some(self.plan_call(&spec)?),
+        };
+        Ok(Prepared { spec, planned })
+    }
+
+    /// Runs a call [`Communicator::prepare`]d on this communicator, on
+    /// `mem` laid out as for [`Communicator::run`]; takes the next sequence
+    /// number (or the reserved one) as every call does.
+    pub(super) fn run_prepared(&self, call: &Prepared, mem: &mut Memory<'_>) -> Result<()> {
+        match &call.planned {
+            None => {
+                let small = self.shared.transport.small_collectives().ok_or_else(|| {
+                    Error::Internal("the small-collective path is gone from the transport".into())
+                })?;
+                self.run_fast(small, &call.spec, mem)
+            }
+            Some(planned) => {
+                let seq = self.next_seq();
+                self.run_planned(&call.spec, planned, seq, mem)
+            }
+        }
+    }
+
+    /// Chooses the algorithm of a call that does not take the fast path and
+    /// builds (and in debug builds checks) the plan of every slice length.
+    fn plan_call(&self, spec: &Spec) -> Result<Planned> {
         let elem = spec.dtype.size();
         // Every rank must choose alike, so the choice looks only at what every
         // rank agrees on (not, say, the root's larger gather buffer).
         let bytes = self.call_bytes(spec.coll, spec.count, spec.dtype);
         let (algo, why) = self.choose(spec.coll, bytes)?;
-        if self.shared.config.debug && self.rank() == 0 {
-            eprintln!(
-                "ferrocoll: {} #{seq} {bytes} B on {} ranks -> {algo} ({why})",
-                spec.coll,
-                self.size()
-            );
-            if self.shared.config.debug_tune {
-                self.chooser()
-                    .explain(spec.coll, spec.count, spec.dtype, bytes);
-            }
-        }
         let req = PlanRequest {
             collective: spec.coll,
             n: self.size(),
@@ -256,32 +321,78 @@ impl Communicator {
         } else {
             Layout::OUT_OF_PLACE
         };
-        let sig = spec.signature();
-        let op = spec.op.unwrap_or(ReduceOp::Sum);
         // Elementwise collectives of many bytes run as consecutive slices,
         // each a whole collective on a cache-sized piece (see
-        // `exec::slices`); everything else runs as one plan.
-        let mut planned: Option<(usize, Plan)> = None;
-        for (offset, len) in
-            exec::slices(spec.coll, spec.count, elem, self.shared.config.slice_bytes)
-        {
-            if planned.as_ref().map(|(l, _)| *l) != Some(len) {
-                let req = PlanRequest {
-                    count: len,
-                    ..req.clone()
-                };
-                let plan = plan::build(algo, &req)?;
-                if cfg!(debug_assertions) {
-                    plan::validate(&plan, &req, layout).map_err(|e| {
-                        Error::Internal(format!("{algo} plan for {}: {e}", spec.coll))
-                    })?;
-                }
-                planned = Some((len, plan));
+        // `exec::slices`); everything else runs as one plan. Slices have at
+        // most two lengths, so at most two plans are built.
+        let slices = exec::slices(spec.coll, spec.count, elem, self.shared.config.slice_bytes);
+        let mut plans: [Option<(usize, Plan)>; 2] = [None, None];
+        for &(_, len) in &slices {
+            if plans.iter().flatten().any(|(l, _)| *l == len) {
+                continue;
             }
-            let (_, plan) = planned.as_ref().expect("planned above");
+            let Some(free) = plans.iter_mut().find(|p| p.is_none()) else {
+                return Err(Error::Internal(format!(
+                    "{} of {} elements cut into slices of more than two lengths",
+                    spec.coll, spec.count
+                )));
+            };
+            let req = PlanRequest {
+                count: len,
+                ..req.clone()
+            };
+            let plan = plan::build(algo, &req)?;
+            if cfg!(debug_assertions) {
+                plan::validate(&plan, &req, layout)
+                    .map_err(|e| Error::Internal(format!("{algo} plan for {}: {e}", spec.coll)))?;
+            }
+            *free = Some((len, plan));
+        }
+        Ok(Planned {
+            algo,
+            why,
+            bytes,
+            slices,
+            plans,
+        })
+    }
+
+    /// Runs the plans of a planned call under sequence number `seq` and ends
+    /// the call on the transport.
+    fn run_planned(
+        &self,
+        spec: &Spec,
+        planned: &Planned,
+        seq: u64,
+        mem: &mut Memory<'_>,
+    ) -> Result<()> {
+        if self.shared.config.debug && self.rank() == 0 {
+            eprintln!(
+                "ferrocoll: {} #{seq} {} B on {} ranks -> {} ({})",
+                spec.coll,
+                planned.bytes,
+                self.size(),
+                planned.algo,
+                planned.why
+            );
+            if self.shared.config.debug_tune {
+                self.chooser()
+                    .explain(spec.coll, spec.count, spec.dtype, planned.bytes);
+            }
+        }
+        let elem = spec.dtype.size();
+        let sig = spec.signature();
+        let op = spec.op.unwrap_or(ReduceOp::Sum);
+        for &(offset, len) in &planned.slices {
+            let plan = planned
+                .plans
+                .iter()
+                .flatten()
+                .find_map(|(l, p)| (*l == len).then_some(p))
+                .expect("a plan for every slice length");
             if len == spec.count {
                 // One slice: the whole call, whatever its buffers' shapes.
-                self.execute(plan, &mut mem, &sig, seq, op)?;
+                self.execute(plan, mem, &sig, seq, op)?;
             } else {
                 let mut piece = mem.slice(offset * elem, len * elem);
                 self.execute(plan, &mut piece, &sig, seq, op)?;

@@ -1,24 +1,71 @@
 //! The non-blocking forms (`iall_reduce`, ...): each takes owned buffers,
 //! reserves the call's sequence number at once (so calls keep the order in
-//! which they were issued) and runs the blocking form on a background
-//! thread; [`Request::wait`] returns the buffers.
+//! which they were issued) and queues the blocking form on the
+//! communicator's progress worker (`progress.rs`); [`Request::wait`]
+//! returns the buffers.
+//!
+//! There are no non-blocking point-to-point forms (`isend`, `irecv`). They
+//! cannot share the worker's queue (a synchronous send waits for its
+//! receive, so an `isend` queued before an `irecv` on both ranks of a pair
+//! never completes), and running each on a thread of its own, as the Python
+//! layer does, brings back the thread per call and still cannot keep MPI's
+//! non-overtaking order: two sends on one peer and tag reach the transport
+//! in whatever order their threads run, not in issue order. Doing them
+//! right needs the transports to post a send or receive at issue time and
+//! progress it later; until then a caller that wants overlap runs the
+//! blocking `send`/`recv` on a thread of its choosing
+//! (`std::thread::scope`), which is what a thread per call would do.
 
+use super::progress::Engine;
 use super::Communicator;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::request::Request;
 use crate::types::{Element, ReduceOp};
 
 impl Communicator {
+    /// This communicator's progress worker, started on first use.
+    fn engine(&self) -> Result<&Engine> {
+        if let Some(engine) = self.shared.engine.get() {
+            return Ok(engine);
+        }
+        let name = format!("ferrocoll-progress-{}", self.rank());
+        let engine = Engine::start(name).map_err(|e| {
+            Error::Internal(format!(
+                "could not start the progress worker for non-blocking calls: {e}"
+            ))
+        })?;
+        // Another thread may have started one meanwhile: then that one is
+        // used and this one ends (dropping it joins its idle thread).
+        Ok(self.shared.engine.get_or_init(|| Box::new(engine)))
+    }
+
+    /// Queues `f` on the progress worker behind every call issued before;
+    /// the request completes with what `f` returns. The caller has reserved
+    /// whatever sequence number `f` uses.
+    pub(super) fn submit<R, F>(&self, f: F) -> Request<R>
+    where
+        R: Send + 'static,
+        F: FnOnce() -> Result<R> + Send + 'static,
+    {
+        match self.engine() {
+            Ok(engine) => {
+                let (request, done) = Request::pending();
+                engine.push(Box::new(move || done.finish(f())));
+                request
+            }
+            Err(e) => Request::ready(Err(e)),
+        }
+    }
+
     /// Reserves the next sequence number now (so calls keep issue order) and
-    /// runs `f` on a background thread with a handle bound to it.
+    /// queues `f` on the progress worker with a handle bound to it.
     fn start<R, F>(&self, f: F) -> Request<R>
     where
         R: Send + 'static,
         F: FnOnce(&Communicator) -> Result<R> + Send + 'static,
     {
-        let mut handle = self.clone();
-        handle.reserved_seq = Some(self.next_seq());
-        Request::spawn(move || f(&handle))
+        let handle = self.reserve_next_call();
+        self.submit(move || f(&handle))
     }
 
     /// Non-blocking [`Communicator::all_reduce_in_place`]; the buffer comes
