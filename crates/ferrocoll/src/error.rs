@@ -151,3 +151,36 @@ impl Error {
         Error::InvalidArgument(msg.into())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeout(collective: &str, seq: u64, report: &str) -> String {
+        Error::Timeout {
+            collective: collective.into(),
+            seq,
+            rank: 0,
+            peer: 1,
+            waited: Duration::from_secs(1),
+            report: report.into(),
+        }
+        .to_string()
+    }
+
+    #[test]
+    fn a_timeout_names_a_tag_as_a_tag_and_a_call_by_its_number() {
+        // Every transport builds its timeouts this way: the engine and the
+        // fast path (shm, tcp) and the thread transport.
+        let p2p = timeout("send/recv(count=4, f32)", 77, "");
+        assert!(p2p.contains("(tag 77)") && !p2p.contains("call #"), "{p2p}");
+        let coll = timeout("allreduce(count=4, f32, sum)", 77, "");
+        assert!(coll.contains("(call #77)"), "{coll}");
+        assert!(!coll.contains("where every rank is"), "{coll}");
+        let reported = timeout("allreduce(count=4, f32, sum)", 3, "rank 1: gone");
+        assert!(
+            reported.ends_with("; where every rank is: rank 1: gone"),
+            "{reported}"
+        );
+    }
+}
