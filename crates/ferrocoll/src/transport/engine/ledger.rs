@@ -34,6 +34,8 @@ pub(crate) struct Ledger {
     /// engine, which does not run them, names them when a peer asks where
     /// this rank is.
     bypass_waiting: Vec<Header>,
+    /// The last call finished here took the bypass.
+    bypass_finished_last: bool,
     /// `verdicts.len()`, readable without the lock ([`Ledger::verdicts_hint`]).
     verdict_count: Arc<AtomicUsize>,
 }
@@ -51,16 +53,33 @@ impl Ledger {
             finished: VecDeque::new(),
             verdicts: Vec::new(),
             bypass_waiting: Vec::new(),
+            bypass_finished_last: false,
             verdict_count: Arc::new(AtomicUsize::new(0)),
         }
     }
 
-    /// Records that this rank finished the collective `header`.
+    /// Records that this rank finished the collective `header` on the
+    /// engine.
     pub(crate) fn finish(&mut self, header: &Header) {
         self.finished.push_back(*header);
         if self.finished.len() > FINISHED_KEPT {
             self.finished.pop_front();
         }
+        self.bypass_finished_last = false;
+    }
+
+    /// Records that this rank finished the collective `header` on the
+    /// bypass.
+    pub(crate) fn finish_on_bypass(&mut self, header: &Header) {
+        self.finish(header);
+        self.bypass_finished_last = true;
+    }
+
+    /// Whether the last call this rank finished took the bypass (then a
+    /// bypass call has nothing of a finished engine call to look for before
+    /// it writes; see `fastpath::FastPath::pass`).
+    pub(crate) fn bypass_finished_last(&self) -> bool {
+        self.bypass_finished_last
     }
 
     /// The finished call with `key`, if remembered.
