@@ -13,15 +13,13 @@
 //! `FERROCOLL_TEST_ROLE` set it plays one rank. Ranks are started directly,
 //! not through `ferrocoll run`, which would stop the survivors.
 
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use ferrocoll::{CallOptions, Communicator, ReduceOp};
 
 mod common;
-use common::show;
-
-const ROLE: &str = "FERROCOLL_TEST_ROLE";
+use common::{show, ROLE};
 
 /// How long a survivor stays alive after its error: far longer than the
 /// time every rank has to learn of a mismatch (`FAST`), so no rank can
@@ -64,46 +62,9 @@ fn main() {
 
 // ---- driver ----------------------------------------------------------------
 
-/// Runs `n` ranks of this binary in `role` over `transport` and returns
-/// each rank's output (killing everything after 60 s: a hang is a failure).
-fn world(n: usize, role: &str, transport: &str, env: &[(&str, String)]) -> Vec<Output> {
-    let me = std::env::current_exe().unwrap();
-    let port = common::free_port();
-    let job = format!("e{}x{port}", std::process::id());
-    let mut children: Vec<_> = (0..n)
-        .map(|r| {
-            let mut cmd = Command::new(&me);
-            cmd.env(ROLE, role)
-                .env("FERROCOLL_RANK", r.to_string())
-                .env("FERROCOLL_WORLD_SIZE", n.to_string())
-                .env("FERROCOLL_ADDR", format!("127.0.0.1:{port}"))
-                .env("FERROCOLL_SECRET", "everywhere")
-                .env("FERROCOLL_JOB_ID", &job)
-                .env("FERROCOLL_TRANSPORT", transport)
-                .env("FERROCOLL_TIMEOUT", "30");
-            for (k, v) in env {
-                cmd.env(k, v);
-            }
-            cmd.stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
-        if Instant::now() > deadline {
-            for c in &mut children {
-                let _ = c.kill();
-            }
-            panic!("{role} over {transport} hung: killed after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect()
+/// [`common::direct_world`] for this file's roles.
+fn world(n: usize, role: &str, transport: &str, env: &[(&str, &str)]) -> Vec<Output> {
+    common::direct_world("everywhere", n, role, transport, env)
 }
 
 /// The milliseconds a rank printed after `after ` in its last report (see
@@ -126,10 +87,8 @@ fn mismatch_reaches_every_rank_at_once() {
                 ("root", 256),
                 ("alltoallv", 256),
             ] {
-                let env = [
-                    ("FC_CASE", case.to_string()),
-                    ("FC_ELEMS", elems.to_string()),
-                ];
+                let elems_text = elems.to_string();
+                let env = [("FC_CASE", case), ("FC_ELEMS", elems_text.as_str())];
                 let outs = world(n, "mismatch", transport, &env);
                 for (r, out) in outs.iter().enumerate() {
                     let text = String::from_utf8_lossy(&out.stdout);
@@ -157,10 +116,7 @@ fn silent_mismatch_is_found_by_a_probe() {
     // reduce(root 0) against broadcast(root 0) on two ranks: both only
     // receive, no message ever shows the difference.
     for transport in ["shm", "tcp"] {
-        let env = [
-            ("FC_CASE", "reduce_bcast".to_string()),
-            ("FC_ELEMS", "256".to_string()),
-        ];
+        let env = [("FC_CASE", "reduce_bcast"), ("FC_ELEMS", "256")];
         let outs = world(2, "mismatch", transport, &env);
         for (r, out) in outs.iter().enumerate() {
             let text = String::from_utf8_lossy(&out.stdout);

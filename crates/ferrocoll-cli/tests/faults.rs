@@ -18,8 +18,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ferrocoll::{Communicator, ReduceOp};
 
-const ROLE: &str = "FERROCOLL_TEST_ROLE";
-
 /// Nanoseconds since the epoch: the clock every process of this host shares.
 fn now_ns() -> u128 {
     SystemTime::now()
@@ -29,7 +27,7 @@ fn now_ns() -> u128 {
 }
 
 mod common;
-use common::show;
+use common::{show, ROLE};
 
 fn main() {
     if let Ok(role) = std::env::var(ROLE) {
@@ -76,46 +74,9 @@ fn main() {
 
 // ---- driver ----------------------------------------------------------------
 
-/// Runs `n` ranks of this binary in `role` over `transport` and returns
-/// each rank's output (killing everything after 60 s: a hang is a failure).
+/// [`common::direct_world`] for this file's roles.
 fn world(n: usize, role: &str, transport: &str, env: &[(&str, &str)]) -> Vec<Output> {
-    let me = std::env::current_exe().unwrap();
-    let port = common::free_port();
-    let job = format!("f{}x{port}", std::process::id());
-    let mut children: Vec<_> = (0..n)
-        .map(|r| {
-            let mut cmd = Command::new(&me);
-            cmd.env(ROLE, role)
-                .env("FERROCOLL_RANK", r.to_string())
-                .env("FERROCOLL_WORLD_SIZE", n.to_string())
-                .env("FERROCOLL_ADDR", format!("127.0.0.1:{port}"))
-                .env("FERROCOLL_SECRET", "faults")
-                .env("FERROCOLL_JOB_ID", &job)
-                .env("FERROCOLL_TRANSPORT", transport)
-                .env("FERROCOLL_TIMEOUT", "30");
-            for (k, v) in env {
-                cmd.env(k, v);
-            }
-            cmd.stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while children.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
-        if Instant::now() > deadline {
-            for c in &mut children {
-                let _ = c.kill();
-            }
-            panic!("{role} over {transport} hung: killed after 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect()
+    common::direct_world("faults", n, role, transport, env)
 }
 
 /// Asserts that every rank's output contains `needle`.

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use ferrocoll::{bf16, f16, Collective, Communicator, DType, Element, ReduceOp};
 
-const ROLE: &str = "FERROCOLL_TEST_ROLE";
 const FERROCOLL: &str = env!("CARGO_BIN_EXE_ferrocoll");
 
 const COLLECTIVES: [&str; 9] = [
@@ -31,7 +30,7 @@ const COLLECTIVES: [&str; 9] = [
 ];
 
 mod common;
-use common::{free_port, show};
+use common::{free_port, show, ROLE};
 
 fn main() {
     if let Ok(role) = std::env::var(ROLE) {
@@ -166,32 +165,21 @@ fn every_collective_on_shm_and_tcp() {
 }
 
 fn api_across_processes() {
-    for (transport, single_copy, streams, buffers) in VARIANTS {
-        for n in [1, 3, 4] {
-            let env = [
-                ("FERROCOLL_TRANSPORT", transport),
-                ("FERROCOLL_SHM_SINGLE_COPY", single_copy),
-                ("FERROCOLL_SHM_FAST", shm_fast(single_copy)),
-                ("FERROCOLL_TCP_STREAMS", streams),
-                ("FERROCOLL_TEST_BUFFERS", buffers),
-            ];
-            let out = launch(n, "api", &env);
-            let what = format!(
-                "api {transport} (single copy {single_copy}, streams {streams}, {buffers}) n={n}"
-            );
-            assert!(out.status.success(), "{what}: {}", show(&out));
-            let text = String::from_utf8_lossy(&out.stdout);
-            assert_eq!(text.matches("api ok").count(), n, "{what}: {}", show(&out));
-        }
-    }
+    every_variant("api", &[1, 3, 4]);
 }
 
 /// Point-to-point as MPI and torch define it, on every variant: matched
 /// by (source, tag) in FIFO order whatever the lengths, from several
 /// threads, zero-length messages, and receives from any source.
 fn point_to_point_as_mpi_defines_it() {
+    every_variant("p2p", &[2, 3, 4]);
+}
+
+/// Runs `role` on every one of [`VARIANTS`] with each of `sizes` ranks;
+/// every rank must exit cleanly and print "ROLE ok".
+fn every_variant(role: &str, sizes: &[usize]) {
     for (transport, single_copy, streams, buffers) in VARIANTS {
-        for n in [2, 3, 4] {
+        for &n in sizes {
             let env = [
                 ("FERROCOLL_TRANSPORT", transport),
                 ("FERROCOLL_SHM_SINGLE_COPY", single_copy),
@@ -199,12 +187,19 @@ fn point_to_point_as_mpi_defines_it() {
                 ("FERROCOLL_TCP_STREAMS", streams),
                 ("FERROCOLL_TEST_BUFFERS", buffers),
             ];
-            let out = launch(n, "p2p", &env);
-            let what =
-                format!("p2p {transport} (single copy {single_copy}, streams {streams}) n={n}");
+            let out = launch(n, role, &env);
+            let what = format!(
+                "{role} {transport} (single copy {single_copy}, streams {streams}, {buffers}) n={n}"
+            );
             assert!(out.status.success(), "{what}: {}", show(&out));
             let text = String::from_utf8_lossy(&out.stdout);
-            assert_eq!(text.matches("p2p ok").count(), n, "{what}: {}", show(&out));
+            let ok = format!("{role} ok");
+            assert_eq!(
+                text.matches(ok.as_str()).count(),
+                n,
+                "{what}: {}",
+                show(&out)
+            );
         }
     }
 }
