@@ -93,6 +93,16 @@ impl Header {
     /// Marks `seq` as a point-to-point tag rather than a collective number.
     pub const P2P_BIT: u64 = 1 << 63;
 
+    /// The call as positions and reports name it: a collective by its
+    /// number (`allreduce(...) #183`), a message by its tag.
+    pub(crate) fn describe_call(&self) -> String {
+        if self.seq & Header::P2P_BIT != 0 {
+            format!("{} tag {}", self.sig, self.seq & !Header::P2P_BIT)
+        } else {
+            format!("{} #{}", self.sig, self.seq)
+        }
+    }
+
     /// Messages with equal keys are matched in FIFO order.
     pub fn key(&self) -> (u64, u64) {
         (self.comm, self.seq)

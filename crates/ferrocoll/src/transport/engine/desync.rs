@@ -45,16 +45,6 @@ fn comm_only(comm: u64) -> Header {
     }
 }
 
-/// A call as a position names it: a collective by its number, a message by
-/// its tag.
-fn describe(h: &Header) -> String {
-    if h.seq & Header::P2P_BIT != 0 {
-        format!("{} tag {}", h.sig, h.seq & !Header::P2P_BIT)
-    } else {
-        format!("{} #{}", h.sig, h.seq)
-    }
-}
-
 impl Core {
     /// Call `id` has waited long: asks every peer it still waits on where
     /// it is, with the call's header for them to compare.
@@ -172,7 +162,7 @@ impl Core {
             .map(|c| c.header)
             .filter(|h| h.comm == comm)
             .chain(bypass)
-            .map(|h| format!("in {}", describe(&h)))
+            .map(|h| format!("in {}", h.describe_call()))
             .collect();
         if !running.is_empty() {
             return running.join(", ");
@@ -180,7 +170,7 @@ impl Core {
         match ledger::with(&*self.ledger, |l| l.last_finished(comm)) {
             Some(h) => format!(
                 "in no call on this communicator; last finished {}",
-                describe(&h)
+                h.describe_call()
             ),
             None => "in no call on this communicator; finished none yet".to_string(),
         }

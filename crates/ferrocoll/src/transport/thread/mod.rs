@@ -280,7 +280,6 @@ impl Transport for ThreadTransport {
 
     /// Read straight from each rank's state: threads need not answer.
     fn positions(&self, comm: u64, ranks: &[usize], _within: Duration) -> Vec<Option<String>> {
-        let describe = |h: &Header| format!("{} #{}", h.sig, h.seq);
         ranks
             .iter()
             .map(|&r| {
@@ -295,7 +294,7 @@ impl Transport for ThreadTransport {
                     .active
                     .iter()
                     .filter(|h| h.comm == comm)
-                    .map(|h| format!("in {}", describe(h)))
+                    .map(|h| format!("in {}", h.describe_call()))
                     .collect();
                 if !running.is_empty() {
                     return Some(running.join(", "));
@@ -303,7 +302,7 @@ impl Transport for ThreadTransport {
                 Some(match st.finished.iter().rev().find(|h| h.comm == comm) {
                     Some(h) => format!(
                         "in no collective on this communicator; last finished {}",
-                        describe(h)
+                        h.describe_call()
                     ),
                     None => "in no collective on this communicator; finished none yet".to_string(),
                 })
