@@ -29,9 +29,9 @@ pub struct BenchArgs {
     #[arg(value_name = "COLL", default_value = "allreduce", value_parser = parse_collective)]
     pub coll: Collective,
 
-    /// Number of ranks.
-    #[arg(short = 'n', long, default_value = "4", value_parser = at_least::<1>)]
-    pub ranks: usize,
+    /// Number of ranks (default: 4; under a launcher, the job's ranks).
+    #[arg(short = 'n', long, value_parser = at_least::<1>)]
+    pub ranks: Option<usize>,
 
     /// Smallest size in bytes (suffixes K, M, G, T are powers of 1024).
     #[arg(short = 'b', long, default_value = "8", value_parser = parse_size)]
@@ -92,12 +92,14 @@ pub struct BenchArgs {
     pub root: usize,
 
     /// How ranks communicate: `thread` (ranks are threads of this process),
-    /// `shm` (processes on this host, shared memory) or `tcp` (processes,
-    /// TCP over loopback). For shm and tcp, bench starts its ranks itself
-    /// through `ferrocoll run`; under a launcher (FERROCOLL_RANK, torchrun,
-    /// mpirun, srun set) it joins that job instead.
-    #[arg(long, default_value = "thread", value_parser = parse_transport)]
-    pub transport: Transport,
+    /// `shm` (processes on this host, shared memory), `tcp` (processes,
+    /// TCP over loopback) or `auto` (processes: shared memory within a
+    /// host, TCP between hosts). For shm, tcp and auto, bench starts its
+    /// ranks itself through `ferrocoll run`; under a launcher
+    /// (FERROCOLL_RANK, torchrun, mpirun, srun set) it joins that job
+    /// instead. Default: thread, and auto under a launcher.
+    #[arg(long, value_parser = parse_transport)]
+    pub transport: Option<Transport>,
 
     /// Where the send and receive buffers live: `heap` (a Vec) or `shared`
     /// (`ferrocoll::SharedBuffer`, which ranks on one host read in place,
@@ -115,15 +117,19 @@ pub enum Transport {
     Shm,
     /// Ranks are processes over TCP.
     Tcp,
+    /// Ranks are processes: shared memory within a host, TCP between.
+    Auto,
 }
 
 impl Transport {
-    /// The lowercase name `--transport` takes: `thread`, `shm` or `tcp`.
+    /// The lowercase name `--transport` takes: `thread`, `shm`, `tcp` or
+    /// `auto`.
     pub(super) fn name(self) -> &'static str {
         match self {
             Transport::Thread => "thread",
             Transport::Shm => "shm",
             Transport::Tcp => "tcp",
+            Transport::Auto => "auto",
         }
     }
 }
@@ -152,7 +158,8 @@ fn parse_transport(s: &str) -> Result<Transport, String> {
         "thread" => Ok(Transport::Thread),
         "shm" => Ok(Transport::Shm),
         "tcp" => Ok(Transport::Tcp),
-        _ => Err("unknown transport; use thread, shm or tcp".into()),
+        "auto" => Ok(Transport::Auto),
+        _ => Err("unknown transport; use thread, shm, tcp or auto".into()),
     }
 }
 

@@ -77,11 +77,13 @@ pub fn main(args: &BenchArgs) -> Result<(), CliError> {
     };
 
     let outcomes = match setup.transport {
-        Transport::Shm | Transport::Tcp => match launch::as_job_rank(&setup, &header)? {
-            Some(rank0) => vec![rank0],
-            // Only rank 0 reports.
-            None => return Ok(()),
-        },
+        Transport::Shm | Transport::Tcp | Transport::Auto => {
+            match launch::as_job_rank(&setup, &header)? {
+                Some(rank0) => vec![rank0],
+                // Only rank 0 reports.
+                None => return Ok(()),
+            }
+        }
         Transport::Thread => {
             header(0)?;
             launch::as_threads(&setup)?

@@ -31,7 +31,17 @@ impl Setup {
     /// the command's usage errors and the library's configuration errors.
     pub(super) fn from_args(args: &BenchArgs) -> Result<Setup, CliError> {
         let coll = args.coll;
-        let n = args.ranks;
+        // Under a launcher the job decides how many ranks there are and
+        // how they talk.
+        let job_size = crate::run::in_job()
+            .then(|| ferrocoll::world::WorldSpec::from_env().ok().map(|s| s.size))
+            .flatten();
+        let n = args.ranks.or(job_size).unwrap_or(4);
+        let transport = args.transport.unwrap_or(if job_size.is_some() {
+            Transport::Auto
+        } else {
+            Transport::Thread
+        });
         if coll.has_root() && args.root >= n {
             return Err(CliError::Usage(format!(
                 "--root {} is not a rank; with {n} ranks use 0 to {}",
@@ -93,7 +103,7 @@ impl Setup {
             iters: args.iters,
             check: !args.no_check,
             json: args.json,
-            transport: args.transport,
+            transport,
         })
     }
 
