@@ -36,9 +36,12 @@ use crate::error::CliError;
 /// Arguments of `ferrocoll calibrate`.
 #[derive(Debug, Args)]
 pub struct CalibrateArgs {
-    /// Ranks to measure with.
-    #[arg(short = 'n', long = "ranks", default_value_t = 4)]
-    ranks: usize,
+    /// Ranks to measure with (default 4; under a launcher, the job's).
+    /// Across hosts, the intra-host links are measured on each host's
+    /// ranks and the inter-host links on one rank per host, each class
+    /// fitted on its own.
+    #[arg(short = 'n', long = "ranks")]
+    ranks: Option<usize>,
     /// Largest size measured (nccl-tests bytes).
     #[arg(short = 'e', long, default_value = "16M", value_parser = crate::bench::parse_size)]
     maxbytes: usize,
@@ -347,186 +350,285 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Vec<f64> {
     x
 }
 
+/// The fitted parameters of one link class and how well they explain its
+/// points.
+struct ClassFit {
+    /// alpha, 1/beta, gamma, o, copy, 1/beta_mem.
+    x: [f64; PARAMS],
+    /// The cache's edge (a gap between working sets), if a split helped.
+    gap: Option<(f64, f64)>,
+    /// The points as fitted (split at the cache's edge).
+    points: Vec<Point>,
+    /// The simpler models, fitted to the same points.
+    plain: [f64; PARAMS],
+    with_copy: [f64; PARAMS],
+}
+
+/// Fits one link class: gamma and the copy cost held at their kernel
+/// timings, a cache regime searched for when `cache` is set.
+fn fit_class(points: &[Point], gamma: f64, copy: f64, cache: bool) -> ClassFit {
+    let mut fixed = [None; PARAMS];
+    fixed[GAMMA] = Some(gamma);
+    fixed[COPY] = Some(0.0);
+    let plain = fit(points, fixed);
+    fixed[COPY] = Some(copy);
+    let with_copy = fit(points, fixed);
+    let (x, gap, split) = if cache {
+        fit_with_cache(points, fixed)
+    } else {
+        (refit_beta_on_large(points, with_copy), None, points.to_vec())
+    };
+    ClassFit {
+        x,
+        gap,
+        points: split,
+        plain,
+        with_copy,
+    }
+}
+
+/// Calls from this size on fit the inter-host beta ([`refit_beta_on_large`]):
+/// 4x the namespace cluster's token bucket (250 KB at 1 Gbit/s), which a
+/// 256 KiB call still partly bursts through.
+const LARGE: usize = 1 << 20;
+
+/// `x` with 1/beta refitted on the points of at least [`LARGE`] bytes, the
+/// other parameters held. For the inter-host class: on a shaped link a
+/// token bucket's burst makes the small calls' times erratic (0.2-0.95 ms
+/// for 4 KiB on the namespace cluster's 1 Gbit/s links), and one weighted
+/// fit over all sizes traded the large calls' accuracy for them (-26 % at
+/// 2 MiB); the latency terms come from all points, the bandwidth from the
+/// calls where it dominates. Unchanged when no point is that large.
+fn refit_beta_on_large(points: &[Point], x: [f64; PARAMS]) -> [f64; PARAMS] {
+    let large: Vec<Point> = points.iter().filter(|p| p.bytes >= LARGE).cloned().collect();
+    if large.iter().all(|p| p.coef[1] == 0.0) {
+        return x;
+    }
+    let fixed: [Option<f64>; PARAMS] =
+        std::array::from_fn(|i| if i == 1 { None } else { Some(x[i]) });
+    fit(&large, fixed)
+}
+
+/// Every collective of [`CALIBRATED`] with every algorithm, over `sizes`,
+/// timed on `comm` (each point the fastest of `repeat` batches on the
+/// slowest rank).
+fn measure(comm: &Communicator, sizes: &[usize], repeat: u32) -> Result<Vec<Point>, ferrocoll::Error> {
+    let n = comm.size();
+    let elem = DType::F32.size();
+    let progress = io::stderr();
+    let mut points = Vec::new();
+    for coll in CALIBRATED {
+        for &algo in coll.algorithms() {
+            let c = comm.with_options(CallOptions::algorithm(algo));
+            for &bytes in sizes {
+                let count = bytes / (elem * blocks(coll, n));
+                if count == 0 {
+                    continue;
+                }
+                // Enough calls to fill ~20 ms, at least 3.
+                let iters = (2e7 / (bytes as f64 + 2e4)).clamp(3.0, 200.0) as usize;
+                let seconds = time_calls(comm, &c, coll, count, iters, repeat)?;
+                let mut shape = Shape::new(coll, n, count, elem);
+                shape.topology = comm.topology().clone();
+                if let Some(coef) = coefficients(algo, &shape) {
+                    points.push(Point {
+                        coll,
+                        algo: algo.name(),
+                        bytes: count * elem * blocks(coll, n),
+                        seconds,
+                        working_set: shape.working_set(),
+                        coef,
+                    });
+                }
+            }
+            if comm.rank() == 0 {
+                let _ = writeln!(progress.lock(), "calibrate: {coll}/{algo} measured");
+            }
+        }
+    }
+    Ok(points)
+}
+
+/// Across hosts: the intra-host class measured on each host's ranks (all
+/// hosts at once) and the inter-host class on one rank per host (the
+/// others wait), so that `inter` is what one host's link gives. Returns
+/// rank 0's (intra, inter) points; `None` on the other ranks.
+#[allow(clippy::type_complexity)]
+fn measure_two_classes(
+    comm: &Communicator,
+    sizes: &[usize],
+    repeat: u32,
+) -> Result<Option<(Vec<Point>, Vec<Point>)>, CliError> {
+    let topo = comm.topology();
+    let (per_node, nodes) = (topo.local_size(), topo.nodes());
+    if per_node * nodes != comm.size() {
+        return Err(CliError::Usage(format!(
+            "calibrating across hosts needs the same number of ranks on every host \
+             (topology {topo})"
+        )));
+    }
+    let (rank, node, local) = (comm.rank(), comm.rank() / per_node, comm.rank() % per_node);
+    let mut intra = Vec::new();
+    if per_node >= 2 {
+        let host = comm
+            .split(Some(node as u32), rank as i64)?
+            .expect("every rank has a color");
+        if rank == 0 {
+            eprintln!("calibrate: intra-host links ({nodes} hosts x {per_node} ranks at once)");
+        }
+        intra = measure(&host, sizes, repeat)?;
+    }
+    comm.barrier()?;
+    let across = comm.split((local == 0).then_some(0), rank as i64)?;
+    let mut inter = Vec::new();
+    if let Some(across) = across {
+        if rank == 0 {
+            eprintln!("calibrate: inter-host links (one rank on each of {nodes} hosts)");
+        }
+        inter = measure(&across, sizes, repeat)?;
+    }
+    comm.barrier()?;
+    Ok((rank == 0).then_some((intra, inter)))
+}
+
+/// Geometric-mean error of `x` over the points of at least `min_bytes`
+/// (`None` when there are none).
+fn error_from(x: &[f64; PARAMS], points: &[Point], min_bytes: usize) -> Option<f64> {
+    let big: Vec<Point> = points
+        .iter()
+        .filter(|p| p.bytes >= min_bytes)
+        .cloned()
+        .collect();
+    (!big.is_empty()).then(|| quality(x, &big).0)
+}
+
 /// Runs `ferrocoll calibrate`.
 pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
-    let n = args.ranks;
-    if n < 2 {
-        return Err(CliError::Usage(
-            "--ranks must be at least 2 to measure communication".into(),
-        ));
-    }
     let mut sizes = vec![];
     let mut b = 8usize;
     while b <= args.maxbytes {
         sizes.push(b);
         b *= 8;
     }
+    let in_job = crate::run::in_job();
     let transport = args.transport.as_str();
-    if transport != "thread" && !crate::run::in_job() {
+    let n = args.ranks.unwrap_or(4);
+    if !in_job && n < 2 {
+        return Err(CliError::Usage(
+            "--ranks must be at least 2 to measure communication".into(),
+        ));
+    }
+    if transport != "thread" && !in_job {
         return crate::run::relaunch_self(n, transport, "calibration");
     }
-    let elem = DType::F32.size();
-    let progress = io::stderr();
-    let measure = |comm: Communicator| -> Result<Vec<Point>, ferrocoll::Error> {
+    // (intra points, inter points): one class unless the job spans hosts.
+    let (transport_name, intra, inter) = if transport == "thread" && !in_job {
+        let results = local::run(n, |comm| measure(&comm, &sizes, args.repeat))?;
         let mut points = Vec::new();
-        for coll in CALIBRATED {
-            for &algo in coll.algorithms() {
-                let c = comm.with_options(CallOptions::algorithm(algo));
-                for &bytes in &sizes {
-                    let count = bytes / (elem * blocks(coll, n));
-                    if count == 0 {
-                        continue;
-                    }
-                    // Enough calls to fill ~20 ms, at least 3.
-                    let iters = (2e7 / (bytes as f64 + 2e4)).clamp(3.0, 200.0) as usize;
-                    let seconds = time_calls(&comm, &c, coll, count, iters, args.repeat)?;
-                    let mut shape = Shape::new(coll, n, count, elem);
-                    shape.topology = comm.topology().clone();
-                    if let Some(coef) = coefficients(algo, &shape) {
-                        points.push(Point {
-                            coll,
-                            algo: algo.name(),
-                            bytes: count * elem * blocks(coll, n),
-                            seconds,
-                            working_set: shape.working_set(),
-                            coef,
-                        });
-                    }
-                }
-                if comm.rank() == 0 {
-                    let _ = writeln!(progress.lock(), "calibrate: {coll}/{algo} measured");
-                }
+        for r in results {
+            let p = r?;
+            if points.is_empty() {
+                points = p;
             }
         }
-        Ok(points)
-    };
-    let results = if transport == "thread" {
-        local::run(n, measure)?
+        ("thread", points, Vec::new())
     } else {
         let comm = ferrocoll::init()?;
-        if comm.size() != n {
+        if let Some(n) = args.ranks.filter(|&n| n != comm.size()) {
             return Err(CliError::Usage(format!(
                 "--ranks {n} but the job has {} ranks",
                 comm.size()
             )));
         }
-        let rank = comm.rank();
-        let points = measure(comm);
-        if rank != 0 {
-            return points.map(|_| ()).map_err(CliError::from);
+        if comm.size() < 2 {
+            return Err(CliError::Usage(
+                "the job needs at least 2 ranks to measure communication".into(),
+            ));
         }
-        vec![points]
+        let name = comm.transport_name();
+        if comm.topology().nodes() > 1 {
+            match measure_two_classes(&comm, &sizes, args.repeat)? {
+                Some((intra, inter)) => (name, intra, inter),
+                None => return Ok(()),
+            }
+        } else {
+            let points = measure(&comm, &sizes, args.repeat);
+            if comm.rank() != 0 {
+                return points.map(|_| ()).map_err(CliError::from);
+            }
+            (name, points?, Vec::new())
+        }
     };
-    let mut points = Vec::new();
-    for r in results {
-        let p = r?;
-        if points.is_empty() {
-            points = p;
-        }
-    }
-    if points.is_empty() {
+    if intra.is_empty() && inter.is_empty() {
         return Err(CliError::Run("no point could be measured".into()));
     }
     let (gamma, copy) = (measure_gamma(), measure_copy());
-    // The simpler models first, fitted to the same points: what the profile
-    // would say without a copy cost and without a cache regime.
-    let mut fixed = [None; PARAMS];
-    fixed[GAMMA] = Some(gamma);
-    fixed[COPY] = Some(0.0);
-    let plain = fit(&points, fixed);
-    fixed[COPY] = Some(copy);
-    let with_copy = fit(&points, fixed);
-    let (x, gap, split) = fit_with_cache(&points, fixed);
-    let [alpha, inv_beta, _, overhead, _, inv_beta_mem] = x;
-    let mut profile = Profile::uniform(alpha, 1.0 / inv_beta.max(1e-18), gamma);
-    profile.intra.overhead = overhead;
-    profile.inter.overhead = overhead;
-    profile.copy = copy;
-    if let Some((below, above)) = gap {
-        // The data place the cache's edge somewhere in the gap: its
-        // geometric middle.
-        profile.cache_bytes = (below * above).sqrt();
-        profile.beta_mem = 1.0 / inv_beta_mem.max(1e-18);
-    }
-    let (geomean_error, r2) = quality(&x, &split);
-
     let mut out = io::stdout().lock();
-    writeln!(
-        out,
-        "# {:<14} {:<18} {:>10} {:>12} {:>12} {:>8}",
-        "coll", "algo", "bytes", "measured_us", "predicted_us", "error"
-    )?;
-    for p in &split {
-        let q = model_time(&x, p);
-        writeln!(
-            out,
-            "  {:<14} {:<18} {:>10} {:>12.2} {:>12.2} {:>7.1}%",
-            p.coll.name(),
-            p.algo,
-            p.bytes,
-            p.seconds * 1e6,
-            q * 1e6,
-            (q / p.seconds - 1.0) * 100.0
-        )?;
-        if args.json {
+    let mut classes: Vec<(&str, ClassFit)> = Vec::new();
+    if !intra.is_empty() {
+        let label = if inter.is_empty() { "links" } else { "intra-host" };
+        classes.push((label, fit_class(&intra, gamma, copy, true)));
+    }
+    if !inter.is_empty() {
+        classes.push(("inter-host", fit_class(&inter, gamma, copy, false)));
+    }
+    let gbs = |inv: f64| 1.0 / inv.max(1e-18) / 1e9;
+    let link_of = |x: &[f64; PARAMS]| ferrocoll::cost::LinkParams {
+        alpha: x[0],
+        beta: 1.0 / x[1].max(1e-18),
+        overhead: x[3],
+    };
+    for (label, f) in &classes {
+        writeln!(out, "# {label}")?;
+        report_class(&mut out, f, args.json, gbs)?;
+    }
+    // The profile: one class everywhere, or intra and inter from their own
+    // fits (the cache regime is the memory's, so it comes from intra).
+    let first = &classes[0].1;
+    let mut profile = Profile::uniform(0.0, 1.0, gamma);
+    profile.copy = copy;
+    profile.intra = link_of(&first.x);
+    profile.inter = link_of(&classes.last().expect("a class").1.x);
+    if !intra.is_empty() {
+        if let Some((below, above)) = first.gap {
+            // The data place the cache's edge somewhere in the gap: its
+            // geometric middle.
+            profile.cache_bytes = (below * above).sqrt();
+            profile.beta_mem = 1.0 / first.x[INV_BETA_MEM].max(1e-18);
+        }
+    }
+    if !inter.is_empty() {
+        // Measured with one rank per host: the host's own link, which its
+        // ranks share when they cross together.
+        profile.inter_ports = 1.0;
+        if intra.is_empty() {
+            profile.intra = profile.inter;
+        }
+    }
+    let all: Vec<Point> = classes.iter().flat_map(|(_, f)| f.points.clone()).collect();
+    let errors: Vec<(f64, f64)> = classes.iter().map(|(_, f)| quality(&f.x, &f.points)).collect();
+    let geomean_error = errors.iter().map(|e| e.0).fold(0.0, f64::max);
+    let r2 = errors.iter().map(|e| e.1).fold(1.0, f64::min);
+    for (label, f) in &classes {
+        if let Some(e) = error_from(&f.x, &f.points, 1 << 20) {
             writeln!(
                 out,
-                "{}",
-                serde_json::json!({"coll": p.coll.name(), "algo": p.algo, "bytes": p.bytes,
-                    "measured_us": p.seconds * 1e6, "predicted_us": q * 1e6})
+                "# {label}: geometric-mean error at >= 1 MiB {:.1}% ({} points)",
+                e * 100.0,
+                f.points.iter().filter(|p| p.bytes >= 1 << 20).count()
             )?;
         }
     }
-    let gbs = |inv: f64| 1.0 / inv.max(1e-18) / 1e9;
-    for (name, y, pts) in [
-        ("alpha-beta-gamma-o", &plain, &points),
-        ("+ copy cost", &with_copy, &points),
-    ] {
-        let (g, r) = quality(y, pts);
-        writeln!(
-            out,
-            "# model {name:<20} alpha {:.3} us, beta {:.3} GB/s, overhead {:.3} us/message; R^2 (log time) {r:.4}; geometric-mean error {:.1}%",
-            y[0] * 1e6,
-            gbs(y[1]),
-            y[3] * 1e6,
-            g * 100.0
-        )?;
-    }
-    match gap {
-        Some((below, above)) => writeln!(
-            out,
-            "# model {:<20} beta {:.3} GB/s up to a working set of {:.1}..{:.1} MiB (cache_bytes {:.1} MiB), {:.3} GB/s beyond",
-            "+ cache regime",
-            gbs(inv_beta),
-            below / 1048576.0,
-            above / 1048576.0,
-            profile.cache_bytes / 1048576.0,
-            gbs(inv_beta_mem)
-        )?,
-        None => writeln!(out, "# model {:<20} no split of the working sets lowers the error", "+ cache regime")?,
-    }
-    writeln!(
-        out,
-        "# fit over {} points: alpha {:.3} us, beta {:.3} GB/s, gamma {:.4} ns/B, copy {:.4} ns/B, overhead {:.3} us/message; R^2 (log time) {:.4}; geometric-mean error {:.1}%",
-        points.len(),
-        alpha * 1e6,
-        gbs(inv_beta),
-        gamma * 1e9,
-        copy * 1e9,
-        overhead * 1e6,
-        r2,
-        geomean_error * 100.0
-    )?;
     let file = ProfileFile {
-        transport: transport.into(),
+        transport: transport_name.into(),
         profile,
         r2,
         geomean_error,
-        points: points.len(),
+        points: all.len(),
     };
     let path = match &args.out {
         Some(p) => p.clone(),
-        None => Profile::default_path(transport).ok_or_else(|| {
+        None => Profile::default_path(transport_name).ok_or_else(|| {
             CliError::Usage("no HOME or XDG_CONFIG_HOME to write the profile to; pass --out".into())
         })?,
     };
@@ -544,6 +646,81 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
         "# wrote {} (FERROCOLL_PROFILE={} selects it explicitly)",
         path.display(),
         path.display()
+    )?;
+    Ok(())
+}
+
+/// Prints one class's points (measured, predicted, error), its models and
+/// its fit.
+fn report_class(
+    out: &mut impl Write,
+    f: &ClassFit,
+    json: bool,
+    gbs: impl Fn(f64) -> f64,
+) -> Result<(), CliError> {
+    let x = &f.x;
+    writeln!(
+        out,
+        "# {:<14} {:<18} {:>10} {:>12} {:>12} {:>8}",
+        "coll", "algo", "bytes", "measured_us", "predicted_us", "error"
+    )?;
+    for p in &f.points {
+        let q = model_time(x, p);
+        writeln!(
+            out,
+            "  {:<14} {:<18} {:>10} {:>12.2} {:>12.2} {:>7.1}%",
+            p.coll.name(),
+            p.algo,
+            p.bytes,
+            p.seconds * 1e6,
+            q * 1e6,
+            (q / p.seconds - 1.0) * 100.0
+        )?;
+        if json {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({"coll": p.coll.name(), "algo": p.algo, "bytes": p.bytes,
+                    "measured_us": p.seconds * 1e6, "predicted_us": q * 1e6})
+            )?;
+        }
+    }
+    for (name, y) in [("alpha-beta-gamma-o", &f.plain), ("+ copy cost", &f.with_copy)] {
+        let (g, r) = quality(y, &f.points);
+        writeln!(
+            out,
+            "# model {name:<20} alpha {:.3} us, beta {:.3} GB/s, overhead {:.3} us/message; R^2 (log time) {r:.4}; geometric-mean error {:.1}%",
+            y[0] * 1e6,
+            gbs(y[1]),
+            y[3] * 1e6,
+            g * 100.0
+        )?;
+    }
+    match f.gap {
+        Some((below, above)) => writeln!(
+            out,
+            "# model {:<20} beta {:.3} GB/s up to a working set of {:.1}..{:.1} MiB (cache_bytes {:.1} MiB), {:.3} GB/s beyond",
+            "+ cache regime",
+            gbs(x[1]),
+            below / 1048576.0,
+            above / 1048576.0,
+            (below * above).sqrt() / 1048576.0,
+            gbs(x[INV_BETA_MEM])
+        )?,
+        None => writeln!(out, "# model {:<20} no split of the working sets lowers the error", "+ cache regime")?,
+    }
+    let (geomean_error, r2) = quality(x, &f.points);
+    writeln!(
+        out,
+        "# fit over {} points: alpha {:.3} us, beta {:.3} GB/s, gamma {:.4} ns/B, copy {:.4} ns/B, overhead {:.3} us/message; R^2 (log time) {:.4}; geometric-mean error {:.1}%",
+        f.points.len(),
+        x[0] * 1e6,
+        gbs(x[1]),
+        x[GAMMA] * 1e9,
+        x[COPY] * 1e9,
+        x[3] * 1e6,
+        r2,
+        geomean_error * 100.0
     )?;
     Ok(())
 }

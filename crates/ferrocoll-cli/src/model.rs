@@ -68,6 +68,11 @@ pub struct ModelArgs {
     /// Latency between nodes (defaults to --alpha).
     #[arg(long, value_parser = parse_seconds)]
     alpha_inter: Option<f64>,
+    /// Inter-node ports per node that the node's ranks share (1: a host
+    /// with one NIC, --beta-inter is its bandwidth); 0: every rank has its
+    /// own (as with a NIC per GPU).
+    #[arg(long, default_value_t = 0.0)]
+    inter_ports: f64,
     /// Bandwidth between nodes (defaults to --beta).
     #[arg(long, value_parser = parse_rate)]
     beta_inter: Option<f64>,
@@ -273,6 +278,7 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
         copy: args.copy,
         cache_bytes: args.cache.unwrap_or(0) as f64,
         beta_mem: args.beta_mem.unwrap_or(0.0),
+        inter_ports: args.inter_ports,
     };
     let elem = args.dtype.size();
     let per = elem * blocks(args.coll, n);

@@ -189,6 +189,8 @@ fn profile_of(topo: &TopologySpec, gamma: f64) -> Profile {
         copy: 0.0,
         cache_bytes: 0.0,
         beta_mem: 0.0,
+        // The simulator's links are per rank (its own model of sharing).
+        inter_ports: 0.0,
     }
 }
 

@@ -46,6 +46,7 @@ fn profiles() -> Vec<Profile> {
             copy: 4e-11,
             cache_bytes: 0.0,
             beta_mem: 0.0,
+            inter_ports: 0.0,
         };
         p.push(with_o.clone());
         with_o.inter = with_o.intra;
@@ -74,6 +75,7 @@ fn base_profiles() -> Vec<Profile> {
             copy: 0.0,
             cache_bytes: 0.0,
             beta_mem: 0.0,
+            inter_ports: 0.0,
         },
     ]
 }
@@ -300,6 +302,7 @@ fn loggp_profiles() -> Vec<(Profile, bool)> {
         copy: 5e-11,
         cache_bytes: 0.0,
         beta_mem: 0.0,
+        inter_ports: 0.0,
     };
     let mut differ = same.clone();
     differ.inter.overhead = 3e-6;

@@ -404,6 +404,7 @@ mod tests {
             copy: 0.0,
             cache_bytes: 0.0,
             beta_mem: 0.0,
+            inter_ports: 0.0,
         }
     }
 

@@ -119,8 +119,10 @@ fn steps_of(
 }
 
 /// The topology's levels innermost first, each with its link class: level 0
-/// (the node) intra-node, every level above inter-node.
-fn levels<'p>(shape: &Shape, profile: &'p Profile) -> Vec<(usize, &'p LinkParams)> {
+/// (the node) intra-node, every level above inter-node (as [`super::predict`]
+/// shares it among the node's ranks: at every inter-node level each rank of
+/// a node moves its own chunk at once).
+fn levels(shape: &Shape, profile: &Profile) -> Vec<(usize, LinkParams)> {
     shape
         .topology
         .levels()
@@ -131,9 +133,9 @@ fn levels<'p>(shape: &Shape, profile: &'p Profile) -> Vec<(usize, &'p LinkParams
             (
                 p,
                 if k == 0 {
-                    &profile.intra
+                    profile.intra
                 } else {
-                    &profile.inter
+                    profile.inter
                 },
             )
         })
@@ -145,7 +147,7 @@ fn levels<'p>(shape: &Shape, profile: &'p Profile) -> Vec<(usize, &'p LinkParams
 /// chunk, `M/(P_k·p_k)` (exactly: the largest block of the previous level's
 /// chunk). A ring reduce-scatter and, mirrored, a ring allgather per level.
 fn all_reduce(
-    dims: &[(usize, &LinkParams)],
+    dims: &[(usize, LinkParams)],
     count: usize,
     shape: &Shape,
     profile: &Profile,
@@ -153,7 +155,7 @@ fn all_reduce(
     let e = shape.elem_size as f64;
     let mut len = count;
     let mut cost = Cost::ZERO;
-    for &(p, link) in dims.iter().filter(|d| d.0 > 1) {
+    for &(p, ref link) in dims.iter().filter(|d| d.0 > 1) {
         let chunk = block(len, p, 0).1;
         let bytes = chunk as f64 * e;
         cost = cost
@@ -176,7 +178,7 @@ fn blocks_by_level(shape: &Shape, profile: &Profile, reduce: bool) -> Cost {
     let dims = levels(shape, profile);
     let first = dims.iter().position(|d| d.0 > 1);
     let mut cost = Cost::ZERO;
-    for (k, &(p, link)) in dims.iter().enumerate().filter(|(_, d)| d.0 > 1) {
+    for (k, &(p, ref link)) in dims.iter().enumerate().filter(|(_, d)| d.0 > 1) {
         let q: usize = dims[k + 1..].iter().map(|d| d.0).product();
         let bytes = q as f64 * c;
         let (reduced, msgs) = if reduce {
@@ -200,7 +202,7 @@ pub(super) fn allgather_messages(sizes: &[usize]) -> f64 {
         beta: 1.0,
         overhead: 0.0,
     };
-    let dims: Vec<(usize, &LinkParams)> = sizes.iter().map(|&p| (p, &link)).collect();
+    let dims: Vec<(usize, LinkParams)> = sizes.iter().map(|&p| (p, link)).collect();
     (0..dims.len())
         .filter(|&k| dims[k].0 > 1)
         .map(|k| ((dims[k].0 - 1) * runs(&dims, k)) as f64)
@@ -213,7 +215,7 @@ pub(super) fn allgather_messages(sizes: &[usize]) -> f64 {
 /// order (level `k+1` most significant), and blocks of consecutive ranks
 /// travel as one message. `Q_k` unless the strides of the outer levels are
 /// 1 (every level below them of size 1).
-fn runs(dims: &[(usize, &LinkParams)], k: usize) -> usize {
+fn runs(dims: &[(usize, LinkParams)], k: usize) -> usize {
     let sizes: Vec<usize> = dims.iter().map(|d| d.0).collect();
     let strides: Vec<usize> = (0..sizes.len())
         .map(|j| sizes[..j].iter().product())
@@ -300,11 +302,11 @@ fn all_to_all_v(shape: &Shape, profile: &Profile) -> Cost {
 
 /// Link classes of the grid's (row, column) rings: rows are the ranks of a
 /// node, columns cross nodes; on a flat topology both are intra-node.
-fn grid_links<'p>(shape: &Shape, profile: &'p Profile) -> (&'p LinkParams, &'p LinkParams) {
+fn grid_links(shape: &Shape, profile: &Profile) -> (LinkParams, LinkParams) {
     if shape.topology.levels().len() > 1 {
-        (&profile.intra, &profile.inter)
+        (profile.intra, profile.inter)
     } else {
-        (&profile.intra, &profile.intra)
+        (profile.intra, profile.intra)
     }
 }
 
@@ -323,12 +325,12 @@ fn row_and_column(
     if shape.topology.levels().len() == 1 {
         let (rb, rk) = row.unwrap_or((0.0, 0));
         let (cb, ck) = col.unwrap_or((0.0, 0));
-        return steps_of(1, rk + ck, rb + cb, row_link, 0.0, 0.0);
+        return steps_of(1, rk + ck, rb + cb, &row_link, 0.0, 0.0);
     }
     let on = |x: Option<(f64, usize)>, link| {
         x.map_or(Cost::ZERO, |(b, k)| steps_of(1, k, b, link, 0.0, 0.0))
     };
-    let (r, c) = (on(row, row_link), on(col, col_link));
+    let (r, c) = (on(row, &row_link), on(col, &col_link));
     if c.total() > r.total() {
         c
     } else {

@@ -70,6 +70,16 @@ pub struct Profile {
     /// `cache_bytes`: each link class's beta is capped at it. 0: no cap.
     #[serde(default)]
     pub beta_mem: f64,
+    /// Inter-node ports per node: 0 (profiles written before it existed,
+    /// and the default) means every rank has a port of its own, as with a
+    /// NIC per GPU; `k` means the ranks of a node share `k` ports, as on a
+    /// host with one NIC (1), so that when all `L` ranks of a node cross
+    /// at once (a hierarchical or 2-D algorithm's inter-node levels) each
+    /// gets `inter.beta · min(1, k/L)` ([`Profile::inter_share`]).
+    /// `ferrocoll calibrate` across hosts measures `inter` with one rank per
+    /// host and writes 1.
+    #[serde(default)]
+    pub inter_ports: f64,
 }
 
 impl Profile {
@@ -129,7 +139,21 @@ impl Profile {
             copy: 0.0,
             cache_bytes: 0.0,
             beta_mem: 0.0,
+            inter_ports: 0.0,
         }
+    }
+
+    /// The inter-node link as each of `ranks_per_node` ranks of a node sees
+    /// it when all of them cross at once: `inter` with its beta divided
+    /// among them when they share [`Profile::inter_ports`] ports (unchanged
+    /// when `inter_ports` is 0 or they are no more than the ports).
+    pub fn inter_share(&self, ranks_per_node: usize) -> LinkParams {
+        let mut link = self.inter;
+        let l = ranks_per_node.max(1) as f64;
+        if self.inter_ports > 0.0 && l > self.inter_ports {
+            link.beta *= self.inter_ports / l;
+        }
+        link
     }
 
     /// The parameters that apply to a call of `shape`: this profile, with
@@ -303,13 +327,32 @@ pub fn predict(algo: Algorithm, shape: &Shape, profile: &Profile) -> Option<Cost
             compute: copies::single_rank(algo, shape) * profile.copy,
         });
     }
-    let profile = &profile.for_shape(shape);
+    let mut profile = profile.for_shape(shape);
+    if !crosses_one_rank_per_node(algo) {
+        profile.inter = profile.inter_share(shape.topology.local_size());
+    }
+    let profile = &profile;
     let copies = Cost {
         latency: 0.0,
         bandwidth: 0.0,
         compute: copies::on_path(algo, shape) * profile.copy,
     };
     Some(family(algo, shape, profile)? + copies)
+}
+
+/// Whether `algo`, with ranks placed in blocks by node, has at most one rank
+/// of a node sending to other nodes at a time: the ring and the pipelined
+/// chain (one hop per node boundary), the binomial tree (a step whose
+/// distance crosses nodes has one sender per node) and the root-based
+/// star and linear forms (only the root's port is busy). Every other
+/// algorithm has the ranks of a node cross at once (the inter-node levels
+/// of hier, torus2d and mesh2d, the exchanges of direct, pairwise,
+/// butterfly, halving-doubling, Bruck; the two rings of ring2 and the two
+/// trees of the double binary tree), so with ports shared by the node
+/// ([`Profile::inter_ports`]) each of them gets its share of the port.
+fn crosses_one_rank_per_node(algo: Algorithm) -> bool {
+    use Algorithm as A;
+    matches!(algo, A::Ring | A::Pipeline | A::Tree | A::Star | A::Linear)
 }
 
 /// The closed form of `algo`'s family, without the local copies that
