@@ -376,7 +376,11 @@ fn fit_class(points: &[Point], gamma: f64, copy: f64, cache: bool) -> ClassFit {
     let (x, gap, split) = if cache {
         fit_with_cache(points, fixed)
     } else {
-        (refit_beta_on_large(points, with_copy), None, points.to_vec())
+        (
+            refit_beta_on_large(points, with_copy),
+            None,
+            points.to_vec(),
+        )
     };
     ClassFit {
         x,
@@ -400,7 +404,11 @@ const LARGE: usize = 1 << 20;
 /// 2 MiB); the latency terms come from all points, the bandwidth from the
 /// calls where it dominates. Unchanged when no point is that large.
 fn refit_beta_on_large(points: &[Point], x: [f64; PARAMS]) -> [f64; PARAMS] {
-    let large: Vec<Point> = points.iter().filter(|p| p.bytes >= LARGE).cloned().collect();
+    let large: Vec<Point> = points
+        .iter()
+        .filter(|p| p.bytes >= LARGE)
+        .cloned()
+        .collect();
     if large.iter().all(|p| p.coef[1] == 0.0) {
         return x;
     }
@@ -412,7 +420,11 @@ fn refit_beta_on_large(points: &[Point], x: [f64; PARAMS]) -> [f64; PARAMS] {
 /// Every collective of [`CALIBRATED`] with every algorithm, over `sizes`,
 /// timed on `comm` (each point the fastest of `repeat` batches on the
 /// slowest rank).
-fn measure(comm: &Communicator, sizes: &[usize], repeat: u32) -> Result<Vec<Point>, ferrocoll::Error> {
+fn measure(
+    comm: &Communicator,
+    sizes: &[usize],
+    repeat: u32,
+) -> Result<Vec<Point>, ferrocoll::Error> {
     let n = comm.size();
     let elem = DType::F32.size();
     let progress = io::stderr();
@@ -566,7 +578,11 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     let mut out = io::stdout().lock();
     let mut classes: Vec<(&str, ClassFit)> = Vec::new();
     if !intra.is_empty() {
-        let label = if inter.is_empty() { "links" } else { "intra-host" };
+        let label = if inter.is_empty() {
+            "links"
+        } else {
+            "intra-host"
+        };
         classes.push((label, fit_class(&intra, gamma, copy, true)));
     }
     if !inter.is_empty() {
@@ -606,7 +622,10 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
         }
     }
     let all: Vec<Point> = classes.iter().flat_map(|(_, f)| f.points.clone()).collect();
-    let errors: Vec<(f64, f64)> = classes.iter().map(|(_, f)| quality(&f.x, &f.points)).collect();
+    let errors: Vec<(f64, f64)> = classes
+        .iter()
+        .map(|(_, f)| quality(&f.x, &f.points))
+        .collect();
     let geomean_error = errors.iter().map(|e| e.0).fold(0.0, f64::max);
     let r2 = errors.iter().map(|e| e.1).fold(1.0, f64::min);
     for (label, f) in &classes {
@@ -685,7 +704,10 @@ fn report_class(
             )?;
         }
     }
-    for (name, y) in [("alpha-beta-gamma-o", &f.plain), ("+ copy cost", &f.with_copy)] {
+    for (name, y) in [
+        ("alpha-beta-gamma-o", &f.plain),
+        ("+ copy cost", &f.with_copy),
+    ] {
         let (g, r) = quality(y, &f.points);
         writeln!(
             out,

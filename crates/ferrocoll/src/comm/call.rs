@@ -245,7 +245,7 @@ impl Communicator {
                 }
                 Some(text) => format!("rank {r}: {text}"),
                 None => format!(
-                    "rank {r}: no answer within {} ms (in no ferrocoll call: computing, stopped, or stuck elsewhere)",
+                    "rank {r}: no answer within {} ms (unreachable, or in no ferrocoll call: computing, stopped, or stuck elsewhere)",
                     DESYNC_WAIT.as_millis()
                 ),
             })

@@ -129,16 +129,7 @@ fn levels(shape: &Shape, profile: &Profile) -> Vec<(usize, LinkParams)> {
         .iter()
         .rev()
         .enumerate()
-        .map(|(k, &p)| {
-            (
-                p,
-                if k == 0 {
-                    profile.intra
-                } else {
-                    profile.inter
-                },
-            )
-        })
+        .map(|(k, &p)| (p, if k == 0 { profile.intra } else { profile.inter }))
         .collect()
 }
 
