@@ -466,8 +466,8 @@ fn measure(
 /// meanwhile, so that `intra` is what a host's memory gives its ranks and
 /// `inter` what one host's link gives. (Hosts of a real cluster have their
 /// own CPUs; measuring every host at once on the namespace cluster, whose
-/// hosts share this machine's cores, doubled the intra-host error at
-/// >= 1 MiB.) Returns rank 0's (intra, inter) points; `None` on the other
+/// hosts share this machine's cores, doubled the intra-host error from
+/// 1 MiB on.) Returns rank 0's (intra, inter) points; `None` on the other
 /// ranks.
 #[allow(clippy::type_complexity)]
 fn measure_two_classes(
