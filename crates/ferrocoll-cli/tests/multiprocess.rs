@@ -46,11 +46,12 @@ fn main() {
             "lazy" => lazy(&comm),
             "small" => small(&comm),
             "p2p" => p2p(&comm),
+            "bucket" => bucket(&comm),
             other => panic!("unknown role {other}"),
         }
         return;
     }
-    let tests: [(&str, fn()); 9] = [
+    let tests: [(&str, fn()); 10] = [
         (
             "tcp_connections_open_on_first_use",
             tcp_connections_open_on_first_use,
@@ -72,6 +73,10 @@ fn main() {
             killed_run_leaves_nothing_in_dev_shm,
         ),
         ("two_hosts_mix_shm_and_tcp", two_hosts_mix_shm_and_tcp),
+        (
+            "bucketed_gradients_equal_unbucketed",
+            bucketed_gradients_equal_unbucketed,
+        ),
     ];
     common::run_tests(&tests, "multi-process");
 }
@@ -173,6 +178,15 @@ fn api_across_processes() {
 /// threads, zero-length messages, and receives from any source.
 fn point_to_point_as_mpi_defines_it() {
     every_variant("p2p", &[2, 3, 4]);
+}
+
+/// The bucketer and the sharded layers (`ferrocoll::bucket`): ranks as
+/// threads (1 to 5) and as processes on every variant (1 to 3).
+fn bucketed_gradients_equal_unbucketed() {
+    for n in 1..=5 {
+        ferrocoll::local::run(n, |comm| bucket(&comm)).unwrap();
+    }
+    every_variant("bucket", &[1, 2, 3]);
 }
 
 /// Runs `role` on every one of [`VARIANTS`] with each of `sizes` ranks;
@@ -989,4 +1003,81 @@ fn api(comm: &Communicator) {
 
     comm.barrier().unwrap();
     println!("api ok {rank}");
+}
+
+/// Bucketed gradients (several caps, gradients arriving in a different order
+/// on every rank, three steps) against one plain allreduce per parameter,
+/// and the sharded layers' gathers and gradient shards against the full
+/// layers; integer-valued floats so that every summation order agrees to
+/// the bit.
+fn bucket(comm: &Communicator) {
+    use ferrocoll::bucket::{BucketCap, GradientBucketer, ShardedLayers};
+    let (r, n) = (comm.rank(), comm.size());
+    // Zero-length, tiny and 300,001-element parameters.
+    let sizes = [3usize, 0, 1000, 7, 300_001, 64, 1, 5000];
+    let grad = |step: usize, p: usize, j: usize| (r * 1000 + p * 10 + step + j % 7) as f32;
+    for cap in [
+        BucketCap::default(),
+        BucketCap::Bytes {
+            cap: 4096,
+            first: 100,
+        },
+        BucketCap::Bytes { cap: 1, first: 1 },
+        BucketCap::Auto,
+    ] {
+        let mut bucketer = GradientBucketer::new(comm, &sizes, cap);
+        for step in 0..3 {
+            // Reverse order, as autograd; every rank rotates it differently.
+            let mut order: Vec<usize> = (0..sizes.len()).rev().collect();
+            order.rotate_left((r + step) % sizes.len());
+            for &p in &order {
+                let g: Vec<f32> = (0..sizes[p]).map(|j| grad(step, p, j)).collect();
+                bucketer.ready(p, &g).unwrap();
+            }
+            let mut out: Vec<Vec<f32>> = sizes.iter().map(|&s| vec![f32::NAN; s]).collect();
+            let mut views: Vec<&mut [f32]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+            bucketer.finish(&mut views).unwrap();
+            for (p, got) in out.iter().enumerate() {
+                let mut want: Vec<f32> = (0..sizes[p]).map(|j| grad(step, p, j)).collect();
+                comm.all_reduce_in_place(&mut want, ReduceOp::Avg).unwrap();
+                assert_eq!(got, &want, "{cap:?} step {step} parameter {p}");
+            }
+        }
+        // A missing gradient is an error, and the next step still works.
+        for p in 1..sizes.len() {
+            bucketer.ready(p, &vec![0.0; sizes[p]]).unwrap();
+        }
+        let mut out: Vec<Vec<f32>> = sizes.iter().map(|&s| vec![0.0; s]).collect();
+        let mut views: Vec<&mut [f32]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let e = bucketer.finish(&mut views).unwrap_err();
+        assert!(e.to_string().contains("parameter 0"), "{e}");
+        assert!(bucketer.ready(0, &[1.0]).is_err(), "wrong length");
+    }
+
+    let layers: Vec<Vec<f32>> = [5usize, 0, 1001, 64]
+        .iter()
+        .enumerate()
+        .map(|(l, &len)| (0..len).map(|j| (l * 100 + j) as f32).collect())
+        .collect();
+    let mut sharded = ShardedLayers::new(comm, &layers);
+    for l in 0..layers.len() {
+        let next = (l + 1 < layers.len()).then_some(l + 1);
+        assert_eq!(sharded.gather(l, next).unwrap(), layers[l], "layer {l}");
+    }
+    for l in (0..layers.len()).rev() {
+        let g: Vec<f32> = layers[l].iter().map(|x| x + r as f32).collect();
+        sharded.reduce_gradient(l, g).unwrap();
+    }
+    let shards = sharded.finish_backward().unwrap();
+    for (l, shard) in shards {
+        let per = layers[l].len().div_ceil(n);
+        // The average of x + r over the ranks is x + (n-1)/2.
+        let mean = (n - 1) as f32 / 2.0;
+        for (k, got) in shard.iter().enumerate() {
+            let j = r * per + k;
+            let want = layers[l].get(j).map_or(0.0, |x| x + mean);
+            assert_eq!(*got, want, "layer {l} element {j}");
+        }
+    }
+    println!("bucket ok");
 }

@@ -40,6 +40,7 @@
 // are for those who go further (custom transports, the cost model, plans
 // for the simulator). Internals the other crates of the workspace reach
 // into are public but hidden from the documentation.
+pub mod bucket;
 mod comm;
 pub mod config;
 pub mod cost;
