@@ -7,7 +7,8 @@
 //!   time, algorithm and bus bandwidth per size.
 //!
 //! * `model`: the cost model's prediction for every algorithm of a
-//!   collective, with the choice, n* and the crossover sizes.
+//!   collective, with the choice, n* and the crossover sizes; `model moe`:
+//!   an MoE layer's dispatch and combine.
 //!
 //! * `calibrate`: measures the machine and fits the cost model's profile.
 //!
@@ -27,6 +28,7 @@ mod bench;
 mod calibrate;
 mod error;
 mod model;
+mod model_moe;
 mod run;
 mod sim;
 mod store;
@@ -62,8 +64,9 @@ enum Command {
     /// send counts together / n, in whole elements.
     Bench(bench::BenchArgs),
     /// Predict what every algorithm of a collective costs (alpha-beta-gamma
-    /// closed forms), without running anything.
-    Model(model::ModelArgs),
+    /// closed forms), without running anything; `model moe` prices an MoE
+    /// layer's dispatch and combine.
+    Model(model_moe::ModelCommand),
     /// Measure this machine and fit the cost model's alpha, beta and gamma;
     /// writes the profile the library then predicts with.
     Calibrate(calibrate::CalibrateArgs),
@@ -92,7 +95,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bench(args) => bench::main(&args),
-        Command::Model(args) => model::main(&args),
+        Command::Model(args) => model_moe::main(&args),
         Command::Calibrate(args) => calibrate::main(&args),
         Command::Topo(args) => topo::main(&args),
         Command::Store(args) => store::main(&args),

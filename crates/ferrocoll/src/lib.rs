@@ -51,6 +51,7 @@ mod exec;
 pub mod kernels;
 pub mod launch;
 pub mod local;
+pub mod moe;
 pub mod plan;
 mod request;
 #[doc(hidden)]

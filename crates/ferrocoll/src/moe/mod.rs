@@ -1,0 +1,557 @@
+//! Mixture-of-experts exchange: dispatch tokens to their top-k experts and
+//! combine the experts' outputs, over [`Communicator::all_to_all_v`].
+//!
+//! A communicator of P ranks holds E experts, E/P on each, contiguous: rank
+//! r holds experts r·E/P .. (r+1)·E/P. Each rank has T tokens (T may differ
+//! between ranks, and may be 0), rows of H elements, and a router's top-k
+//! choice per token: `topk_idx[t·k + j]`, the expert of token t's choice j,
+//! with weight `topk_weights[t·k + j]`.
+//!
+//! [`Dispatcher::dispatch`] makes two calls:
+//!
+//! 1. the **count exchange**: an allgather of every rank's count per
+//!    (expert, choice), so that every rank holds the whole count matrix and
+//!    computes the same drops and the same message sizes with no further
+//!    message (the schedule choice that the count matrix will drive needs
+//!    every rank to agree too);
+//! 2. the **rows**: one all-to-all-v, packed so that on arrival each local
+//!    expert's rows are contiguous ([`ExpertInputs`]: by source rank, then
+//!    token position).
+//!
+//! [`Dispatcher::combine`] sends the experts' outputs back (the reverse
+//! all-to-all-v, no count exchange: the [`Handle`] knows every size) and
+//! forms y_t = Σ_j g_tj · Expert_j(x_t) over the choices that were kept.
+//!
+//! # Capacity and priority ([`Policy::Drop`])
+//!
+//! Every expert keeps at most Capacity = ⌈P·T·k/E · C⌉ rows (the seed's
+//! formula, GShard's and Switch's capacity factor C), where P·T is the
+//! number of tokens of all ranks together: with equal T on every rank it is
+//! exactly P·T; with uneven T it is their sum, the batch the expert's load
+//! is drawn from (GShard and DeepSpeed-MoE assume equal T, their static
+//! shapes; DeepSpeed computes ⌈T·k/E · C⌉ per rank, which times P is the
+//! same bound). An expert fills its slots in GShard's priority order, made
+//! global: by choice index (every rank's first choices before any second
+//! choice), then source rank, then token position. The decision is a pure
+//! function of the count matrix, which every rank holds after the count
+//! exchange, so every rank reaches the same one; [`Handle::dropped`] lists
+//! this rank's dropped (token, choice) pairs. Weights are applied as given:
+//! a dropped choice contributes nothing and the others are not renormalised
+//! (the caller's residual path carries the token).
+//!
+//! [`Policy::Dropless`] keeps everything: an expert receives whatever was
+//! routed to it (the all-to-all-v is as uneven as the routing).
+//!
+//! # Errors
+//!
+//! Argument errors found before the count exchange (wrong slice lengths, an
+//! expert index out of range) still take part in it, so that **every** rank
+//! fails the dispatch: the rank at fault with what to fix, the others
+//! naming it; the communicator stays usable. Dispatchers built with
+//! different specs fail the same way (each rank's contribution carries a
+//! fingerprint of its spec); one with a different number of experts or
+//! top-k contributes a different length, which the count exchange reports
+//! as a collective mismatch. Combine's argument errors are found before it
+//! communicates and are this rank's alone, as with any collective: the
+//! other ranks then wait in its all-to-all-v until their deadline.
+//!
+//! ```
+//! use ferrocoll::moe::{Dispatcher, Policy, Spec};
+//!
+//! ferrocoll::local::run(2, |comm| {
+//!     // 4 experts (2 per rank), rows of 3, top-1, dropless.
+//!     let moe = Dispatcher::new(&comm, Spec::new(4, 3, 1, Policy::Dropless))?;
+//!     let x = vec![1.0f32; 2 * 3]; // 2 tokens
+//!     let (mut inputs, handle) = moe.dispatch(&x, &[0, 3], &[1.0, 0.5])?;
+//!     for l in 0..inputs.local_experts() {
+//!         // Expert e doubles its input.
+//!         inputs.expert_mut(l).iter_mut().for_each(|v| *v *= 2.0);
+//!     }
+//!     let y = moe.combine(inputs.as_slice(), &handle)?;
+//!     assert_eq!(y, [2.0, 2.0, 2.0, 1.0, 1.0, 1.0]);
+//!     Ok::<_, ferrocoll::Error>(())
+//! })
+//! .unwrap()
+//! .into_iter()
+//! .for_each(|r| r.unwrap());
+//! ```
+
+mod accumulate;
+mod handle;
+pub mod model;
+mod routing;
+
+pub use accumulate::Accumulate;
+pub use handle::{DroppedChoice, ExpertInputs, Handle};
+
+use std::borrow::Cow;
+
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crate::types::Element;
+
+/// What happens to the pairs routed to an expert beyond its capacity.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Policy {
+    /// Each expert keeps at most ⌈P·T·k/E · `capacity_factor`⌉ rows, in
+    /// GShard's priority order (see the [module docs](self)); the rest are
+    /// dropped and reported.
+    Drop {
+        /// C in the capacity formula (finite, > 0; 1.0 sizes buffers to the
+        /// uniform expectation, 1.25-1.5 is usual).
+        capacity_factor: f64,
+    },
+    /// Every pair travels; experts receive as many rows as were routed to
+    /// them.
+    Dropless,
+}
+
+/// The shape of an MoE layer's exchange: what every rank's dispatcher must
+/// agree on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spec {
+    /// Experts in all (E), a multiple of the number of ranks.
+    pub experts: usize,
+    /// Elements per token row (H).
+    pub hidden: usize,
+    /// Choices per token (k). A token may choose an expert more than once;
+    /// each (token, choice) pair is routed on its own.
+    pub topk: usize,
+    /// What to do beyond an expert's capacity.
+    pub policy: Policy,
+}
+
+impl Spec {
+    /// A spec of `experts` experts, rows of `hidden`, `topk` choices per
+    /// token, under `policy`.
+    pub fn new(experts: usize, hidden: usize, topk: usize, policy: Policy) -> Spec {
+        Spec {
+            experts,
+            hidden,
+            topk,
+            policy,
+        }
+    }
+
+    /// A number every rank's dispatcher must share (FNV-1a of the spec):
+    /// the count exchange compares them.
+    fn fingerprint(&self) -> u32 {
+        let (tag, factor) = match self.policy {
+            Policy::Drop { capacity_factor } => (1u64, capacity_factor.to_bits()),
+            Policy::Dropless => (2, 0),
+        };
+        let words = [
+            self.experts as u64,
+            self.hidden as u64,
+            self.topk as u64,
+            tag,
+            factor,
+        ];
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in words.iter().flat_map(|w| w.to_le_bytes()) {
+            h = (h ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        (h ^ (h >> 32)) as u32
+    }
+}
+
+/// Dispatch and combine for one MoE layer shape on a communicator.
+///
+/// Cheap to build (it checks the spec and keeps a handle on the
+/// communicator); every rank of the communicator must build one with the
+/// same [`Spec`] and call [`Dispatcher::dispatch`] and
+/// [`Dispatcher::combine`] in the same order, as with any collective.
+#[derive(Clone, Debug)]
+pub struct Dispatcher {
+    comm: Communicator,
+    spec: Spec,
+}
+
+/// Words before the counts in each rank's contribution to the count
+/// exchange: its verdict on its own arguments and its spec's fingerprint.
+const HEADER: usize = 2;
+/// The verdicts.
+const ARGS_OK: u32 = 0;
+const ARGS_BAD: u32 = 1;
+
+impl Dispatcher {
+    /// A dispatcher for `spec` on `comm`. Fails if the experts cannot be
+    /// split evenly over the ranks, or if the hidden size, top-k or the
+    /// capacity factor cannot be used.
+    pub fn new(comm: &Communicator, spec: Spec) -> Result<Dispatcher> {
+        let p = comm.size();
+        let what = "moe::Dispatcher::new";
+        if spec.experts == 0 || spec.experts % p != 0 {
+            return Err(Error::invalid(format!(
+                "{what}: {} experts cannot be split evenly over {p} ranks (each rank holds E/P \
+                 contiguous experts); use a positive multiple of {p} experts",
+                spec.experts
+            )));
+        }
+        if spec.hidden == 0 {
+            return Err(Error::invalid(format!(
+                "{what}: hidden is 0; a token row needs at least one element"
+            )));
+        }
+        if spec.topk == 0 {
+            return Err(Error::invalid(format!(
+                "{what}: topk is 0; every token needs at least one choice"
+            )));
+        }
+        if let Policy::Drop { capacity_factor } = spec.policy {
+            if !(capacity_factor.is_finite() && capacity_factor > 0.0) {
+                return Err(Error::invalid(format!(
+                    "{what}: capacity factor {capacity_factor} must be finite and positive \
+                     (1.0 sizes each expert for the uniform load); use Policy::Dropless to \
+                     keep every token"
+                )));
+            }
+        }
+        Ok(Dispatcher {
+            comm: comm.clone(),
+            spec,
+        })
+    }
+
+    /// The spec this dispatcher was built with.
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    /// Experts on each rank (E/P).
+    pub fn local_experts(&self) -> usize {
+        self.spec.experts / self.comm.size()
+    }
+
+    /// Sends every (token, choice) pair's row to its expert's rank.
+    ///
+    /// `x` holds this rank's tokens, T rows of `hidden` elements
+    /// (row-major; T may be 0); `topk_idx` and `topk_weights` hold T·k
+    /// entries, token t's choice j at t·k + j. Returns the rows this
+    /// rank's experts received and the handle [`Dispatcher::combine`]
+    /// needs. Collective: every rank calls it.
+    pub fn dispatch<T: Element>(
+        &self,
+        x: &[T],
+        topk_idx: &[u32],
+        topk_weights: &[f32],
+    ) -> Result<(ExpertInputs<T>, Handle)> {
+        let (p, me) = (self.comm.size(), self.comm.rank());
+        let Spec {
+            experts: e_all,
+            hidden: h,
+            topk: k,
+            ..
+        } = self.spec;
+        let local_error = self.check(x, topk_idx, topk_weights).err();
+        let tokens = if local_error.is_some() {
+            0
+        } else {
+            x.len() / h
+        };
+
+        // 1. The count exchange: [verdict, fingerprint, counts (e, j)].
+        let width = HEADER + e_all * k;
+        let mut mine = vec![0u32; width];
+        mine[0] = if local_error.is_some() {
+            ARGS_BAD
+        } else {
+            ARGS_OK
+        };
+        mine[1] = self.spec.fingerprint();
+        if local_error.is_none() {
+            for (pair, &e) in topk_idx.iter().enumerate() {
+                mine[HEADER + e as usize * k + pair % k] += 1;
+            }
+        }
+        let mut all = vec![0u32; p * width];
+        self.comm.all_gather(&mine, &mut all)?;
+        if let Some(e) = local_error {
+            return Err(e);
+        }
+        self.check_peers(&all, width)?;
+        let routed: Vec<usize> = all
+            .chunks_exact(width)
+            .flat_map(|r| r[HEADER..].iter().map(|&c| c as usize))
+            .collect();
+
+        // 2. The decision, the same on every rank.
+        let capacity = match self.spec.policy {
+            Policy::Drop { capacity_factor } => Some(routing::capacity(
+                routed.iter().sum(),
+                e_all,
+                capacity_factor,
+            )),
+            Policy::Dropless => None,
+        };
+        let kept_ejk = routing::keep_in_priority_order(&routed, p, e_all, k, capacity);
+        let kept: Vec<usize> = kept_ejk.chunks_exact(k).map(|c| c.iter().sum()).collect();
+
+        // 3. This rank's pairs: kept ones get a row of the send buffer, in
+        // (expert, token, choice) order; the first kept_ejk[me][e][j] of
+        // the choice-j pairs to e (by token) are the kept ones.
+        let mine_kept = &kept_ejk[me * e_all * k..(me + 1) * e_all * k];
+        let mut cursor: Vec<usize> = kept[me * e_all..(me + 1) * e_all]
+            .iter()
+            .scan(0, |at, &n| {
+                let start = *at;
+                *at += n;
+                Some(start)
+            })
+            .collect();
+        let rows_out: usize = kept[me * e_all..(me + 1) * e_all].iter().sum();
+        let mut seen = vec![0usize; e_all * k];
+        let mut slot_of = vec![None; tokens * k];
+        let mut dropped = Vec::new();
+        let mut send = vec![T::zeroed(); rows_out * h];
+        for (pair, &e) in topk_idx.iter().enumerate().take(tokens * k) {
+            let (t, j, e) = (pair / k, pair % k, e as usize);
+            let q = e * k + j;
+            if seen[q] < mine_kept[q] {
+                let slot = cursor[e];
+                cursor[e] += 1;
+                send[slot * h..(slot + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+                // Fits: slots < T·k <= u32::MAX (checked).
+                slot_of[pair] = Some(slot as u32);
+            } else {
+                dropped.push(DroppedChoice {
+                    token: t,
+                    choice: j,
+                    expert: e,
+                });
+            }
+            seen[q] += 1;
+        }
+
+        let handle = Handle {
+            ranks: p,
+            rank: me,
+            experts: e_all,
+            hidden: h,
+            topk: k,
+            tokens,
+            capacity,
+            routed,
+            kept,
+            slot_of,
+            weights: topk_weights[..tokens * k].to_vec(),
+            dropped,
+        };
+
+        // 4. The rows: one all-to-all-v, then each (source, expert) block
+        // moved from source-major to expert-major order.
+        let elements = |rows: Vec<usize>| rows.into_iter().map(|r| r * h).collect::<Vec<_>>();
+        let (send_counts, recv_counts) =
+            (elements(handle.send_rows()), elements(handle.recv_rows()));
+        let mut recv = vec![T::zeroed(); recv_counts.iter().sum()];
+        self.comm
+            .all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
+        let blocks = handle.blocks();
+        let l = self.local_experts();
+        let rows = regroup(Cow::Owned(recv), &blocks, (p, l, h), Order::ToExperts).into_owned();
+        let mut offsets = vec![0usize; l + 1];
+        for x in 0..l {
+            offsets[x + 1] = offsets[x] + (0..p).map(|s| blocks[s * l + x]).sum::<usize>();
+        }
+        let inputs = ExpertInputs {
+            rows,
+            offsets,
+            hidden: h,
+            first_expert: me * l,
+        };
+        Ok((inputs, handle))
+    }
+
+    /// Returns the experts' outputs to their tokens and forms each token's
+    /// weighted sum y_t = Σ_j g_tj · out_tj over its kept choices (a token
+    /// whose every choice was dropped gets zeros).
+    ///
+    /// `expert_outputs` is laid out as the [`ExpertInputs`] of the
+    /// dispatch `handle` came from (one row per received row, the experts'
+    /// rows contiguous and in the same order); the result has T rows of
+    /// `hidden`, in token order. Sums accumulate wide and round once (see
+    /// [`Accumulate`]). Collective: every rank calls it.
+    pub fn combine<T: Accumulate>(&self, expert_outputs: &[T], handle: &Handle) -> Result<Vec<T>> {
+        let (p, h) = (self.comm.size(), self.spec.hidden);
+        if handle.ranks != p
+            || handle.rank != self.comm.rank()
+            || handle.experts != self.spec.experts
+            || handle.hidden != h
+            || handle.topk != self.spec.topk
+        {
+            return Err(Error::invalid(format!(
+                "moe combine: the handle is of a dispatch of rank {} of {} ranks ({} experts, \
+                 hidden {}, top-{}), not of this dispatcher (rank {} of {p}, {} experts, hidden \
+                 {h}, top-{}); pass the handle its own dispatch returned",
+                handle.rank,
+                handle.ranks,
+                handle.experts,
+                handle.hidden,
+                handle.topk,
+                self.comm.rank(),
+                self.spec.experts,
+                self.spec.topk
+            )));
+        }
+        let received = handle.rows_received();
+        if expert_outputs.len() != received * h {
+            return Err(Error::invalid(format!(
+                "moe combine: expert_outputs has {} elements but must have {} (the {received} \
+                 rows this rank's experts received x hidden {h}, laid out as ExpertInputs)",
+                expert_outputs.len(),
+                received * h
+            )));
+        }
+        let l = self.local_experts();
+        let back = regroup(
+            Cow::Borrowed(expert_outputs),
+            &handle.blocks(),
+            (p, l, h),
+            Order::ToSources,
+        );
+        let elements = |rows: Vec<usize>| rows.into_iter().map(|r| r * h).collect::<Vec<_>>();
+        let (send_counts, recv_counts) =
+            (elements(handle.recv_rows()), elements(handle.send_rows()));
+        let mut returned = vec![T::zeroed(); recv_counts.iter().sum()];
+        self.comm
+            .all_to_all_v(&back, &send_counts, &mut returned, &recv_counts)?;
+        let terms: Vec<Option<(usize, f32)>> = handle
+            .slot_of
+            .iter()
+            .zip(&handle.weights)
+            .map(|(slot, &g)| slot.map(|s| (s as usize, g)))
+            .collect();
+        let mut y = vec![T::zeroed(); handle.tokens * h];
+        T::weighted_sum(&returned, &terms, handle.topk, &mut y);
+        Ok(y)
+    }
+
+    /// This rank's arguments to dispatch, checked.
+    fn check<T>(&self, x: &[T], topk_idx: &[u32], topk_weights: &[f32]) -> Result<()> {
+        let Spec {
+            experts,
+            hidden: h,
+            topk: k,
+            ..
+        } = self.spec;
+        let what = "moe dispatch";
+        if x.len() % h != 0 {
+            return Err(Error::invalid(format!(
+                "{what}: x has {} elements, not a multiple of hidden = {h} (x is tokens x hidden, \
+                 row-major)",
+                x.len()
+            )));
+        }
+        let tokens = x.len() / h;
+        let pairs = tokens.checked_mul(k).filter(|&n| n <= u32::MAX as usize);
+        let Some(pairs) = pairs else {
+            return Err(Error::invalid(format!(
+                "{what}: {tokens} tokens x top-{k} is more than 2^32 - 1 (token, choice) pairs; \
+                 dispatch fewer tokens per call"
+            )));
+        };
+        for (name, len) in [
+            ("topk_idx", topk_idx.len()),
+            ("topk_weights", topk_weights.len()),
+        ] {
+            if len != pairs {
+                return Err(Error::invalid(format!(
+                    "{what}: {name} has {len} entries but must have {pairs} ({tokens} tokens x \
+                     top-{k}, token t's choice j at t*{k} + j)"
+                )));
+            }
+        }
+        if let Some(pair) = topk_idx.iter().position(|&e| e as usize >= experts) {
+            return Err(Error::invalid(format!(
+                "{what}: topk_idx[{pair}] = {} (token {}, choice {}) is not an expert; use \
+                 0..{experts}",
+                topk_idx[pair],
+                pair / k,
+                pair % k
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every peer's verdict and fingerprint from the count exchange.
+    fn check_peers(&self, all: &[u32], width: usize) -> Result<()> {
+        let bad: Vec<String> = all
+            .chunks_exact(width)
+            .enumerate()
+            .filter(|(_, r)| r[0] != ARGS_OK)
+            .map(|(s, _)| s.to_string())
+            .collect();
+        if !bad.is_empty() {
+            return Err(Error::invalid(format!(
+                "moe dispatch: rank(s) {} passed arguments dispatch cannot use (their error \
+                 says what); no row was exchanged",
+                bad.join(", ")
+            )));
+        }
+        let ours = self.spec.fingerprint();
+        let differ: Vec<String> = all
+            .chunks_exact(width)
+            .enumerate()
+            .filter(|(_, r)| r[1] != ours)
+            .map(|(s, _)| s.to_string())
+            .collect();
+        if !differ.is_empty() {
+            return Err(Error::invalid(format!(
+                "moe dispatch: rank(s) {} built their Dispatcher with a different Spec than \
+                 rank {} ({:?}); every rank must use the same experts, hidden, topk and policy",
+                differ.join(", "),
+                self.comm.rank(),
+                self.spec
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Which way [`regroup`] moves the blocks.
+#[derive(Clone, Copy, PartialEq)]
+enum Order {
+    /// Source-major (how all-to-all-v delivers) to expert-major (how the
+    /// experts read).
+    ToExperts,
+    /// Back.
+    ToSources,
+}
+
+/// Moves the (source rank, local expert) blocks of `rows` (`blocks[s·l +
+/// x]` rows each) between source-major and expert-major order, copying
+/// each block once (none when the two orders coincide).
+fn regroup<'a, T: Copy>(
+    rows: Cow<'a, [T]>,
+    blocks: &[usize],
+    (p, l, h): (usize, usize, usize),
+    order: Order,
+) -> Cow<'a, [T]> {
+    // With one source or one expert per rank the two orders are the same.
+    if p == 1 || l == 1 {
+        return rows;
+    }
+    let source_major: Vec<usize> = (0..p * l).collect();
+    let expert_major: Vec<usize> = (0..l)
+        .flat_map(|x| (0..p).map(move |s| s * l + x))
+        .collect();
+    // Where each block starts (in rows) when the blocks lie in `sequence`.
+    let starts = |sequence: &[usize]| {
+        let mut at = vec![0usize; p * l];
+        let mut next = 0;
+        for &b in sequence {
+            at[b] = next;
+            next += blocks[b];
+        }
+        at
+    };
+    let (from, to) = match order {
+        Order::ToExperts => (starts(&source_major), expert_major),
+        Order::ToSources => (starts(&expert_major), source_major),
+    };
+    let mut out = Vec::with_capacity(rows.len());
+    for b in to {
+        out.extend_from_slice(&rows[from[b] * h..(from[b] + blocks[b]) * h]);
+    }
+    Cow::Owned(out)
+}
