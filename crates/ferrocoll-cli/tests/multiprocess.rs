@@ -1044,8 +1044,8 @@ fn bucket(comm: &Communicator) {
             }
         }
         // A missing gradient is an error, and the next step still works.
-        for p in 1..sizes.len() {
-            bucketer.ready(p, &vec![0.0; sizes[p]]).unwrap();
+        for (p, &size) in sizes.iter().enumerate().skip(1) {
+            bucketer.ready(p, &vec![0.0; size]).unwrap();
         }
         let mut out: Vec<Vec<f32>> = sizes.iter().map(|&s| vec![0.0; s]).collect();
         let mut views: Vec<&mut [f32]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
