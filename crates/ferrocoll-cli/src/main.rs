@@ -25,6 +25,7 @@
 //!   (crates/ferrocoll-sim) and reports time, link load and energy.
 
 mod bench;
+mod bench_overlap;
 mod calibrate;
 mod error;
 mod model;
@@ -61,8 +62,10 @@ enum Command {
     /// it. alltoallv sends uneven blocks (rank s sends rank d
     /// floor(b * (1 + (s + 2d) mod 7) / 4) elements, b = size / (n * element
     /// size)) and reports as its size the average send buffer: all ranks'
-    /// send counts together / n, in whole elements.
-    Bench(bench::BenchArgs),
+    /// send counts together / n, in whole elements. `bench overlap`
+    /// measures how much gradient communication hides behind a backward
+    /// pass.
+    Bench(bench_overlap::BenchCommand),
     /// Predict what every algorithm of a collective costs (alpha-beta-gamma
     /// closed forms), without running anything; `model moe` prices an MoE
     /// layer's dispatch and combine.
@@ -94,7 +97,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bench(args) => bench::main(&args),
+        Command::Bench(args) => bench_overlap::main(&args),
         Command::Model(args) => model_moe::main(&args),
         Command::Calibrate(args) => calibrate::main(&args),
         Command::Topo(args) => topo::main(&args),

@@ -345,7 +345,7 @@ fn user_mistakes_are_errors_not_panics() {
     }
     let out = bench(&["--transport", "infiniband"], None);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("use thread, shm or tcp"), "{stderr}");
+    assert!(stderr.contains("use thread, shm, tcp or auto"), "{stderr}");
 }
 
 #[test]
@@ -415,4 +415,63 @@ fn auto_model_runs_what_the_model_predicts_cheapest() {
         let report: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(report["choice"].as_str().unwrap(), ran, "{bytes}: {report}");
     }
+}
+
+/// `bench overlap` on a small model of its own: the four ways, the
+/// efficiency and the prediction come out as JSON, and a gradient the
+/// bucketer got wrong would fail the command.
+#[test]
+fn overlap_reports_four_ways_and_a_prediction() {
+    let dir = std::env::temp_dir().join(format!("ferrocoll-overlap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("model.txt");
+    std::fs::write(
+        &model,
+        "# a small model\n1000 a\n0 empty\n300000 b\n7 c # bias\n",
+    )
+    .unwrap();
+    for n in ["1", "3"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+            .args(["bench", "overlap", "--model", model.to_str().unwrap()])
+            .args([
+                "--compute-ms",
+                "5",
+                "--steps",
+                "1",
+                "--cap",
+                "64K",
+                "--json",
+                "-n",
+                n,
+            ])
+            .env("FERROCOLL_TIMEOUT", "30")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(v["parameters"], 301007);
+        assert_eq!(v["ranks"].as_u64().unwrap().to_string(), n);
+        assert_eq!(v["cap_bytes"], 65536);
+        for way in ["compute", "comm", "sequential", "overlapped"] {
+            assert!(v["measured"][way].as_f64().unwrap() > 0.0, "{way}: {text}");
+            assert!(
+                v["predicted"][way].as_f64().unwrap() >= 0.0,
+                "{way}: {text}"
+            );
+        }
+        // 5 ms of computation, predicted as asked.
+        assert!((v["predicted"]["compute"].as_f64().unwrap() - 0.005).abs() < 1e-9);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(["bench", "overlap", "--model", "/nonexistent/model.txt"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -156,6 +156,8 @@ pub struct GradientBucketer<'c> {
     /// Buckets launched so far this step (they go in bucket order).
     launched: usize,
     in_flight: VecDeque<(usize, Request<Vec<f32>>)>,
+    /// The caps in use: (every bucket but the first, the first), bytes.
+    caps: (usize, usize),
 }
 
 impl<'c> GradientBucketer<'c> {
@@ -183,9 +185,16 @@ impl<'c> GradientBucketer<'c> {
             arrived: vec![false; sizes.len()],
             launched: 0,
             in_flight: VecDeque::new(),
+            caps: (cap, first),
         };
         bucketer.reset();
         bucketer
+    }
+
+    /// The bucket caps in bytes, as given or as [`BucketCap::Auto`] chose
+    /// them: (every bucket but the first, the first).
+    pub fn caps(&self) -> (usize, usize) {
+        self.caps
     }
 
     /// The buckets, in the order they are launched.

@@ -108,6 +108,16 @@ pub struct BenchArgs {
     pub buffers: String,
 }
 
+impl BenchArgs {
+    /// The arguments of a bare `ferrocoll bench` (every default).
+    pub fn defaults() -> BenchArgs {
+        use clap::{Args as _, FromArgMatches as _};
+        let matches =
+            BenchArgs::augment_args(clap::Command::new("bench")).get_matches_from(["bench"]);
+        BenchArgs::from_arg_matches(&matches).expect("the defaults parse")
+    }
+}
+
 /// The transports `bench` can run over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
