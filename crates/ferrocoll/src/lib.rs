@@ -41,6 +41,7 @@
 // for the simulator). Internals the other crates of the workspace reach
 // into are public but hidden from the documentation.
 mod comm;
+pub mod compress;
 pub mod config;
 pub mod cost;
 mod env;
