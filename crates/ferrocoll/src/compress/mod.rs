@@ -28,12 +28,15 @@
 //! | `onebit:B` | [`OneBit`] | `4 ceil(n/B) + ceil(n/8)` | `32B/(B+32)`: 25.6 at B = 128 |
 //! | `topk:F` | [`TopK`] | `4 ceil(n/65536) + 6K` | `~ 2/(3F)`: 66.7 at F = 1% |
 //! | `randk:F:SEED` | [`RandK`] | `4K` | `1/F` |
+//! | (PowerSGD, rank r) | [`PowerSgd`] | `4 (rows + cols) r`, in two allreduces | `rows cols / ((rows + cols) r)`: 512 at 4096 x 4096, r = 4 |
 //!
 //! `K`, the elements a sparse codec keeps, is [`Keep::of`]`(n)`: `ceil(F n)`
 //! for a fraction, `min(k, n)` for a count.
 //!
 //! The wire layout of each is documented on its type; all multi-byte values
-//! are little-endian and nothing is aligned.
+//! are little-endian and nothing is aligned. PowerSGD ([`PowerSgd`]) is not
+//! a codec of this shape (it needs two allreduces with an
+//! orthogonalisation between them) and has its own state type.
 //!
 //! [`ErrorFeedback`] is the residual a caller keeps across steps for one
 //! buffer: it adds what earlier steps did not send before compressing, and
@@ -80,6 +83,7 @@ mod feedback;
 mod float16;
 mod int8;
 mod onebit;
+mod powersgd;
 mod randk;
 mod rng;
 mod topk;
@@ -88,6 +92,7 @@ pub use feedback::ErrorFeedback;
 pub use float16::{Bf16, Fp16};
 pub use int8::Int8Block;
 pub use onebit::OneBit;
+pub use powersgd::{PowerSgd, PowerSgdConfig};
 pub use randk::RandK;
 pub use topk::TopK;
 
@@ -238,6 +243,8 @@ impl Keep {
 ///   same one, and advance [`RandK::at_step`] together) or
 ///   `randk:K:SEED:unscaled` ([`RandK::unscaled`], the form for error
 ///   feedback)
+///
+/// PowerSGD is not a [`Codec`]; see [`PowerSgd`].
 pub fn parse(spec: &str) -> Result<Box<dyn Codec>> {
     let mut parts = spec.trim().split(':');
     let kind = parts.next().unwrap_or_default().to_ascii_lowercase();

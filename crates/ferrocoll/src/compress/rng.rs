@@ -46,6 +46,13 @@ impl SplitMix64 {
         }
         (m >> 64) as u64
     }
+
+    /// Uniform in `[-1, 1)`, with 24 random bits (every value an `f32`
+    /// represents exactly).
+    #[inline]
+    pub(crate) fn symmetric_f32(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32) * (1.0 / (1u64 << 23) as f32) - 1.0
+    }
 }
 
 /// A 64-bit key from a seed and more words (a step, a stream, a length):
@@ -96,6 +103,15 @@ mod tests {
         );
         assert!((0..1000).all(|_| g.below(1) == 0));
         assert!((0..1000).all(|_| g.below(u64::MAX) < u64::MAX));
+    }
+
+    #[test]
+    fn symmetric_f32_stays_in_range() {
+        let mut g = SplitMix64::new(3);
+        let xs: Vec<f32> = (0..10_000).map(|_| g.symmetric_f32()).collect();
+        assert!(xs.iter().all(|x| (-1.0..1.0).contains(x)));
+        let mean = xs.iter().map(|&x| x as f64).sum::<f64>() / xs.len() as f64;
+        assert!(mean.abs() < 0.03, "{mean}");
     }
 
     #[test]
