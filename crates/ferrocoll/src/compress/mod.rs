@@ -178,7 +178,10 @@ pub trait Codec: Send + Sync + fmt::Debug {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Keep {
     /// A fraction of the chunk, in `[0, 1]`: `K = ceil(f n)`, so any
-    /// non-empty chunk keeps at least one element when `f > 0`.
+    /// non-empty chunk keeps at least one element when `f > 0`. A product
+    /// within a relative 1e-9 of an integer counts as that integer, so
+    /// that the rounding of `f` does not add one (`0.07 * 100` is
+    /// `7.000000000000001` in `f64`; K is 7).
     Fraction(f64),
     /// A number of elements per chunk: `K = min(k, n)`. A collective that
     /// encodes a buffer in several chunks keeps `k` of each.
@@ -189,9 +192,16 @@ impl Keep {
     /// `K` for a chunk of `n` elements (never more than `n`).
     pub fn of(&self, n: usize) -> usize {
         match *self {
-            // f64 holds every chunk length a machine can address well enough
-            // for ceil() to be right up to 2^52 elements.
-            Keep::Fraction(f) => ((f * n as f64).ceil() as usize).min(n),
+            Keep::Fraction(f) => {
+                let exact = f * n as f64;
+                let nearest = exact.round();
+                let k = if (exact - nearest).abs() <= 1e-9 * nearest.max(1.0) {
+                    nearest
+                } else {
+                    exact.ceil()
+                };
+                (k as usize).min(n)
+            }
             Keep::Count(k) => k.min(n),
         }
     }
@@ -238,7 +248,8 @@ impl Keep {
 /// * `fp16`, `bf16`
 /// * `int8` or `int8:BLOCK` (block 128 by default)
 /// * `onebit` or `onebit:BLOCK` (block 128 by default)
-/// * `topk:K` with `K` a fraction (`0.01`, `1%`) or a count (`1000`)
+/// * `topk:K` with `K` a fraction (`0.01`, `1%`) or a count (`1000`); an
+///   integer is a count: `topk:1` keeps one element, `topk:1.0` all of them
 /// * `randk:K`, `randk:K:SEED` (seed 0 by default; every rank must use the
 ///   same one, and advance [`RandK::at_step`] together) or
 ///   `randk:K:SEED:unscaled` ([`RandK::unscaled`], the form for error
@@ -434,6 +445,17 @@ mod tests {
         assert_eq!(Keep::Fraction(0.01).of(1000), 10);
         assert_eq!(Keep::Fraction(0.01).of(1001), 11);
         assert_eq!(Keep::Fraction(0.01).of(1), 1);
+        // 0.07 * 100 = 7.000000000000001 in f64: still 7.
+        assert!(0.07 * 100.0 > 7.0);
+        assert_eq!(Keep::Fraction(0.07).of(100), 7);
+        assert_eq!(Keep::Fraction(0.07).of(101), 8);
+        for n in 1..5000 {
+            for f in [0.001, 0.01, 0.07, 0.1, 0.3] {
+                let k = Keep::Fraction(f).of(n);
+                assert!(k as f64 >= f * n as f64 - 1e-6 && k >= 1, "{f} of {n}: {k}");
+                assert!((k as f64) < f * n as f64 + 1.0, "{f} of {n}: {k}");
+            }
+        }
         assert_eq!(Keep::Fraction(0.0).of(1000), 0);
         assert_eq!(Keep::Fraction(1.0).of(1000), 1000);
         assert_eq!(Keep::Fraction(0.5).of(0), 0);
