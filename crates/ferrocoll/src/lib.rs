@@ -42,6 +42,7 @@
 // into are public but hidden from the documentation.
 pub mod bucket;
 mod comm;
+pub mod compress;
 pub mod config;
 pub mod cost;
 mod env;
