@@ -174,7 +174,11 @@ cmd_exec() {
     local h=$1 d
     shift
     d=$(dir_of "$h")
-    exec nsenter --net="/run/netns/$h" --mount="$d/$h.mnt" --wd="$PWD" -- env FERROCOLL_HOST_ID="$h" "$@"
+    # The hosts share this machine's CPUs: a rank pinned to "its" core
+    # (FERROCOLL_BIND=auto pins when a host's ranks fit its cores) would
+    # share that core with the ranks the other hosts pin there too.
+    exec nsenter --net="/run/netns/$h" --mount="$d/$h.mnt" --wd="$PWD" -- \
+        env FERROCOLL_HOST_ID="$h" FERROCOLL_BIND="${FERROCOLL_BIND:-none}" "$@"
 }
 
 cmd_hosts() {

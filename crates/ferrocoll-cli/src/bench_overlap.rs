@@ -21,12 +21,14 @@
 //! Overlap efficiency = (T_seq - T_ovl) / min(T_comp, T_comm): 1 when the
 //! shorter of the two hides entirely, 0 when nothing does.
 //!
-//! The prediction replays the step on the cost model: bucket k becomes
+//! The prediction replays the step on the cost model, from the measured
+//! computation (it predicts the overlap, not the kernel): bucket k becomes
 //! ready when the computation of its last gradient ends, the buckets run
 //! one after another on the communicator's progress worker, each for its
 //! predicted allreduce time; of that time the LogGP split
 //! ([`ferrocoll::cost::overlap`]) says which part is the CPU's (o per
-//! message, gamma per reduced byte, the copies). When this host's ranks
+//! message, gamma per reduced byte, the copies; on one host all of it, as
+//! the bytes themselves are copied by the ranks' CPUs). When this host's ranks
 //! have no spare core for their progress workers (ranks per host >= cores),
 //! that CPU part cannot run beside the computation: it is added to it. The
 //! predicted efficiency is computed like the measured one.
@@ -159,14 +161,19 @@ impl Kernel {
             passes_per_sec: 1.0,
         };
         k.passes(100);
-        // The fastest of 5 timings of 2,000 passes.
-        let mut best = f64::MAX;
-        for _ in 0..5 {
+        // The median of 11 timings of ~5 ms each, taken while every rank
+        // does the same: with more ranks than cores a rank computes at its
+        // share of a core, as it will during the steps (the fastest timing
+        // would catch a moment with a core to itself).
+        let batch = 500;
+        let mut rates = Vec::new();
+        for _ in 0..11 {
             let t = Instant::now();
-            k.passes(2000);
-            best = best.min(t.elapsed().as_secs_f64());
+            k.passes(batch);
+            rates.push(batch as f64 / t.elapsed().as_secs_f64().max(1e-9));
         }
-        k.passes_per_sec = 2000.0 / best.max(1e-9);
+        rates.sort_by(f64::total_cmp);
+        k.passes_per_sec = rates[rates.len() / 2];
         k
     }
 
@@ -198,24 +205,18 @@ fn efficiency(t: &Times) -> f64 {
     (t.sequential - t.overlapped) / t.compute.min(t.comm).max(1e-12)
 }
 
-/// The median of `steps` runs of `step`, each the slowest rank's time.
-fn median_step(
+/// One run of `step` on every rank: the slowest rank's time.
+fn timed_step(
     comm: &Communicator,
-    steps: usize,
-    mut step: impl FnMut() -> Result<(), CliError>,
+    step: impl FnOnce() -> Result<(), CliError>,
 ) -> Result<f64, CliError> {
-    let mut times = Vec::with_capacity(steps);
-    for _ in 0..steps {
-        comm.barrier()?;
-        let t = Instant::now();
-        step()?;
-        let mine = [t.elapsed().as_secs_f64()];
-        let mut slowest = [0.0f64];
-        comm.all_reduce(&mine, &mut slowest, ReduceOp::Max)?;
-        times.push(slowest[0]);
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    comm.barrier()?;
+    let t = Instant::now();
+    step()?;
+    let mine = [t.elapsed().as_secs_f64()];
+    let mut slowest = [0.0f64];
+    comm.all_reduce(&mine, &mut slowest, ReduceOp::Max)?;
+    Ok(slowest[0])
 }
 
 /// What one rank measures and predicts.
@@ -264,41 +265,47 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
     let mut bucketer = GradientBucketer::new(comm, &sizes, cap);
     let steps = args.steps.max(1);
 
-    let compute = median_step(comm, steps, || {
-        for i in (0..sizes.len()).rev() {
-            kernel.compute(share[i]);
+    // One step of way `w`: 0 compute, 1 comm, 2 sequential, 3 overlapped.
+    let mut step = |w: usize| -> Result<(), CliError> {
+        let layers = (0..sizes.len()).rev();
+        match w {
+            0 => layers.for_each(|i| kernel.compute(share[i])),
+            1 => {
+                for i in layers {
+                    bucketer.ready(i, &grads[i])?;
+                }
+            }
+            2 => {
+                layers.clone().for_each(|i| kernel.compute(share[i]));
+                for i in layers {
+                    bucketer.ready(i, &grads[i])?;
+                }
+            }
+            _ => {
+                for i in layers {
+                    kernel.compute(share[i]);
+                    bucketer.ready(i, &grads[i])?;
+                }
+            }
+        }
+        if w > 0 {
+            let mut views: Vec<&mut [f32]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
+            bucketer.finish(&mut views)?;
         }
         Ok(())
-    })?;
-    let communicate = |bucketer: &mut GradientBucketer, out: &mut Vec<Vec<f32>>| {
-        let mut views: Vec<&mut [f32]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
-        bucketer.finish(&mut views)
     };
-    let comm_only = median_step(comm, steps, || {
-        for i in (0..sizes.len()).rev() {
-            bucketer.ready(i, &grads[i])?;
+    // The ways take turns, step by step, so that a change of the machine's
+    // speed (other load, clock) reaches all four alike.
+    let mut times: [Vec<f64>; 4] = Default::default();
+    for _ in 0..steps {
+        for (w, t) in times.iter_mut().enumerate() {
+            t.push(timed_step(comm, || step(w))?);
         }
-        communicate(&mut bucketer, &mut out)?;
-        Ok(())
-    })?;
-    let sequential = median_step(comm, steps, || {
-        for i in (0..sizes.len()).rev() {
-            kernel.compute(share[i]);
-        }
-        for i in (0..sizes.len()).rev() {
-            bucketer.ready(i, &grads[i])?;
-        }
-        communicate(&mut bucketer, &mut out)?;
-        Ok(())
-    })?;
-    let overlapped = median_step(comm, steps, || {
-        for i in (0..sizes.len()).rev() {
-            kernel.compute(share[i]);
-            bucketer.ready(i, &grads[i])?;
-        }
-        communicate(&mut bucketer, &mut out)?;
-        Ok(())
-    })?;
+    }
+    let [compute, comm_only, sequential, overlapped] = times.map(|mut t| {
+        t.sort_by(f64::total_cmp);
+        t[t.len() / 2]
+    });
     // The averaged gradient of ranks 1..=n is (n+1)/2 everywhere.
     let want = (comm.size() as f32 + 1.0) / 2.0;
     if let Some((p, _)) = out
@@ -324,10 +331,15 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let per_host = comm.topology().local_size();
     let cpu_contended = per_host >= cores;
+    let single_host = comm.topology().nodes() <= 1;
+    // The model predicts the overlap, not the kernel: it starts from the
+    // measured computation, spread over the layers as the steps spread it.
+    let compute_pred = measured.compute;
+    let scale = compute_pred / compute_s.max(1e-12);
     let mut ready_at = vec![0.0f64; sizes.len()];
     let mut t = 0.0;
     for i in (0..sizes.len()).rev() {
-        t += share[i];
+        t += share[i] * scale;
         ready_at[i] = t;
     }
     let (mut worker_free, mut cpu_total, mut comm_total) = (0.0f64, 0.0f64, 0.0f64);
@@ -343,11 +355,14 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
                 0.0,
             ),
         };
+        // Within one host the bytes are moved by the ranks' CPUs (a copy
+        // through shared memory or between threads): what LogGP calls the
+        // wire is CPU time there too, so all of it is the CPU's.
+        let cpu = if single_host { time } else { cpu };
         worker_free = worker_free.max(ready) + time;
         cpu_total += cpu;
         comm_total += time;
     }
-    let compute_pred = compute_s;
     let seq_pred = compute_pred + comm_total;
     let ovl_pred = if cpu_contended {
         (compute_pred + cpu_total).max(worker_free)
