@@ -10,7 +10,7 @@
 //! on each other, each on a thread of their own).
 
 use std::str::FromStr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use ferrocoll::init::TransportKind;
 use ferrocoll::{CallOptions, Communicator, Config, DType, ReduceOp};
@@ -23,33 +23,17 @@ mod store;
 mod worker;
 
 use jobs::{Buf, Job, Kind};
-use worker::{Completion, Handle, Worker};
+use worker::{Completion, Handle};
 
 /// A ferrocoll communicator.
 #[pyclass(module = "ferrocoll._ferrocoll", frozen)]
 struct Comm {
     inner: Communicator,
-    /// Started on the first non-blocking collective.
-    worker: OnceLock<Worker>,
 }
 
 impl Comm {
     fn new(inner: Communicator) -> Comm {
-        Comm {
-            inner,
-            worker: OnceLock::new(),
-        }
-    }
-
-    fn worker(&self) -> PyResult<&Worker> {
-        if let Some(w) = self.worker.get() {
-            return Ok(w);
-        }
-        let name = format!("ferrocoll-progress-{}", self.inner.rank());
-        let w = Worker::start(name).map_err(|e| {
-            errors::InternalError::new_err(format!("cannot start the progress worker: {e}"))
-        })?;
-        Ok(self.worker.get_or_init(|| w))
+        Comm { inner }
     }
 }
 
@@ -474,7 +458,10 @@ impl Comm {
                     errors::InternalError::new_err(format!("cannot start a thread: {e}"))
                 })?;
         } else {
-            self.worker()?.push(Box::new(task));
+            // The communicator's own progress worker, shared with its Rust
+            // non-blocking calls.
+            base.run_on_progress_worker(task)
+                .map_err(|e| py_err(py, e))?;
         }
         Ok(Some(Handle { state }))
     }

@@ -1,6 +1,7 @@
-//! Asynchrony for the Python layer: a progress worker per communicator that
-//! runs queued calls in issue order, and [`Handle`]s that complete without
-//! the GIL.
+//! Asynchrony for the Python layer: [`Handle`]s that complete without the
+//! GIL. The calls themselves run on the communicator's progress worker
+//! (`Communicator::run_on_progress_worker`, shared with the Rust crate's
+//! non-blocking calls), in issue order.
 //!
 //! Hand-off rules, so that autograd threads, a Python `wait()` and the
 //! worker can never deadlock:
@@ -11,7 +12,6 @@
 //!   run on one separate completer thread, which is the only one that takes
 //!   the GIL for them, so a slow GIL never delays the next call.
 
-use std::collections::VecDeque;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -228,63 +228,5 @@ impl Handle {
         if let Some(outcome) = done {
             call_back(py, vec![callback], &outcome);
         }
-    }
-}
-
-/// A unit of work for the worker.
-pub type Task = Box<dyn FnOnce() + Send>;
-
-/// One thread that runs a communicator's queued calls in issue order.
-pub struct Worker {
-    queue: Arc<(Mutex<Queue>, Condvar)>,
-}
-
-#[derive(Default)]
-struct Queue {
-    tasks: VecDeque<Task>,
-    closed: bool,
-}
-
-impl Worker {
-    /// Starts the thread.
-    pub fn start(name: String) -> std::io::Result<Worker> {
-        let queue: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
-        let q = Arc::clone(&queue);
-        std::thread::Builder::new().name(name).spawn(move || loop {
-            let task = {
-                let (lock, cv) = &*q;
-                let mut queue = lock.lock().unwrap_or_else(|p| p.into_inner());
-                loop {
-                    if let Some(t) = queue.tasks.pop_front() {
-                        break t;
-                    }
-                    if queue.closed {
-                        return;
-                    }
-                    queue = cv.wait(queue).unwrap_or_else(|p| p.into_inner());
-                }
-            };
-            task();
-        })?;
-        Ok(Worker { queue })
-    }
-
-    /// Queues `task` behind the ones already queued.
-    pub fn push(&self, task: Task) {
-        let (lock, cv) = &*self.queue;
-        lock.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .tasks
-            .push_back(task);
-        cv.notify_one();
-    }
-}
-
-impl Drop for Worker {
-    /// Lets the thread finish what is queued, then end.
-    fn drop(&mut self) {
-        let (lock, cv) = &*self.queue;
-        lock.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
-        cv.notify_one();
     }
 }

@@ -39,6 +39,21 @@ impl Communicator {
         Ok(self.shared.engine.get_or_init(|| Box::new(engine)))
     }
 
+    /// Queues `task` on this communicator's progress worker, the thread its
+    /// non-blocking calls run on, behind everything queued before: for a
+    /// binding that runs its own asynchronous calls in the background (the
+    /// Python package does), each on a handle from
+    /// [`Communicator::reserve_next_call`] taken in program order, so they
+    /// share the worker and its order with this crate's `i*` calls instead
+    /// of a thread of their own. `task` must not wait for a later task of
+    /// the same worker (a point-to-point send that needs the matching
+    /// receive queued behind it would wait forever). An error when the
+    /// worker cannot be started.
+    pub fn run_on_progress_worker(&self, task: impl FnOnce() + Send + 'static) -> Result<()> {
+        self.engine()?.push(Box::new(task));
+        Ok(())
+    }
+
     /// Queues `f` on the progress worker behind every call issued before;
     /// the request completes with what `f` returns. The caller has reserved
     /// whatever sequence number `f` uses.
