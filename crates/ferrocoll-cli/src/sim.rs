@@ -80,6 +80,13 @@ pub struct SimArgs {
     /// default 0 (free reductions).
     #[arg(long)]
     pub gamma: Option<String>,
+    /// The memory a full run may use (bytes, or with KB/MB/GB or
+    /// KiB/MiB/GiB): a run whose estimate, counted from the plans before it
+    /// starts, is larger is refused with the estimate instead of being
+    /// killed by the kernel. Default: FERROCOLL_SIM_MEMORY if set, else
+    /// MemAvailable of /proc/meminfo.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
 }
 
 /// Energy per bit by link class, in picojoules (the seeds' figure: NVLink
@@ -95,13 +102,14 @@ fn picojoules_per_bit(class: &str) -> f64 {
     }
 }
 
-/// `bytes` with decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units.
-fn parse_bytes(s: &str) -> Result<usize, String> {
+/// `bytes` with decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units;
+/// errors name `flag`, the option it was given to.
+fn parse_bytes(flag: &str, s: &str) -> Result<usize, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
     let n: usize = digits.parse().map_err(|_| {
-        format!("--bytes {s:?}: give a whole number, optionally with KB/MB/GB or KiB/MiB/GiB")
+        format!("{flag} {s:?}: give a whole number, optionally with KB/MB/GB or KiB/MiB/GiB")
     })?;
     let mult: usize = match unit.trim() {
         "" | "B" => 1,
@@ -113,12 +121,12 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
         "GiB" | "G" => 1 << 30,
         other => {
             return Err(format!(
-                "--bytes {s:?}: unknown unit {other:?}; use KB, MB, GB, KiB, MiB or GiB"
+                "{flag} {s:?}: unknown unit {other:?}; use KB, MB, GB, KiB, MiB or GiB"
             ))
         }
     };
     n.checked_mul(mult)
-        .ok_or_else(|| format!("--bytes {s:?} is too large"))
+        .ok_or_else(|| format!("{flag} {s:?} is too large"))
 }
 
 /// `RANK:SECONDS` of `--straggler`; the delay is in seconds unless it
@@ -206,7 +214,7 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         Some(p) => format!("{},placement={p}", args.topology),
     };
     let topo = TopologySpec::parse(&topology).map_err(CliError::Usage)?;
-    let bytes = parse_bytes(&args.bytes).map_err(CliError::Usage)?;
+    let bytes = parse_bytes("--bytes", &args.bytes).map_err(CliError::Usage)?;
     let n = topo.ranks();
     let mode = if args.mode == "ideal" {
         Mode::Ideal
@@ -252,6 +260,10 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
             .map(|s| parse_slow_link(s))
             .collect::<Result<_, _>>()
             .map_err(CliError::Usage)?,
+        memory_limit: match &args.memory_limit {
+            None => None,
+            Some(m) => Some(parse_bytes("--memory-limit", m).map_err(CliError::Usage)? as u64),
+        },
         ..SimOptions::default()
     };
     let start = Instant::now();
@@ -370,12 +382,12 @@ mod tests {
 
     #[test]
     fn bytes_take_decimal_and_binary_units() {
-        assert_eq!(parse_bytes("64").unwrap(), 64);
-        assert_eq!(parse_bytes("1KB").unwrap(), 1000);
-        assert_eq!(parse_bytes("1KiB").unwrap(), 1024);
-        assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
-        assert_eq!(parse_bytes("2GB").unwrap(), 2_000_000_000);
-        assert!(parse_bytes("3 parsecs").is_err());
+        assert_eq!(parse_bytes("--bytes", "64").unwrap(), 64);
+        assert_eq!(parse_bytes("--bytes", "1KB").unwrap(), 1000);
+        assert_eq!(parse_bytes("--bytes", "1KiB").unwrap(), 1024);
+        assert_eq!(parse_bytes("--bytes", "64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("--bytes", "2GB").unwrap(), 2_000_000_000);
+        assert!(parse_bytes("--bytes", "3 parsecs").is_err());
     }
 
     #[test]

@@ -15,6 +15,11 @@
 //! every [`SimResult`] carries a per-class link utilization
 //! [`timeline`](SimResult::timeline), and [`plot::svg`] draws it.
 //!
+//! A full run holds every message of every plan at once; it is sized from
+//! the plans before it starts and refused, with the estimate, when it would
+//! not fit in the memory available ([`estimate`]). [`simulate_aggregated`]
+//! runs one rank per class of alike ranks instead ([`symmetry`]).
+//!
 //! Besides ferrocoll's plans the simulator runs one algorithm the executor
 //! cannot: in-network reduction ([`sharp`], [`simulate_sharp_allreduce`]),
 //! where the switches of a `switch` or `fat-tree` topology with `sharp=1`
@@ -35,6 +40,7 @@
 #![warn(missing_docs)]
 
 pub mod engine;
+pub mod estimate;
 pub mod graph;
 pub mod network;
 pub mod plot;
@@ -219,15 +225,56 @@ pub fn simulate_with(
 /// are the whole cluster in order, in which case they see the topology's
 /// node structure as [`simulate`] does; a single such job is exactly
 /// [`simulate_with`].
+///
+/// Before anything runs, the run's memory is estimated from the plans
+/// ([`estimate`]); a run that would need more than is available fails
+/// then, with the estimate, instead of being killed by the kernel later.
 pub fn simulate_jobs(
     jobs: &[Job],
     topo: &TopologySpec,
     mode: Mode,
     opts: &SimOptions,
 ) -> Result<Vec<SimResult>, String> {
-    const ELEM: usize = 4;
+    let builders = job_builders(jobs, topo)?;
+    let groups = job_groups(jobs, &builders);
+    let net = Network::new(topo);
+    estimate::check(
+        &estimate::estimate_groups(&groups, ELEM, &net, mode, opts)?,
+        opts,
+    )?;
+    let traces = engine::run_groups(&groups, ELEM, &net, mode, opts)?;
+    Ok(jobs
+        .iter()
+        .zip(&traces)
+        .map(|(job, trace)| summarize(job.coll, job.ranks.len(), job.bytes, &net, trace))
+        .collect())
+}
+
+/// [`estimate::estimate_groups`] of what [`simulate_jobs`] would run: the
+/// memory and events of the full run, before it starts.
+pub fn estimate_jobs(
+    jobs: &[Job],
+    topo: &TopologySpec,
+    mode: Mode,
+    opts: &SimOptions,
+) -> Result<estimate::Estimate, String> {
+    let builders = job_builders(jobs, topo)?;
+    let groups = job_groups(jobs, &builders);
+    estimate::estimate_groups(&groups, ELEM, &Network::new(topo), mode, opts)
+}
+
+/// The element size of every simulated call (f32).
+const ELEM: usize = 4;
+
+/// For every job, the function that builds group rank i's plan. Rank 0's
+/// plan is built first: an algorithm that cannot run a call fails here,
+/// before any job starts.
+fn job_builders<'a>(
+    jobs: &'a [Job],
+    topo: &TopologySpec,
+) -> Result<Vec<impl Fn(usize) -> Result<Plan, String> + 'a>, String> {
     let all = topo.ranks();
-    let name = |j: usize, e: String| {
+    let name = move |j: usize, e: String| {
         if jobs.len() == 1 {
             e
         } else {
@@ -247,16 +294,21 @@ pub fn simulate_jobs(
             ferrocoll::Topology::flat(n)
         };
         let count = element_count(job.coll, n, job.bytes, ELEM);
-        // Rank 0's plan first: an algorithm that cannot run this call
-        // fails here, before any job starts.
         plan_of(job.coll, job.algo, n, 0, count, &topology).map_err(|e| name(j, e))?;
         builders.push(move |rank: usize| {
             plan_of(job.coll, job.algo, n, rank, count, &topology).map_err(|e| name(j, e))
         });
     }
-    let groups: Vec<engine::Group<'_>> = jobs
-        .iter()
-        .zip(&builders)
+    Ok(builders)
+}
+
+/// The engine's groups of `jobs`, their plans built by `builders`.
+fn job_groups<'a>(
+    jobs: &'a [Job],
+    builders: &'a [impl Fn(usize) -> Result<Plan, String> + 'a],
+) -> Vec<engine::Group<'a>> {
+    jobs.iter()
+        .zip(builders)
         .map(|(job, build)| engine::Group {
             plans: engine::Plans::Built {
                 count: job.ranks.len(),
@@ -264,14 +316,7 @@ pub fn simulate_jobs(
             },
             ranks: &job.ranks,
         })
-        .collect();
-    let net = Network::new(topo);
-    let traces = engine::run_groups(&groups, ELEM, &net, mode, opts)?;
-    Ok(jobs
-        .iter()
-        .zip(&traces)
-        .map(|(job, trace)| summarize(job.coll, job.ranks.len(), job.bytes, &net, trace))
-        .collect())
+        .collect()
 }
 
 /// [`simulate_with`] in the aggregated mode: finds the smallest symmetry
@@ -292,7 +337,6 @@ pub fn simulate_aggregated(
     mode: Mode,
     opts: &SimOptions,
 ) -> Result<SimResult, String> {
-    const ELEM: usize = 4;
     let n = topo.ranks();
     let count = element_count(coll, n, bytes, ELEM);
     let topology = topo.plan_topology();

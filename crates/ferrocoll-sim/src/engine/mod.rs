@@ -109,11 +109,13 @@
 //! * `rounds.rs`: the event loop and each rank's walk through its rounds.
 //! * `links.rs`: messages on links in either mode, and link accounting.
 //! * `report.rs`: the traces and critical path of a finished run.
+//! * `footprint.rs`: [`Footprint`], what a run's state costs in memory.
 //! * `trace.rs`, `timeline.rs`: the result types, and the timeline
 //!   histogram.
 //! * `tests.rs`: unit tests on hand-written plans.
 
 mod events;
+mod footprint;
 mod groups;
 mod links;
 mod matching;
@@ -126,6 +128,7 @@ mod tests;
 mod timeline;
 mod trace;
 
+pub use footprint::Footprint;
 pub use groups::{Group, Plans};
 pub(crate) use options::degrade;
 pub use options::{Mode, SimOptions};
