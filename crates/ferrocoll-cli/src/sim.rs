@@ -71,8 +71,11 @@ pub struct SimArgs {
     /// Simulate one rank per class of ranks that behave identically (a
     /// shift or exclusive-or of rank numbers that the topology, placement
     /// and plans all have), for clusters too large to run rank by rank; the
-    /// results are the full run's. An error, saying why, when there is no
-    /// such symmetry (trees, uneven blocks, stragglers, ...).
+    /// results are the full run's. Where ranks differ only in the sizes of
+    /// their blocks (a count the ranks do not divide), the traffic is still
+    /// the full run's and the time that of every block at its largest size.
+    /// An error, saying why, when there is no such symmetry (trees, blocks
+    /// of zero elements, stragglers, ...).
     #[arg(long)]
     pub aggregate: bool,
     /// Reduction cost at the receiver (gamma): a rate such as `100GB/s`
@@ -200,6 +203,16 @@ fn profile_of(topo: &TopologySpec, gamma: f64) -> Profile {
     }
 }
 
+/// `3906 and 3907`, `2, 3 and 4`: the block sizes of an uneven run.
+fn block_list(sizes: &[usize]) -> String {
+    let words: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
+    match words.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
 /// Runs `ferrocoll sim`.
 pub fn main(args: &SimArgs) -> Result<(), CliError> {
     let coll = Collective::from_name(&args.coll)
@@ -311,6 +324,9 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
             },
             "aggregated": r.aggregated.map(|s| serde_json::json!({
                 "kind": s.kind.name(), "period": s.period, "simulated_ranks": s.period,
+                "uneven": r.uneven.as_ref().map(|u| serde_json::json!({
+                    "block_elements": u.elements, "time": "padded",
+                })),
             })),
         });
         writeln!(out, "{json}")?;
@@ -366,11 +382,19 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         parts.join(", ")
     )?;
     match r.aggregated {
-        Some(s) => writeln!(
-            out,
-            "# simulated {} events in {wall:.3} s, aggregated ({s})",
-            r.events
-        )?,
+        Some(s) => match &r.uneven {
+            None => writeln!(
+                out,
+                "# simulated {} events in {wall:.3} s, aggregated ({s})",
+                r.events
+            )?,
+            Some(u) => writeln!(
+                out,
+                "# simulated {} events in {wall:.3} s, aggregated ({s}; blocks of {} elements: traffic exact, time with every block at its largest)",
+                r.events,
+                block_list(&u.elements)
+            )?,
+        },
         None => writeln!(out, "# simulated {} events in {wall:.3} s", r.events)?,
     }
     Ok(())
@@ -388,6 +412,13 @@ mod tests {
         assert_eq!(parse_bytes("--bytes", "64MiB").unwrap(), 64 << 20);
         assert_eq!(parse_bytes("--bytes", "2GB").unwrap(), 2_000_000_000);
         assert!(parse_bytes("--bytes", "3 parsecs").is_err());
+    }
+
+    #[test]
+    fn block_sizes_read_as_a_list() {
+        assert_eq!(block_list(&[3906, 3907]), "3906 and 3907");
+        assert_eq!(block_list(&[2, 3, 4]), "2, 3 and 4");
+        assert_eq!(block_list(&[7]), "7");
     }
 
     #[test]

@@ -328,3 +328,47 @@ fn full_runs_too_large_for_the_memory_are_refused_with_the_estimate() {
     enough.push("1GB");
     assert!(json(&enough)["time_us"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn aggregate_takes_counts_the_ranks_do_not_divide() {
+    // The command with --aggregate: 64,000,000 elements over
+    // 16,384 ranks are blocks of 3,906 and 3,907; one rank is simulated.
+    let args = [
+        "allreduce",
+        "--topology",
+        "switch:ranks=16384,bw=50GB/s,lat=2us",
+        "--bytes",
+        "256MB",
+        "--algo",
+        "ring",
+        "--mode",
+        "contention",
+        "--aggregate",
+    ];
+    let j = json(&args);
+    assert_eq!(j["aggregated"]["period"], 1);
+    assert_eq!(
+        j["aggregated"]["uneven"]["block_elements"],
+        serde_json::json!([3906, 3907])
+    );
+    assert_eq!(j["links"][0]["bytes"], 2u64 * 16383 * 256_000_000);
+    let out = sim(&args);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("blocks of 3906 and 3907 elements: traffic exact"),
+        "{text}"
+    );
+    // An even count has no such field.
+    let even = json(&[
+        "allreduce",
+        "--topology",
+        "switch:ranks=16384,bw=50GB/s,lat=2us",
+        "--bytes",
+        "64MiB",
+        "--algo",
+        "ring",
+        "--aggregate",
+    ]);
+    assert!(even["aggregated"]["uneven"].is_null());
+}

@@ -47,12 +47,14 @@ pub mod plot;
 pub mod sharp;
 pub mod symmetry;
 pub mod topology;
+pub mod uneven;
 
 pub use engine::{CriticalPath, Mode, SimOptions, TIMELINE_BUCKETS};
 pub use network::Network;
 pub use sharp::{simulate_sharp_allreduce, simulate_sharp_allreduce_with};
 pub use symmetry::{Symmetry, SymmetryKind};
 pub use topology::{LinkSpec, TopologySpec};
+pub use uneven::BlockSizes;
 
 use ferrocoll::plan::{self, Plan, PlanRequest};
 use ferrocoll::{Algorithm, Collective};
@@ -99,6 +101,12 @@ pub struct SimResult {
     /// The symmetry the run was aggregated by ([`simulate_aggregated`]),
     /// `None` for a full run.
     pub aggregated: Option<Symmetry>,
+    /// Set when the aggregated ranks' blocks differ in size ([`uneven`]):
+    /// the sizes. Then the traffic (`per_class`, `hottest_link`) is the
+    /// full run's, exactly, and the time (with `algbw`, `busbw`,
+    /// `timeline`, `critical_path`) that of the run with every block at its
+    /// largest size; `None` otherwise.
+    pub uneven: Option<BlockSizes>,
     /// What the time was spent on along the critical path (latency,
     /// transmission, queueing, compute; see [`CriticalPath`]).
     pub critical_path: CriticalPath,
@@ -325,8 +333,16 @@ fn job_groups<'a>(
 /// one rank per class. The result is the full run's (time, traffic and
 /// utilization of every link class, hottest link, timeline) except
 /// `events`, which counts the quotient run's, and `aggregated`, which
-/// names the symmetry. Fails, saying why, when there is none (trees,
-/// uneven blocks, a random placement, ...) or `opts` singles out ranks or
+/// names the symmetry.
+///
+/// Where the plans have the symmetry only up to the sizes of their blocks
+/// (a ring, direct or hierarchical allreduce of a count that the ranks do
+/// not divide), [`uneven`] aggregates them: the traffic is still the full
+/// run's, exactly; the time is that of the run with every block at its
+/// largest size, and `uneven` gives the sizes.
+///
+/// Fails, saying why, when there is no symmetry at all (trees, a random
+/// placement, blocks of zero elements, ...) or `opts` singles out ranks or
 /// links (see [`engine::run_aggregated`]). 100,000 ranks of a ring
 /// allreduce take about as long as one rank's plan is to build.
 pub fn simulate_aggregated(
@@ -342,10 +358,29 @@ pub fn simulate_aggregated(
     let topology = topo.plan_topology();
     let build = |rank: usize| plan_of(coll, algo, n, rank, count, &topology);
     let net = Network::new(topo);
-    let (sym, reps) = symmetry::find(&net, &build)?;
-    let trace = engine::run_aggregated(&reps, &sym, ELEM, &net, mode, opts)?;
+    let (trace, sym, sizes) = match symmetry::find(&net, &build) {
+        Ok((sym, reps)) => (
+            engine::run_aggregated(&reps, &sym, ELEM, &net, mode, opts)?,
+            sym,
+            None,
+        ),
+        Err(why) => match uneven::find(&net, &build) {
+            Ok(Some(model)) => {
+                let sym = model.sym;
+                let (trace, sizes) = uneven::run(model, ELEM, &net, mode, opts)?;
+                (trace, sym, Some(sizes))
+            }
+            Ok(None) => return Err(why),
+            Err(e) => {
+                return Err(format!(
+                    "no symmetry to aggregate: the plans differ from a shift of each other only in the sizes of their blocks, but {e}; run without aggregation"
+                ))
+            }
+        },
+    };
     let mut r = summarize(coll, n, bytes, &net, &trace);
     r.aggregated = Some(sym);
+    r.uneven = sizes;
     Ok(r)
 }
 
@@ -461,6 +496,7 @@ fn summarize(
             .zip(trace.timeline.iter().cloned())
             .collect(),
         aggregated: None,
+        uneven: None,
         critical_path: trace.critical_path.clone(),
     }
 }

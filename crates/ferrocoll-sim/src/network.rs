@@ -402,6 +402,18 @@ impl Network {
     /// of c links has one per n / c positions (per rank, or per leaf), so
     /// a period of k positions spans k·c / n of them.
     pub fn link_reps(&self, sym: &Symmetry) -> Vec<u32> {
+        self.link_orbits(sym)
+            .into_iter()
+            .map(|(rep, _)| rep)
+            .collect()
+    }
+
+    /// For every link l, its orbit's representative ρ ([`Network::link_reps`])
+    /// and the t with l = σ_t(ρ): σ_1 moves a link of a class of c links
+    /// k·c / n places along its class (mod c), so t is the link's distance
+    /// from ρ in those steps. For an exclusive-or, σ_t moves it to index
+    /// ρ xor t·(k·c / n), and t is the same quotient.
+    pub fn link_orbits(&self, sym: &Symmetry) -> Vec<(u32, u32)> {
         let n = self.ranks;
         let mut first = vec![usize::MAX; self.classes.len()];
         for (i, l) in self.links.iter().enumerate() {
@@ -416,7 +428,11 @@ impl Network {
             .map(|(i, l)| {
                 let c = l.class;
                 let per_period = (sym.period * sizes[c] / n).max(1);
-                (first[c] + (i - first[c]) % per_period) as u32
+                let at = i - first[c];
+                (
+                    (first[c] + at % per_period) as u32,
+                    (at / per_period) as u32,
+                )
             })
             .collect()
     }
