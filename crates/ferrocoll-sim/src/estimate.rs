@@ -19,7 +19,8 @@
 //! rounds, the distinct peers it sends to and receives from (the message
 //! table's channels), its largest round (messages in flight together), and
 //! the events its messages cause: two per message (start, delivery), one
-//! per chunk per link after the first in the contention mode, one per
+//! per chunk per link after the first in the contention mode (none for a
+//! message the engine lays out on its receiver's port at once), one per
 //! received reduction when reductions cost time, one per round. The memory
 //! is [`Footprint::bytes`] of those counts, times [`MARGIN`].
 //!
@@ -131,34 +132,48 @@ pub fn estimate_groups(
             };
             let (mut to, mut from) = (HashSet::new(), HashSet::new());
             let mut ops = 0u64;
+            let phys = |r: usize| group.ranks.get(r).copied().unwrap_or(r);
             for round in &plan.rounds {
                 let mut sends = 0u64;
                 ops += round.ops.len() as u64;
+                let receives = round
+                    .ops
+                    .iter()
+                    .filter(|op| matches!(op, Op::Recv { .. } | Op::RecvReduce { .. }))
+                    .count();
                 for op in &round.ops {
                     match *op {
-                        Op::Send { peer, src } => {
+                        Op::Send { peer, .. } => {
                             sends += 1;
                             to.insert(peer);
-                            let bytes = (src.len * elem_size) as u64;
                             c.events += 2;
+                        }
+                        Op::Recv { peer, dst } | Op::RecvReduce { peer, dst, .. } => {
+                            c.receives += 1;
+                            from.insert(peer);
+                            if opts.gamma > 0.0
+                                && dst.len > 0
+                                && matches!(op, Op::RecvReduce { .. })
+                            {
+                                c.events += 1;
+                            }
                             if mode == Mode::Contention {
-                                let phys = |r: usize| group.ranks.get(r).copied().unwrap_or(r);
-                                let hops = net.path(phys(rank), phys(peer)).links().len() as u64;
+                                // A chunk's hops after its sender's port, unless
+                                // the engine lays the message out on this rank's
+                                // port at once (alone there: the round's only
+                                // receive, one group).
+                                let path = net.path(phys(peer), phys(rank));
+                                let links = path.links();
+                                let hops = links.len() as u64;
                                 c.longest_path = c.longest_path.max(hops);
-                                if hops >= 2 {
+                                let laid_out = hops == 2
+                                    && receives == 1
+                                    && groups.len() == 1
+                                    && net.is_receiver_port(links[1] as usize);
+                                if hops >= 2 && !laid_out {
+                                    let bytes = (dst.len * elem_size) as u64;
                                     c.events += bytes.div_ceil(chunk).max(1) * (hops - 1);
                                 }
-                            }
-                        }
-                        Op::Recv { peer, .. } => {
-                            c.receives += 1;
-                            from.insert(peer);
-                        }
-                        Op::RecvReduce { peer, dst, .. } => {
-                            c.receives += 1;
-                            from.insert(peer);
-                            if opts.gamma > 0.0 && dst.len > 0 {
-                                c.events += 1;
                             }
                         }
                         Op::Copy { .. } | Op::Reduce { .. } => {}

@@ -334,6 +334,24 @@ impl Network {
         }
     }
 
+    /// Whether link `id` is a receiver's port: the last link of every path
+    /// that crosses it, and of paths to one rank only (the switch's port
+    /// down to a rank: `down` of `switch` and `fat-tree`, `nvlink-down` and
+    /// `nic-down` of `two-level`, `nic-down` of `rail`, whose `nvlink-down`
+    /// also carries PXN traffic on to a NIC). Such a link carries only the
+    /// messages its rank receives, which lets the engine lay out a message's
+    /// chunks on it at once when nothing else can reach it meanwhile. False
+    /// for rings, tori and files, whose links forward.
+    pub fn is_receiver_port(&self, id: usize) -> bool {
+        let class = self.links[id].class;
+        match self.wiring {
+            Wiring::Switch | Wiring::FatTree { .. } => class == 1,
+            Wiring::TwoLevel { .. } => class == 1 || class == 3,
+            Wiring::Rail { .. } => class == 3,
+            Wiring::Ring | Wiring::Torus { .. } | Wiring::Graph => false,
+        }
+    }
+
     /// A readable name of link `id`, e.g. `leaf-up[3]`.
     pub fn link_name(&self, id: usize) -> String {
         let class = self.links[id].class;

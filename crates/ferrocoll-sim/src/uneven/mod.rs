@@ -73,8 +73,6 @@ mod blocks;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, VecDeque};
-
 use ferrocoll::plan::{Op, Plan};
 
 use crate::engine::{self, Mode, SimOptions, Trace};
@@ -178,18 +176,28 @@ impl Model {
 /// quotient (see the engine): a send of a to p goes on channel
 /// (a, rep(p), index(p)), a receive of b from p' on (rep(p'), b,
 /// inverse(index(p'))), the k-th send of a channel meeting its k-th receive.
+/// Both ends are sorted by (channel, plan order) and zipped: a direct
+/// exchange of 100,000 ranks has a channel per message, too many for a
+/// queue each.
 fn pair(sym: &Symmetry, reps: &[Plan], blocks: &Blocks) -> Result<Vec<Vec<OpSize>>, String> {
-    let mut sends: HashMap<(usize, usize, usize), VecDeque<(u32, u32)>> = HashMap::new();
+    type End = ((u32, u32, u32), u32, u32);
+    let mut sends: Vec<End> = Vec::new();
+    let mut recvs: Vec<End> = Vec::new();
     let mut ops: Vec<Vec<OpSize>> = Vec::with_capacity(reps.len());
     for (a, plan) in reps.iter().enumerate() {
         let mut v = Vec::new();
         for (i, (_, op)) in timed_ops(plan).enumerate() {
-            if let Op::Send { peer, .. } = *op {
-                let key = (a, sym.rep(peer), sym.index(peer));
-                sends
-                    .entry(key)
-                    .or_default()
-                    .push_back((a as u32, i as u32));
+            let (a, i) = (a as u32, i as u32);
+            match *op {
+                Op::Send { peer, .. } => {
+                    let key = (a, sym.rep(peer) as u32, sym.index(peer) as u32);
+                    sends.push((key, a, i));
+                }
+                Op::Recv { peer, .. } | Op::RecvReduce { peer, .. } => {
+                    let j = sym.inverse(sym.index(peer)) as u32;
+                    recvs.push(((sym.rep(peer) as u32, a, j), a, i));
+                }
+                _ => {}
             }
             // Receives are filled in below, once every send is known.
             v.push(match sized_span(op) {
@@ -199,31 +207,40 @@ fn pair(sym: &Symmetry, reps: &[Plan], blocks: &Blocks) -> Result<Vec<Vec<OpSize
         }
         ops.push(v);
     }
-    for (b, plan) in reps.iter().enumerate() {
-        for (i, (_, op)) in timed_ops(plan).enumerate() {
-            let (Op::Recv { peer, .. } | Op::RecvReduce { peer, .. }) = *op else {
-                continue;
-            };
-            let j = sym.inverse(sym.index(peer));
-            let key = (sym.rep(peer), b, j);
-            let (rep, send) = sends
-                .get_mut(&key)
-                .and_then(VecDeque::pop_front)
-                .ok_or_else(|| {
-                    format!("rank {b} receives from rank {peer} a message never sent")
-                })?;
-            ops[b][i] = OpSize::Meets {
-                rep,
-                op: send,
-                shift: j as u32,
-            };
+    // Within one channel, ends of one rank in plan order (op index).
+    sends.sort_unstable();
+    recvs.sort_unstable();
+    let unpaired = |(src, dst, j): (u32, u32, u32), sent: bool| {
+        let (src, dst) = (src as usize, dst as usize);
+        if sent {
+            format!(
+                "rank {src} sends to rank {} a message never received",
+                sym.apply(j as usize, dst)
+            )
+        } else {
+            format!(
+                "rank {dst} receives from rank {} a message never sent",
+                sym.apply(sym.inverse(j as usize), src)
+            )
         }
-    }
-    if let Some(((a, b, j), _)) = sends.iter().find(|(_, q)| !q.is_empty()) {
-        return Err(format!(
-            "rank {a} sends to rank {} a message never received",
-            sym.apply(*j, *b)
-        ));
+    };
+    let (mut s, mut r) = (sends.iter().peekable(), recvs.iter().peekable());
+    loop {
+        match (s.peek(), r.peek()) {
+            (None, None) => break,
+            (Some(&&(k, a, i)), Some(&&(k2, b, i2))) if k == k2 => {
+                ops[b as usize][i2 as usize] = OpSize::Meets {
+                    rep: a,
+                    op: i,
+                    shift: k.2,
+                };
+                s.next();
+                r.next();
+            }
+            (Some(&&(k, ..)), Some(&&(k2, ..))) => return Err(unpaired(k.min(k2), k < k2)),
+            (Some(&&(k, ..)), None) => return Err(unpaired(k, true)),
+            (None, Some(&&(k2, ..))) => return Err(unpaired(k2, false)),
+        }
     }
     Ok(ops)
 }
