@@ -298,10 +298,34 @@ fn human_count(count: u64) -> String {
     count.to_string()
 }
 
-/// Refuses a run whose estimate exceeds the memory available (see
+/// Refuses a full run whose estimate exceeds the memory available (see
 /// [`memory_available`]), with the estimate, where the figure of memory
-/// came from, and what to do instead.
+/// came from, and what to do instead (the aggregated mode).
 pub fn check(est: &Estimate, opts: &SimOptions) -> Result<(), String> {
+    let what = format!("a full run of {} ranks", est.footprint.ranks);
+    refuse(
+        est,
+        opts,
+        &what,
+        "use the aggregated mode (--aggregate), which simulates one rank per class of ranks that behave alike, or fewer ranks",
+    )
+}
+
+/// [`check`] for the quotient run of the aggregated mode, whose `ranks`
+/// representatives stand for `of` ranks: what it could do instead is only
+/// fewer ranks (a quotient of a symmetric run is small; one of a large
+/// period, or of plans with millions of messages per rank, may not be).
+pub fn check_quotient(est: &Estimate, opts: &SimOptions, of: usize) -> Result<(), String> {
+    let what = format!(
+        "the aggregated run ({} of {of} ranks simulated)",
+        est.footprint.ranks
+    );
+    refuse(est, opts, &what, "use fewer ranks")
+}
+
+/// The refusal of [`check`] and [`check_quotient`]: `what` the run is,
+/// `instead` what to do.
+fn refuse(est: &Estimate, opts: &SimOptions, what: &str, instead: &str) -> Result<(), String> {
     let Some((avail, source)) = memory_available(opts)? else {
         return Ok(());
     };
@@ -315,8 +339,7 @@ pub fn check(est: &Estimate, opts: &SimOptions) -> Result<(), String> {
         format!("estimated from {} of the {} plans", est.sampled, est.plans)
     };
     Err(format!(
-        "a full run of {} ranks would need about {} of memory ({} messages, {} events; {how}) but {} is available ({source}); use the aggregated mode (--aggregate), which simulates one rank per class of ranks that behave alike, or fewer ranks",
-        est.footprint.ranks,
+        "{what} would need about {} of memory ({} messages, {} events; {how}) but {} is available ({source}); {instead}",
         human_bytes(need),
         human_count(est.footprint.messages),
         human_count(est.events),

@@ -18,7 +18,8 @@
 //! A full run holds every message of every plan at once; it is sized from
 //! the plans before it starts and refused, with the estimate, when it would
 //! not fit in the memory available ([`estimate`]). [`simulate_aggregated`]
-//! runs one rank per class of alike ranks instead ([`symmetry`]).
+//! runs one rank per class of alike ranks instead ([`symmetry`]), also
+//! where ranks differ only in the sizes of their blocks ([`uneven`]).
 //!
 //! Besides ferrocoll's plans the simulator runs one algorithm the executor
 //! cannot: in-network reduction ([`sharp`], [`simulate_sharp_allreduce`]),

@@ -550,6 +550,31 @@ mod tests {
     }
 
     #[test]
+    fn receiver_ports_and_link_orbits() {
+        let s = net("switch:ranks=4,bw=50GB/s,lat=2us");
+        assert!(!s.is_receiver_port(1) && s.is_receiver_port(4 + 1));
+        let r = net("rail:nodes=2,gpus=4,intra=450GB/s@1us,inter=50GB/s@2us");
+        // PXN forwards through a GPU's NVLink port; only the NICs' down
+        // ports end every path that crosses them.
+        assert!(!r.is_receiver_port(8 + 2) && r.is_receiver_port(24 + 2));
+        assert!(!net("ring:ranks=8,bw=50GB/s,lat=1us").is_receiver_port(8 + 1));
+        let f = net("fat-tree:ranks=16,leaf=4,bw=50GB/s,lat=1us,oversub=2");
+        let sym = Symmetry {
+            kind: SymmetryKind::Shift,
+            period: 4,
+            ranks: 16,
+        };
+        let orbits = f.link_orbits(&sym);
+        assert_eq!(orbits[5], (1, 1));
+        assert_eq!(orbits[16 + 14], (16 + 2, 3));
+        assert_eq!(orbits[32 + 2], (32, 2));
+        assert_eq!(
+            f.link_reps(&sym),
+            orbits.iter().map(|o| o.0).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
     fn placement_moves_ranks() {
         let s = net("switch:ranks=4,bw=50GB/s,lat=2us,placement=list:3,1,0,2");
         assert_eq!(s.path(0, 1).links(), &[3, 4 + 1]);

@@ -50,6 +50,13 @@
 //! neighbours, which the sample contains; an asymmetry that no sampled rank
 //! shows would go unnoticed, which is why the tests compare aggregated and
 //! full runs wherever both fit.
+//!
+//! # Uneven blocks
+//!
+//! Plans that commute with a shift except for the lengths of their blocks
+//! (a count the ranks do not divide) have no symmetry in this sense;
+//! [`crate::uneven`] aggregates them with the same quotient engine, the
+//! lengths padded for the time and summed exactly for the traffic.
 
 use ferrocoll::plan::{Op, Plan};
 

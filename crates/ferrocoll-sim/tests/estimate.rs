@@ -154,3 +154,35 @@ fn the_issues_ring_is_refused_in_seconds() {
     let est = estimate_jobs(&[j], &t, Mode::Contention, &opts).unwrap();
     assert!(est.bytes() > 50_000_000_000, "{}", est.bytes());
 }
+
+#[test]
+fn the_aggregated_mode_sizes_its_quotient_too() {
+    let t = TopologySpec::parse("switch:ranks=1024,bw=50GB/s,lat=2us").unwrap();
+    let run = |limit: Option<u64>, bytes: usize| {
+        let opts = SimOptions {
+            memory_limit: limit,
+            ..SimOptions::default()
+        };
+        ferrocoll_sim::simulate_aggregated(
+            Collective::AllReduce,
+            Algorithm::Ring,
+            bytes,
+            &t,
+            Mode::Contention,
+            &opts,
+        )
+    };
+    // Even and uneven blocks alike: one rank simulated, 2,046 messages.
+    for bytes in [64 << 20, 1000003] {
+        let e = run(Some(1000), bytes).unwrap_err();
+        assert!(
+            e.contains("the aggregated run (1 of 1024 ranks simulated) would need about"),
+            "{e}"
+        );
+        assert!(
+            e.contains("2.05 k messages") && e.contains("use fewer ranks"),
+            "{e}"
+        );
+        assert!(run(Some(1 << 30), bytes).is_ok());
+    }
+}

@@ -19,8 +19,10 @@
 //!
 //! * **Shape**: rank σ_j(x)'s plan is rank x's with every peer p replaced
 //!   by σ_j(p), op for op and round for round, the lengths aside
-//!   ([`crate::symmetry::differs_by`]); shifts only (an exclusive-or's
-//!   uneven blocks, a halving-doubling's, are refused).
+//!   (`symmetry::differs_by`); shifts only (an exclusive-or's
+//!   uneven blocks, a halving-doubling's, are refused). A count below the
+//!   number of ranks leaves blocks empty, whose messages the plans skip:
+//!   the shapes differ and the run is refused too.
 //! * **Blocks**: the input and output buffers (as one space for the
 //!   whole-buffer collectives, whose blocks lie at the same offsets in both,
 //!   else each alone) are cut into atoms at every end of every span that
@@ -31,9 +33,12 @@
 //!   way round every atom a representative covers and be a permutation
 //!   whose cycles divide m; a span of several atoms must map onto its
 //!   image's atoms. Scratch spans must have the same length at every copy.
-//!   Ring, direct and pairwise blocks form one cycle per period class; the
-//!   hierarchical allreduce's sub-blocks of a node's block one cycle per
-//!   local rank, its node-level chunks whole cycles.
+//!   A ring's or a direct allreduce's blocks form one cycle per
+//!   representative (k cycles of m blocks); the hierarchical allreduce's
+//!   sub-blocks of a node's chunk one cycle per local rank, its node-level
+//!   chunks whole cycles; a two-port ring's halves a cycle each way. The
+//!   distinct block lengths (the size classes, two for a one-level split:
+//!   `count / n` and one more) are reported ([`BlockSizes`]).
 //! * **Lengths**: copy j of an op covering atoms A covers σ_j(A), so its
 //!   length is the sum of their lengths; a receive's is that of the send it
 //!   meets (paired as the quotient engine pairs them: the k-th send of a
@@ -48,7 +53,7 @@
 //!
 //! * **Bytes of every link** (so per class, and busy time, bytes over the
 //!   link's bandwidth, as the engine charges it): exact, by
-//!   [`account::link_bytes`]: the link σ_u(ρ) carries copy u - t of every
+//!   `account::link_bytes`: the link σ_u(ρ) carries copy u - t of every
 //!   message whose path crosses σ_t(ρ), and the lengths of a cycle's atoms
 //!   are summed for every u at once (runs of equal length, so the work is
 //!   the messages plus the cycles, not messages times copies). The hottest
@@ -61,10 +66,13 @@
 //!   and the padded time is the full run's. Where messages of different
 //!   ranks share links, or where FIFO queues order messages by the instant
 //!   they become ready, the full run's ranks drift apart and its time can
-//!   be above or below the padded one: measured in `tests/aggregated_uneven.rs`
-//!   (a ring on a two-level or oversubscribed fat tree within 1e-4, a
-//!   direct allreduce in the contention mode up to 35 % above, as one rank
-//!   that posts a few nanoseconds late receives all its messages last).
+//!   be above or below the padded one: measured in
+//!   `tests/aggregated_uneven.rs` (rings and hierarchical allreduces on a
+//!   two-level or 2:1 fat tree within 1e-3, a two-port ring within 1e-2;
+//!   a direct allreduce in the contention mode takes up to 35 % longer in
+//!   full, where a rank that posts its second round a few nanoseconds late
+//!   finds every peer's message to it queued behind the rest, which no
+//!   quotient can show: it takes each rank's own timing).
 //!   The timeline is the padded run's, scaled per class to the exact busy
 //!   time, so its mean is still the class's utilization.
 
