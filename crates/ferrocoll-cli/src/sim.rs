@@ -71,8 +71,11 @@ pub struct SimArgs {
     /// Simulate one rank per class of ranks that behave identically (a
     /// shift or exclusive-or of rank numbers that the topology, placement
     /// and plans all have), for clusters too large to run rank by rank; the
-    /// results are the full run's. An error, saying why, when there is no
-    /// such symmetry (trees, uneven blocks, stragglers, ...).
+    /// results are the full run's. Where ranks differ only in the sizes of
+    /// their blocks (a count the ranks do not divide), the traffic is still
+    /// the full run's and the time that of every block at its largest size.
+    /// An error, saying why, when there is no such symmetry (trees, blocks
+    /// of zero elements, stragglers, ...).
     #[arg(long)]
     pub aggregate: bool,
     /// Reduction cost at the receiver (gamma): a rate such as `100GB/s`
@@ -80,6 +83,13 @@ pub struct SimArgs {
     /// default 0 (free reductions).
     #[arg(long)]
     pub gamma: Option<String>,
+    /// The memory a full run may use (bytes, or with KB/MB/GB or
+    /// KiB/MiB/GiB): a run whose estimate, counted from the plans before it
+    /// starts, is larger is refused with the estimate instead of being
+    /// killed by the kernel. Default: FERROCOLL_SIM_MEMORY if set, else
+    /// MemAvailable of /proc/meminfo.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
 }
 
 /// Energy per bit by link class, in picojoules (the seeds' figure: NVLink
@@ -95,13 +105,14 @@ fn picojoules_per_bit(class: &str) -> f64 {
     }
 }
 
-/// `bytes` with decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units.
-fn parse_bytes(s: &str) -> Result<usize, String> {
+/// `bytes` with decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units;
+/// errors name `flag`, the option it was given to.
+fn parse_bytes(flag: &str, s: &str) -> Result<usize, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
     let n: usize = digits.parse().map_err(|_| {
-        format!("--bytes {s:?}: give a whole number, optionally with KB/MB/GB or KiB/MiB/GiB")
+        format!("{flag} {s:?}: give a whole number, optionally with KB/MB/GB or KiB/MiB/GiB")
     })?;
     let mult: usize = match unit.trim() {
         "" | "B" => 1,
@@ -113,12 +124,12 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
         "GiB" | "G" => 1 << 30,
         other => {
             return Err(format!(
-                "--bytes {s:?}: unknown unit {other:?}; use KB, MB, GB, KiB, MiB or GiB"
+                "{flag} {s:?}: unknown unit {other:?}; use KB, MB, GB, KiB, MiB or GiB"
             ))
         }
     };
     n.checked_mul(mult)
-        .ok_or_else(|| format!("--bytes {s:?} is too large"))
+        .ok_or_else(|| format!("{flag} {s:?} is too large"))
 }
 
 /// `RANK:SECONDS` of `--straggler`; the delay is in seconds unless it
@@ -194,6 +205,16 @@ fn profile_of(topo: &TopologySpec, gamma: f64) -> Profile {
     }
 }
 
+/// `3906 and 3907`, `2, 3 and 4`: the block sizes of an uneven run.
+fn block_list(sizes: &[usize]) -> String {
+    let words: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
+    match words.split_last() {
+        None => String::new(),
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
 /// Runs `ferrocoll sim`.
 pub fn main(args: &SimArgs) -> Result<(), CliError> {
     let coll = Collective::from_name(&args.coll)
@@ -208,7 +229,7 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         Some(p) => format!("{},placement={p}", args.topology),
     };
     let topo = TopologySpec::parse(&topology).map_err(CliError::Usage)?;
-    let bytes = parse_bytes(&args.bytes).map_err(CliError::Usage)?;
+    let bytes = parse_bytes("--bytes", &args.bytes).map_err(CliError::Usage)?;
     let n = topo.ranks();
     let mode = if args.mode == "ideal" {
         Mode::Ideal
@@ -254,6 +275,10 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
             .map(|s| parse_slow_link(s))
             .collect::<Result<_, _>>()
             .map_err(CliError::Usage)?,
+        memory_limit: match &args.memory_limit {
+            None => None,
+            Some(m) => Some(parse_bytes("--memory-limit", m).map_err(CliError::Usage)? as u64),
+        },
         ..SimOptions::default()
     };
     let start = Instant::now();
@@ -301,6 +326,9 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
             },
             "aggregated": r.aggregated.map(|s| serde_json::json!({
                 "kind": s.kind.name(), "period": s.period, "simulated_ranks": s.period,
+                "uneven": r.uneven.as_ref().map(|u| serde_json::json!({
+                    "block_elements": u.elements, "time": "padded",
+                })),
             })),
         });
         writeln!(out, "{json}")?;
@@ -356,11 +384,19 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         parts.join(", ")
     )?;
     match r.aggregated {
-        Some(s) => writeln!(
-            out,
-            "# simulated {} events in {wall:.3} s, aggregated ({s})",
-            r.events
-        )?,
+        Some(s) => match &r.uneven {
+            None => writeln!(
+                out,
+                "# simulated {} events in {wall:.3} s, aggregated ({s})",
+                r.events
+            )?,
+            Some(u) => writeln!(
+                out,
+                "# simulated {} events in {wall:.3} s, aggregated ({s}; blocks of {} elements: traffic exact, time with every block at its largest)",
+                r.events,
+                block_list(&u.elements)
+            )?,
+        },
         None => writeln!(out, "# simulated {} events in {wall:.3} s", r.events)?,
     }
     Ok(())
@@ -372,12 +408,19 @@ mod tests {
 
     #[test]
     fn bytes_take_decimal_and_binary_units() {
-        assert_eq!(parse_bytes("64").unwrap(), 64);
-        assert_eq!(parse_bytes("1KB").unwrap(), 1000);
-        assert_eq!(parse_bytes("1KiB").unwrap(), 1024);
-        assert_eq!(parse_bytes("64MiB").unwrap(), 64 << 20);
-        assert_eq!(parse_bytes("2GB").unwrap(), 2_000_000_000);
-        assert!(parse_bytes("3 parsecs").is_err());
+        assert_eq!(parse_bytes("--bytes", "64").unwrap(), 64);
+        assert_eq!(parse_bytes("--bytes", "1KB").unwrap(), 1000);
+        assert_eq!(parse_bytes("--bytes", "1KiB").unwrap(), 1024);
+        assert_eq!(parse_bytes("--bytes", "64MiB").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("--bytes", "2GB").unwrap(), 2_000_000_000);
+        assert!(parse_bytes("--bytes", "3 parsecs").is_err());
+    }
+
+    #[test]
+    fn block_sizes_read_as_a_list() {
+        assert_eq!(block_list(&[3906, 3907]), "3906 and 3907");
+        assert_eq!(block_list(&[2, 3, 4]), "2, 3 and 4");
+        assert_eq!(block_list(&[7]), "7");
     }
 
     #[test]

@@ -266,3 +266,109 @@ fn placement_flag_moves_ranks_like_the_topology_field() {
     ]);
     assert!(!both.status.success());
 }
+
+#[test]
+fn full_runs_too_large_for_the_memory_are_refused_with_the_estimate() {
+    // The command (16,384 ranks of a 256 MB ring allreduce grew to
+    // 24 GB and was killed): refused from a sample of its plans, saying
+    // what it would need and what to use instead.
+    let big = [
+        "sim",
+        "allreduce",
+        "--topology",
+        "switch:ranks=16384,bw=50GB/s,lat=2us",
+        "--bytes",
+        "256MB",
+        "--algo",
+        "ring",
+        "--mode",
+        "contention",
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(big)
+        .env("FERROCOLL_SIM_MEMORY", "4GB")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("would need about"), "{err}");
+    assert!(err.contains("537 M messages"), "{err}");
+    assert!(
+        err.contains("4.0 GB is available (FERROCOLL_SIM_MEMORY)"),
+        "{err}"
+    );
+    assert!(err.contains("--aggregate"), "{err}");
+    let bad = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(big)
+        .env("FERROCOLL_SIM_MEMORY", "lots")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("is not a size"));
+    // The flag: a run that fits in 1 GB does not fit in 1 KB.
+    let small = [
+        "allreduce",
+        "--topology",
+        "switch:ranks=8,bw=50GB/s,lat=2us",
+        "--bytes",
+        "1MiB",
+        "--algo",
+        "ring",
+        "--memory-limit",
+    ];
+    let mut tiny = small.to_vec();
+    tiny.push("1KB");
+    let out = sim(&tiny);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("1.0 KB is available (the memory limit given)"),
+        "{err}"
+    );
+    let mut enough = small.to_vec();
+    enough.push("1GB");
+    assert!(json(&enough)["time_us"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn aggregate_takes_counts_the_ranks_do_not_divide() {
+    // The command with --aggregate: 64,000,000 elements over
+    // 16,384 ranks are blocks of 3,906 and 3,907; one rank is simulated.
+    let args = [
+        "allreduce",
+        "--topology",
+        "switch:ranks=16384,bw=50GB/s,lat=2us",
+        "--bytes",
+        "256MB",
+        "--algo",
+        "ring",
+        "--mode",
+        "contention",
+        "--aggregate",
+    ];
+    let j = json(&args);
+    assert_eq!(j["aggregated"]["period"], 1);
+    assert_eq!(
+        j["aggregated"]["uneven"]["block_elements"],
+        serde_json::json!([3906, 3907])
+    );
+    assert_eq!(j["links"][0]["bytes"], 2u64 * 16383 * 256_000_000);
+    let out = sim(&args);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("blocks of 3906 and 3907 elements: traffic exact"),
+        "{text}"
+    );
+    // An even count has no such field.
+    let even = json(&[
+        "allreduce",
+        "--topology",
+        "switch:ranks=16384,bw=50GB/s,lat=2us",
+        "--bytes",
+        "64MiB",
+        "--algo",
+        "ring",
+        "--aggregate",
+    ]);
+    assert!(even["aggregated"]["uneven"].is_null());
+}

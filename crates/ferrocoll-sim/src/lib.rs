@@ -15,6 +15,12 @@
 //! every [`SimResult`] carries a per-class link utilization
 //! [`timeline`](SimResult::timeline), and [`plot::svg`] draws it.
 //!
+//! A full run holds every message of every plan at once; it is sized from
+//! the plans before it starts and refused, with the estimate, when it would
+//! not fit in the memory available ([`estimate`]). [`simulate_aggregated`]
+//! runs one rank per class of alike ranks instead ([`symmetry`]), also
+//! where ranks differ only in the sizes of their blocks ([`uneven`]).
+//!
 //! Besides ferrocoll's plans the simulator runs one algorithm the executor
 //! cannot: in-network reduction ([`sharp`], [`simulate_sharp_allreduce`]),
 //! where the switches of a `switch` or `fat-tree` topology with `sharp=1`
@@ -35,18 +41,21 @@
 #![warn(missing_docs)]
 
 pub mod engine;
+pub mod estimate;
 pub mod graph;
 pub mod network;
 pub mod plot;
 pub mod sharp;
 pub mod symmetry;
 pub mod topology;
+pub mod uneven;
 
 pub use engine::{CriticalPath, Mode, SimOptions, TIMELINE_BUCKETS};
 pub use network::Network;
 pub use sharp::{simulate_sharp_allreduce, simulate_sharp_allreduce_with};
 pub use symmetry::{Symmetry, SymmetryKind};
 pub use topology::{LinkSpec, TopologySpec};
+pub use uneven::BlockSizes;
 
 use ferrocoll::plan::{self, Plan, PlanRequest};
 use ferrocoll::{Algorithm, Collective};
@@ -93,6 +102,12 @@ pub struct SimResult {
     /// The symmetry the run was aggregated by ([`simulate_aggregated`]),
     /// `None` for a full run.
     pub aggregated: Option<Symmetry>,
+    /// Set when the aggregated ranks' blocks differ in size ([`uneven`]):
+    /// the sizes. Then the traffic (`per_class`, `hottest_link`) is the
+    /// full run's, exactly, and the time (with `algbw`, `busbw`,
+    /// `timeline`, `critical_path`) that of the run with every block at its
+    /// largest size; `None` otherwise.
+    pub uneven: Option<BlockSizes>,
     /// What the time was spent on along the critical path (latency,
     /// transmission, queueing, compute; see [`CriticalPath`]).
     pub critical_path: CriticalPath,
@@ -219,15 +234,56 @@ pub fn simulate_with(
 /// are the whole cluster in order, in which case they see the topology's
 /// node structure as [`simulate`] does; a single such job is exactly
 /// [`simulate_with`].
+///
+/// Before anything runs, the run's memory is estimated from the plans
+/// ([`estimate`]); a run that would need more than is available fails
+/// then, with the estimate, instead of being killed by the kernel later.
 pub fn simulate_jobs(
     jobs: &[Job],
     topo: &TopologySpec,
     mode: Mode,
     opts: &SimOptions,
 ) -> Result<Vec<SimResult>, String> {
-    const ELEM: usize = 4;
+    let builders = job_builders(jobs, topo)?;
+    let groups = job_groups(jobs, &builders);
+    let net = Network::new(topo);
+    estimate::check(
+        &estimate::estimate_groups(&groups, ELEM, &net, mode, opts)?,
+        opts,
+    )?;
+    let traces = engine::run_groups(&groups, ELEM, &net, mode, opts)?;
+    Ok(jobs
+        .iter()
+        .zip(&traces)
+        .map(|(job, trace)| summarize(job.coll, job.ranks.len(), job.bytes, &net, trace))
+        .collect())
+}
+
+/// [`estimate::estimate_groups`] of what [`simulate_jobs`] would run: the
+/// memory and events of the full run, before it starts.
+pub fn estimate_jobs(
+    jobs: &[Job],
+    topo: &TopologySpec,
+    mode: Mode,
+    opts: &SimOptions,
+) -> Result<estimate::Estimate, String> {
+    let builders = job_builders(jobs, topo)?;
+    let groups = job_groups(jobs, &builders);
+    estimate::estimate_groups(&groups, ELEM, &Network::new(topo), mode, opts)
+}
+
+/// The element size of every simulated call (f32).
+const ELEM: usize = 4;
+
+/// For every job, the function that builds group rank i's plan. Rank 0's
+/// plan is built first: an algorithm that cannot run a call fails here,
+/// before any job starts.
+fn job_builders<'a>(
+    jobs: &'a [Job],
+    topo: &TopologySpec,
+) -> Result<Vec<impl Fn(usize) -> Result<Plan, String> + 'a>, String> {
     let all = topo.ranks();
-    let name = |j: usize, e: String| {
+    let name = move |j: usize, e: String| {
         if jobs.len() == 1 {
             e
         } else {
@@ -247,16 +303,21 @@ pub fn simulate_jobs(
             ferrocoll::Topology::flat(n)
         };
         let count = element_count(job.coll, n, job.bytes, ELEM);
-        // Rank 0's plan first: an algorithm that cannot run this call
-        // fails here, before any job starts.
         plan_of(job.coll, job.algo, n, 0, count, &topology).map_err(|e| name(j, e))?;
         builders.push(move |rank: usize| {
             plan_of(job.coll, job.algo, n, rank, count, &topology).map_err(|e| name(j, e))
         });
     }
-    let groups: Vec<engine::Group<'_>> = jobs
-        .iter()
-        .zip(&builders)
+    Ok(builders)
+}
+
+/// The engine's groups of `jobs`, their plans built by `builders`.
+fn job_groups<'a>(
+    jobs: &'a [Job],
+    builders: &'a [impl Fn(usize) -> Result<Plan, String> + 'a],
+) -> Vec<engine::Group<'a>> {
+    jobs.iter()
+        .zip(builders)
         .map(|(job, build)| engine::Group {
             plans: engine::Plans::Built {
                 count: job.ranks.len(),
@@ -264,14 +325,7 @@ pub fn simulate_jobs(
             },
             ranks: &job.ranks,
         })
-        .collect();
-    let net = Network::new(topo);
-    let traces = engine::run_groups(&groups, ELEM, &net, mode, opts)?;
-    Ok(jobs
-        .iter()
-        .zip(&traces)
-        .map(|(job, trace)| summarize(job.coll, job.ranks.len(), job.bytes, &net, trace))
-        .collect())
+        .collect()
 }
 
 /// [`simulate_with`] in the aggregated mode: finds the smallest symmetry
@@ -280,8 +334,16 @@ pub fn simulate_jobs(
 /// one rank per class. The result is the full run's (time, traffic and
 /// utilization of every link class, hottest link, timeline) except
 /// `events`, which counts the quotient run's, and `aggregated`, which
-/// names the symmetry. Fails, saying why, when there is none (trees,
-/// uneven blocks, a random placement, ...) or `opts` singles out ranks or
+/// names the symmetry.
+///
+/// Where the plans have the symmetry only up to the sizes of their blocks
+/// (a ring, direct or hierarchical allreduce of a count that the ranks do
+/// not divide), [`uneven`] aggregates them: the traffic is still the full
+/// run's, exactly; the time is that of the run with every block at its
+/// largest size, and `uneven` gives the sizes.
+///
+/// Fails, saying why, when there is no symmetry at all (trees, a random
+/// placement, blocks of zero elements, ...) or `opts` singles out ranks or
 /// links (see [`engine::run_aggregated`]). 100,000 ranks of a ring
 /// allreduce take about as long as one rank's plan is to build.
 pub fn simulate_aggregated(
@@ -292,16 +354,34 @@ pub fn simulate_aggregated(
     mode: Mode,
     opts: &SimOptions,
 ) -> Result<SimResult, String> {
-    const ELEM: usize = 4;
     let n = topo.ranks();
     let count = element_count(coll, n, bytes, ELEM);
     let topology = topo.plan_topology();
     let build = |rank: usize| plan_of(coll, algo, n, rank, count, &topology);
     let net = Network::new(topo);
-    let (sym, reps) = symmetry::find(&net, &build)?;
-    let trace = engine::run_aggregated(&reps, &sym, ELEM, &net, mode, opts)?;
+    let (trace, sym, sizes) = match symmetry::find(&net, &build) {
+        Ok((sym, reps)) => (
+            engine::run_aggregated(&reps, &sym, ELEM, &net, mode, opts)?,
+            sym,
+            None,
+        ),
+        Err(why) => match uneven::find(&net, &build) {
+            Ok(Some(model)) => {
+                let sym = model.sym;
+                let (trace, sizes) = uneven::run(model, ELEM, &net, mode, opts)?;
+                (trace, sym, Some(sizes))
+            }
+            Ok(None) => return Err(why),
+            Err(e) => {
+                return Err(format!(
+                    "no symmetry to aggregate: the plans differ from a shift of each other only in the sizes of their blocks, but {e}; run without aggregation"
+                ))
+            }
+        },
+    };
     let mut r = summarize(coll, n, bytes, &net, &trace);
     r.aggregated = Some(sym);
+    r.uneven = sizes;
     Ok(r)
 }
 
@@ -417,6 +497,7 @@ fn summarize(
             .zip(trace.timeline.iter().cloned())
             .collect(),
         aggregated: None,
+        uneven: None,
         critical_path: trace.critical_path.clone(),
     }
 }

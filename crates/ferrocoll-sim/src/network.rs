@@ -334,6 +334,24 @@ impl Network {
         }
     }
 
+    /// Whether link `id` is a receiver's port: the last link of every path
+    /// that crosses it, and of paths to one rank only (the switch's port
+    /// down to a rank: `down` of `switch` and `fat-tree`, `nvlink-down` and
+    /// `nic-down` of `two-level`, `nic-down` of `rail`, whose `nvlink-down`
+    /// also carries PXN traffic on to a NIC). Such a link carries only the
+    /// messages its rank receives, which lets the engine lay out a message's
+    /// chunks on it at once when nothing else can reach it meanwhile. False
+    /// for rings, tori and files, whose links forward.
+    pub fn is_receiver_port(&self, id: usize) -> bool {
+        let class = self.links[id].class;
+        match self.wiring {
+            Wiring::Switch | Wiring::FatTree { .. } => class == 1,
+            Wiring::TwoLevel { .. } => class == 1 || class == 3,
+            Wiring::Rail { .. } => class == 3,
+            Wiring::Ring | Wiring::Torus { .. } | Wiring::Graph => false,
+        }
+    }
+
     /// A readable name of link `id`, e.g. `leaf-up[3]`.
     pub fn link_name(&self, id: usize) -> String {
         let class = self.links[id].class;
@@ -402,6 +420,18 @@ impl Network {
     /// of c links has one per n / c positions (per rank, or per leaf), so
     /// a period of k positions spans k·c / n of them.
     pub fn link_reps(&self, sym: &Symmetry) -> Vec<u32> {
+        self.link_orbits(sym)
+            .into_iter()
+            .map(|(rep, _)| rep)
+            .collect()
+    }
+
+    /// For every link l, its orbit's representative ρ ([`Network::link_reps`])
+    /// and the t with l = σ_t(ρ): σ_1 moves a link of a class of c links
+    /// k·c / n places along its class (mod c), so t is the link's distance
+    /// from ρ in those steps. For an exclusive-or, σ_t moves it to index
+    /// ρ xor t·(k·c / n), and t is the same quotient.
+    pub fn link_orbits(&self, sym: &Symmetry) -> Vec<(u32, u32)> {
         let n = self.ranks;
         let mut first = vec![usize::MAX; self.classes.len()];
         for (i, l) in self.links.iter().enumerate() {
@@ -416,7 +446,11 @@ impl Network {
             .map(|(i, l)| {
                 let c = l.class;
                 let per_period = (sym.period * sizes[c] / n).max(1);
-                (first[c] + (i - first[c]) % per_period) as u32
+                let at = i - first[c];
+                (
+                    (first[c] + at % per_period) as u32,
+                    (at / per_period) as u32,
+                )
             })
             .collect()
     }
@@ -513,6 +547,31 @@ mod tests {
         let p = t3.path(0, 42);
         assert_eq!(p.links(), &[0, 1, 128 + 2, 128 + 6, 256 + 10, 256 + 26]);
         assert_eq!(t3.link_name(256 + 26), "z+[26]");
+    }
+
+    #[test]
+    fn receiver_ports_and_link_orbits() {
+        let s = net("switch:ranks=4,bw=50GB/s,lat=2us");
+        assert!(!s.is_receiver_port(1) && s.is_receiver_port(4 + 1));
+        let r = net("rail:nodes=2,gpus=4,intra=450GB/s@1us,inter=50GB/s@2us");
+        // PXN forwards through a GPU's NVLink port; only the NICs' down
+        // ports end every path that crosses them.
+        assert!(!r.is_receiver_port(8 + 2) && r.is_receiver_port(24 + 2));
+        assert!(!net("ring:ranks=8,bw=50GB/s,lat=1us").is_receiver_port(8 + 1));
+        let f = net("fat-tree:ranks=16,leaf=4,bw=50GB/s,lat=1us,oversub=2");
+        let sym = Symmetry {
+            kind: SymmetryKind::Shift,
+            period: 4,
+            ranks: 16,
+        };
+        let orbits = f.link_orbits(&sym);
+        assert_eq!(orbits[5], (1, 1));
+        assert_eq!(orbits[16 + 14], (16 + 2, 3));
+        assert_eq!(orbits[32 + 2], (32, 2));
+        assert_eq!(
+            f.link_reps(&sym),
+            orbits.iter().map(|o| o.0).collect::<Vec<_>>()
+        );
     }
 
     #[test]

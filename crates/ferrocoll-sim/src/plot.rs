@@ -227,6 +227,7 @@ mod tests {
             events: 0,
             timeline: vec![("up".into(), vec![0.0, 0.5, 1.0, 0.25])],
             aggregated: None,
+            uneven: None,
             critical_path: Default::default(),
         };
         let s = svg(&r, "t");

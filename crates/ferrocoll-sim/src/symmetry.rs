@@ -50,6 +50,13 @@
 //! neighbours, which the sample contains; an asymmetry that no sampled rank
 //! shows would go unnoticed, which is why the tests compare aggregated and
 //! full runs wherever both fit.
+//!
+//! # Uneven blocks
+//!
+//! Plans that commute with a shift except for the lengths of their blocks
+//! (a count the ranks do not divide) have no symmetry in this sense;
+//! [`crate::uneven`] aggregates them with the same quotient engine, the
+//! lengths padded for the time and summed exactly for the traffic.
 
 use ferrocoll::plan::{Op, Plan};
 
@@ -149,7 +156,7 @@ impl std::fmt::Display for Symmetry {
 /// rounds that have any: a round of local copies only costs nothing, and
 /// ranks that differ only in such rounds (a final rotation that one rank
 /// does not need) behave alike.
-fn timed_ops(plan: &Plan) -> impl Iterator<Item = (usize, &Op)> + '_ {
+pub(crate) fn timed_ops(plan: &Plan) -> impl Iterator<Item = (usize, &Op)> + '_ {
     plan.rounds
         .iter()
         .map(|r| r.ops.iter().filter(|op| !matches!(op, Op::Copy { .. })))
@@ -162,6 +169,19 @@ fn timed_ops(plan: &Plan) -> impl Iterator<Item = (usize, &Op)> + '_ {
 /// peer p replaced by σ_j(p); `None` when it is, else the first round (of
 /// those with timed ops) that differs.
 fn differs(sym: &Symmetry, j: usize, plan: &Plan, image: &Plan) -> Option<usize> {
+    differs_by(sym, j, plan, image, true)
+}
+
+/// [`differs`], comparing the ops' lengths only when `lengths` (without,
+/// it compares the plans' shape: rounds, kinds of op, mapped peers; see
+/// [`crate::uneven`]).
+pub(crate) fn differs_by(
+    sym: &Symmetry,
+    j: usize,
+    plan: &Plan,
+    image: &Plan,
+    lengths: bool,
+) -> Option<usize> {
     let mut a = timed_ops(plan);
     let mut b = timed_ops(image);
     loop {
@@ -171,7 +191,7 @@ fn differs(sym: &Symmetry, j: usize, plan: &Plan, image: &Plan) -> Option<usize>
                 let same = ra == rb
                     && match (x, y) {
                         (Op::Send { peer: p, src: s }, Op::Send { peer: q, src: t }) => {
-                            sym.apply(j, *p) == *q && s.len == t.len
+                            sym.apply(j, *p) == *q && (!lengths || s.len == t.len)
                         }
                         (Op::Recv { peer: p, dst: s }, Op::Recv { peer: q, dst: t })
                         | (
@@ -181,8 +201,10 @@ fn differs(sym: &Symmetry, j: usize, plan: &Plan, image: &Plan) -> Option<usize>
                             Op::RecvReduce {
                                 peer: q, dst: t, ..
                             },
-                        ) => sym.apply(j, *p) == *q && s.len == t.len,
-                        (Op::Reduce { dst: s, .. }, Op::Reduce { dst: t, .. }) => s.len == t.len,
+                        ) => sym.apply(j, *p) == *q && (!lengths || s.len == t.len),
+                        (Op::Reduce { dst: s, .. }, Op::Reduce { dst: t, .. }) => {
+                            !lengths || s.len == t.len
+                        }
                         _ => false,
                     };
                 if !same {
@@ -197,7 +219,7 @@ fn differs(sym: &Symmetry, j: usize, plan: &Plan, image: &Plan) -> Option<usize>
 /// The ranks whose plans [`check_plans`] compares with their
 /// representatives' (all of them when `all`), in increasing order, without
 /// the representatives themselves.
-fn ranks_to_check(sym: &Symmetry, all: bool) -> Vec<usize> {
+pub(crate) fn ranks_to_check(sym: &Symmetry, all: bool) -> Vec<usize> {
     let (k, n, m) = (sym.period, sym.ranks, sym.copies());
     let mut v: Vec<usize> = if all {
         (k..n).collect()

@@ -2,7 +2,6 @@
 //! that a run is deterministic bit for bit.
 
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
 
 /// What an event does.
 #[derive(Clone, Copy, Debug)]
@@ -65,17 +64,28 @@ impl Ord for Event {
 
 /// The pending events of a run, earliest first (see [`Event`] for the
 /// order of events at one instant).
+///
+/// A 4-ary min-heap rather than `std`'s binary heap: a 100,000-rank
+/// quotient keeps millions of events waiting (every message of a direct
+/// exchange starts at once), and popping spent half the run in cache
+/// misses down a binary heap's 22 levels; four children per node halve the
+/// depth and share cache lines. The order is total (no two events tie on
+/// (time, phase, tie)), so the events come out in exactly the order a
+/// binary heap gives.
 pub(super) struct EventQueue {
-    heap: BinaryHeap<Event>,
+    heap: Vec<Event>,
     /// Sequence number of the last event pushed (ties at one instant).
     seq: u64,
 }
+
+/// Children per node of the heap.
+const ARITY: usize = 4;
 
 impl EventQueue {
     /// An empty queue.
     pub(super) fn new() -> EventQueue {
         EventQueue {
-            heap: BinaryHeap::new(),
+            heap: Vec::new(),
             seq: 0,
         }
     }
@@ -89,16 +99,93 @@ impl EventQueue {
                 (0, self.seq)
             }
         };
-        self.heap.push(Event {
+        let ev = Event {
             time,
             phase,
             tie,
             kind,
-        });
+        };
+        // Sift up: `Event`'s order is reversed (greater is earlier).
+        let mut i = self.heap.len();
+        self.heap.push(ev);
+        while i > 0 {
+            let parent = (i - 1) / ARITY;
+            if self.heap[i] <= self.heap[parent] {
+                break;
+            }
+            self.heap.swap(i, parent);
+            i = parent;
+        }
     }
 
     /// The earliest event, removed from the queue.
     pub(super) fn pop(&mut self) -> Option<Event> {
-        self.heap.pop()
+        let last = self.heap.pop()?;
+        if self.heap.is_empty() {
+            return Some(last);
+        }
+        let top = std::mem::replace(&mut self.heap[0], last);
+        // Sift down: move the earliest child up while it is earlier.
+        let n = self.heap.len();
+        let mut i = 0;
+        loop {
+            let first = ARITY * i + 1;
+            if first >= n {
+                break;
+            }
+            let mut best = first;
+            for c in first + 1..(first + ARITY).min(n) {
+                if self.heap[c] > self.heap[best] {
+                    best = c;
+                }
+            }
+            if self.heap[best] <= self.heap[i] {
+                break;
+            }
+            self.heap.swap(i, best);
+            i = best;
+        }
+        Some(top)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_come_out_in_time_phase_tie_order() {
+        let mut q = EventQueue::new();
+        // A scrambled mix of times, with starts (phase 1) at shared instants.
+        let mut x = 12345u64;
+        let mut pushed = 0;
+        for i in 0..5000u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let time = (x % 97) as f64 * 0.5;
+            if i % 3 == 0 {
+                q.push(time, Kind::Start { msg: i });
+            } else {
+                q.push(time, Kind::Post { rank: i });
+            }
+            pushed += 1;
+        }
+        let mut out = Vec::new();
+        while let Some(e) = q.pop() {
+            out.push(e);
+        }
+        assert_eq!(out.len(), pushed);
+        for w in out.windows(2) {
+            // Popped earliest first: each is "greater" (earlier) than the next.
+            assert!(
+                w[0] > w[1],
+                "{} {} then {} {}",
+                w[0].time,
+                w[0].tie,
+                w[1].time,
+                w[1].tie
+            );
+        }
     }
 }

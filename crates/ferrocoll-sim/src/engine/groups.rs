@@ -47,7 +47,7 @@ impl<'a> Plans<'a> {
     }
 
     /// Group rank i's plan.
-    pub(super) fn get(&self, i: usize) -> Result<Cow<'a, Plan>, String> {
+    pub(crate) fn get(&self, i: usize) -> Result<Cow<'a, Plan>, String> {
         match self {
             Plans::Given(p) => Ok(Cow::Borrowed(&p[i])),
             Plans::Built { build, .. } => build(i).map(Cow::Owned),

@@ -122,11 +122,95 @@ impl Engine<'_> {
                     let lat = self.net.links[links[0] as usize].lat;
                     self.msgs[id as usize].chunks_left = 1;
                     self.arrive(id, start + bytes as f64 / bw + lat);
+                } else if links.len() == 2 && self.alone_on(id, links[1]) {
+                    self.lay_out(id, start, links[0], links[1]);
                 } else {
                     self.release_chunk(id, 0, start);
                 }
             }
         }
+    }
+
+    /// Whether message `id` will be the only traffic on `link`, its path's
+    /// last, while it crosses it: `link` is its receiver's port
+    /// ([`Network::is_receiver_port`]), which carries only what that rank
+    /// (in the aggregated mode, that representative) receives, and the
+    /// receiver's round has no other receive. Messages of the receiver's
+    /// other rounds cannot overlap this one: the earlier ones arrived
+    /// before the round began, the later ones cannot start before it ends.
+    /// Off for several groups at once, which may share a physical rank.
+    ///
+    /// [`Network::is_receiver_port`]: crate::network::Network::is_receiver_port
+    fn alone_on(&self, id: u32, link: u32) -> bool {
+        if !self.lay_out || !self.net.is_receiver_port(link as usize) {
+            return false;
+        }
+        let m = &self.msgs[id as usize];
+        let k = self.round_of_recv(m.dst as usize, m.recv_slot);
+        self.recvs(k).len() == 1
+    }
+
+    /// Message `id`, alone on `l1` ([`Engine::alone_on`]), is on its
+    /// sender's port `l0` from `start`: computes every chunk's passage
+    /// over `l1` at once instead of one event per chunk, with the very
+    /// arithmetic [`Engine::release_chunk`] and [`Engine::hop`] do (so the
+    /// times are the same to the bit), and schedules the delivery. The
+    /// timeline gets the chunks' busy intervals joined where they abut.
+    /// Per chunk this is arithmetic instead of a heap push and pop: what
+    /// makes a 100,000-rank butterfly of 256 MB (4.5 G chunks) feasible.
+    fn lay_out(&mut self, id: u32, start: f64, l0: u32, l1: u32) {
+        let chunk = self.chunk_bytes;
+        let (src, bytes) = {
+            let m = &self.msgs[id as usize];
+            (m.src as usize, m.bytes)
+        };
+        let nchunks = bytes.div_ceil(chunk).max(1);
+        let (bw0, lat0) = (
+            self.net.links[l0 as usize].bw,
+            self.net.links[l0 as usize].lat,
+        );
+        let (bw1, lat1) = (
+            self.net.links[l1 as usize].bw,
+            self.net.links[l1 as usize].lat,
+        );
+        let q = self.queue(l1);
+        let g = self.group_of[src] as usize;
+        let i = g * self.net.links.len() + q;
+        let class = self.net.links[l1 as usize].class;
+        let mut free = self.link_free[q];
+        let mut done = self.msgs[id as usize].done;
+        let mut s = start;
+        // The timeline interval being joined: [open, close].
+        let (mut open, mut close) = (f64::NAN, f64::NAN);
+        for c in 0..nchunks {
+            let cb = chunk.min(bytes - (c * chunk).min(bytes));
+            // On the port, as release_chunk lays it.
+            let e = s + cb as f64 / bw0;
+            let ready = (s + lat0).max(e + lat0 - cb as f64 / bw1);
+            // On the receiver's port, as hop takes it.
+            let st = ready.max(free);
+            let busy = cb as f64 / bw1;
+            let en = (st + busy).max(e + lat0);
+            free = en;
+            self.link_bytes[i] += cb;
+            self.link_busy[i] += busy;
+            if st == close {
+                close = st + busy;
+            } else {
+                if open.is_finite() {
+                    self.hist[g].add(class, open, close, self.weight);
+                }
+                (open, close) = (st, st + busy);
+            }
+            done = done.max(en + lat1);
+            s = e;
+        }
+        self.hist[g].add(class, open, close, self.weight);
+        self.link_free[q] = free;
+        let m = &mut self.msgs[id as usize];
+        m.chunks_left = 0;
+        m.done = done;
+        self.events.push(done, Kind::Delivered { msg: id });
     }
 
     /// Chunk `c` of message `id`, whose path has two links or more, is on

@@ -54,6 +54,14 @@
 //!   one after the other (the first message's chunks first), which is
 //!   throughput-equivalent to interleaving them.
 //!
+//!   A chunk costs an event per link after the sender's port, except where
+//!   nothing else can reach the link while the message crosses it: a
+//!   two-link path whose last link is the receiver's port, in a round in
+//!   which the receiver has no other receive (one group). Then the chunks'
+//!   passage is computed at once, with the same arithmetic (`lay_out` in
+//!   `links.rs`): a butterfly's or a binomial tree's messages cost two
+//!   events each however many chunks they have.
+//!
 //! # Scenarios
 //!
 //! [`SimOptions`] can perturb a run: a rank that starts its plan late
@@ -105,15 +113,17 @@
 //! * `groups.rs`: the input, [`Group`] and [`Plans`].
 //! * `state.rs`: the engine's state, built from the plans.
 //! * `matching.rs`: messages and the pairing of sends with receives.
-//! * `events.rs`: the event queue and its order.
+//! * `events.rs`: the event queue (a 4-ary heap) and its order.
 //! * `rounds.rs`: the event loop and each rank's walk through its rounds.
 //! * `links.rs`: messages on links in either mode, and link accounting.
 //! * `report.rs`: the traces and critical path of a finished run.
+//! * `footprint.rs`: [`Footprint`], what a run's state costs in memory.
 //! * `trace.rs`, `timeline.rs`: the result types, and the timeline
 //!   histogram.
 //! * `tests.rs`: unit tests on hand-written plans.
 
 mod events;
+mod footprint;
 mod groups;
 mod links;
 mod matching;
@@ -126,6 +136,7 @@ mod tests;
 mod timeline;
 mod trace;
 
+pub use footprint::Footprint;
 pub use groups::{Group, Plans};
 pub(crate) use options::degrade;
 pub use options::{Mode, SimOptions};
@@ -213,7 +224,9 @@ pub fn run_groups(
 /// run's, link for link, except `events`, which counts the events the
 /// quotient run processed. Scenarios that single out ranks or links
 /// (stragglers, slow ranks, a slow link named by index) break the
-/// symmetry and are errors; a slow or failed link class is allowed.
+/// symmetry and are errors; a slow or failed link class is allowed. Like a
+/// full run, the quotient is refused when its estimate exceeds the memory
+/// available ([`crate::estimate::check_quotient`]).
 pub fn run_aggregated(
     reps: &[Plan],
     sym: &Symmetry,
@@ -250,6 +263,10 @@ pub fn run_aggregated(
         plans: Plans::Given(reps),
         ranks: &ranks,
     }];
+    // The quotient's representatives talk to ranks of the whole network:
+    // the estimate takes a peer's number as its physical rank.
+    let est = crate::estimate::estimate_groups(&groups, elem_size, net, mode, opts)?;
+    crate::estimate::check_quotient(&est, opts, sym.ranks)?;
     let (net, failed) = degrade(net, &opts.slow_links)?;
     let mut e = Engine::new(&groups, elem_size, net, mode, opts, Some(sym))?;
     if !failed.is_empty() {

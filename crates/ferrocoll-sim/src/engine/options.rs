@@ -20,7 +20,7 @@ pub enum Mode {
 ///
 /// The default is the plain run: no reduction cost, 64 KiB chunks, no
 /// scenario (every rank starts at 0 and reduces at gamma, every link at
-/// its bandwidth).
+/// its bandwidth), full runs checked against the memory available.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimOptions {
     /// Seconds to reduce one byte (gamma); 0 makes reductions free.
@@ -42,10 +42,15 @@ pub struct SimOptions {
     /// plans send a message across one is an error naming it. A name that
     /// matches no link is an error. Several entries for one link multiply.
     pub slow_links: Vec<(String, f64)>,
+    /// The memory a full run may use, in bytes: a run whose estimate
+    /// exceeds it is refused before it starts (see [`crate::estimate`]).
+    /// `None`: the environment variable `FERROCOLL_SIM_MEMORY` if set, else
+    /// `MemAvailable` of `/proc/meminfo`, else unchecked.
+    pub memory_limit: Option<u64>,
 }
 
 impl Default for SimOptions {
-    /// gamma = 0, 64 KiB chunks, no scenario.
+    /// gamma = 0, 64 KiB chunks, no scenario, no memory limit of its own.
     fn default() -> SimOptions {
         SimOptions {
             gamma: 0.0,
@@ -53,6 +58,7 @@ impl Default for SimOptions {
             start_delay: Vec::new(),
             compute_slowdown: Vec::new(),
             slow_links: Vec::new(),
+            memory_limit: None,
         }
     }
 }

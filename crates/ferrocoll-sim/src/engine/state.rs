@@ -76,6 +76,10 @@ pub(super) struct Engine<'a> {
     pub(super) hist: Vec<Histogram>,
     /// Events not yet processed.
     pub(super) events: EventQueue,
+    /// Whether a message alone on its receiver's port has its chunks laid
+    /// out at once (see `Engine::lay_out`): with one group; tests turn it
+    /// off to compare.
+    pub(super) lay_out: bool,
 }
 
 impl<'a> Engine<'a> {
@@ -249,6 +253,7 @@ impl<'a> Engine<'a> {
             link_busy: vec![0.0; links * groups.len()],
             hist: (0..groups.len()).map(|_| Histogram::new(classes)).collect(),
             events: EventQueue::new(),
+            lay_out: groups.len() == 1,
             phys,
             group_of,
             group_first,

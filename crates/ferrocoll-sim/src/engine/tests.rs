@@ -3,6 +3,7 @@
 use super::*;
 use crate::topology::TopologySpec;
 use ferrocoll::plan::{Op, Round, Span};
+use state::Engine;
 
 fn plan(ops: Vec<Vec<Op>>) -> Plan {
     Plan {
@@ -101,4 +102,110 @@ fn plans_that_do_not_fit_are_errors() {
     assert!(e.contains("network of 3"), "{e}");
     let outside = [plan(vec![vec![send(5, 1)]]), plan(vec![])];
     assert!(run(&outside, 4, &net(2), Mode::Ideal, &opts).is_err());
+}
+
+/// Runs `plans` on `net` in the contention mode with messages laid out on
+/// their receiver's port at once or not.
+fn run_laid_out(plans: &[Plan], net: &Network, lay_out: bool, sym: Option<&Symmetry>) -> Trace {
+    let ranks: Vec<usize> = (0..plans.len()).collect();
+    let groups = [Group {
+        plans: Plans::Given(plans),
+        ranks: &ranks,
+    }];
+    let opts = SimOptions {
+        chunk_bytes: 4096,
+        gamma: 1e-11,
+        ..SimOptions::default()
+    };
+    let mut e = Engine::new(
+        &groups,
+        4,
+        std::borrow::Cow::Borrowed(net),
+        Mode::Contention,
+        &opts,
+        sym,
+    )
+    .unwrap();
+    e.lay_out = lay_out;
+    e.run().unwrap().remove(0)
+}
+
+#[test]
+fn laying_chunks_out_at_once_changes_nothing_but_the_event_count() {
+    use ferrocoll::{Algorithm, Collective};
+    for (coll, algo, topo) in [
+        (
+            Collective::AllReduce,
+            Algorithm::Butterfly,
+            "switch:ranks=16,bw=50GB/s,lat=2us",
+        ),
+        (
+            Collective::AllReduce,
+            Algorithm::Tree,
+            "two-level:nodes=4,gpus=4,intra=450GB/s@1us,inter=25GB/s@2us",
+        ),
+        (
+            Collective::AllReduce,
+            Algorithm::DoubleBinaryTree,
+            "fat-tree:ranks=16,leaf=4,bw=50GB/s,lat=1us,oversub=2",
+        ),
+        (
+            Collective::AllReduce,
+            Algorithm::Ring,
+            "rail:nodes=4,gpus=4,intra=450GB/s@1us,inter=50GB/s@2us",
+        ),
+        (
+            Collective::AllToAll,
+            Algorithm::Pairwise,
+            "two-level:nodes=4,gpus=4,intra=450GB/s@1us,inter=25GB/s@2us",
+        ),
+        (
+            Collective::Broadcast,
+            Algorithm::Pipeline,
+            "switch:ranks=9,bw=50GB/s,lat=2us",
+        ),
+    ] {
+        let t = TopologySpec::parse(topo).unwrap();
+        let n = t.ranks();
+        let plans =
+            crate::build_plans(coll, algo, n, crate::element_count(coll, n, 1 << 20, 4), &t)
+                .unwrap();
+        let net = Network::new(&t);
+        let (slow, fast) = (
+            run_laid_out(&plans, &net, false, None),
+            run_laid_out(&plans, &net, true, None),
+        );
+        let what = format!("{coll} {algo} on {topo}");
+        assert_eq!(slow.time_s, fast.time_s, "{what}");
+        assert_eq!(slow.link_bytes, fast.link_bytes, "{what}");
+        assert_eq!(slow.link_busy, fast.link_busy, "{what}");
+        assert_eq!(slow.critical_path, fast.critical_path, "{what}");
+        for (a, b) in slow
+            .timeline
+            .iter()
+            .flatten()
+            .zip(fast.timeline.iter().flatten())
+        {
+            assert!((a - b).abs() < 1e-12, "{what}: timeline {a} vs {b}");
+        }
+        if algo == Algorithm::Butterfly {
+            assert!(fast.events * 10 < slow.events, "{what}");
+        }
+    }
+    // The aggregated mode: a receiver's port stands for its orbit.
+    let t =
+        TopologySpec::parse("two-level:nodes=8,gpus=4,intra=450GB/s@1us,inter=25GB/s@2us").unwrap();
+    let net = Network::new(&t);
+    let build = |r: usize| {
+        crate::build_plans(Collective::AllReduce, Algorithm::Ring, 32, 1 << 18, &t)
+            .map(|mut p| p.swap_remove(r))
+    };
+    let (sym, reps) = crate::symmetry::find(&net, &build).unwrap();
+    let (slow, fast) = (
+        run_laid_out(&reps, &net, false, Some(&sym)),
+        run_laid_out(&reps, &net, true, Some(&sym)),
+    );
+    assert_eq!(slow.time_s, fast.time_s);
+    assert_eq!(slow.link_busy, fast.link_busy);
+    assert!(fast.events < slow.events);
 }

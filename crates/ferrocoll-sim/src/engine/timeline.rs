@@ -9,7 +9,7 @@ pub const TIMELINE_BUCKETS: usize = 200;
 
 /// Fine bins of the timeline histogram per class (see the engine's module
 /// docs).
-const FINE: usize = TIMELINE_BUCKETS * 16;
+pub(super) const FINE: usize = TIMELINE_BUCKETS * 16;
 
 /// The timeline histogram of one group: per class, [`FINE`] bins of
 /// `width` seconds (0 until the first interval).
