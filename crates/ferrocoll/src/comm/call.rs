@@ -429,6 +429,7 @@ impl Communicator {
             dtype: sig.dtype,
             op,
             deadline: self.deadline(),
+            sent: &self.shared.sent,
         };
         // Reuse the communicator's scratch memory; a call running alongside
         // (non-blocking) finds it taken and uses a fresh buffer.
