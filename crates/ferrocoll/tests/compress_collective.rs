@@ -274,3 +274,26 @@ fn names_and_algorithms() {
     })
     .unwrap();
 }
+
+/// The counter the stats read: a ring allreduce sends `2 (n-1)/n` of the
+/// buffer from every rank, and a lone rank sends nothing.
+#[test]
+fn bytes_sent_counts_the_payload_handed_to_the_transport() {
+    use ferrocoll::{Algorithm, CallOptions};
+    let counted = local::run(4, |comm| {
+        let ring = comm.with_options(CallOptions::algorithm(Algorithm::Ring));
+        let before = comm.bytes_sent();
+        let mut buf = vec![1f32; 1000];
+        ring.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap();
+        comm.bytes_sent() - before
+    })
+    .unwrap();
+    assert_eq!(counted, vec![6000; 4]);
+    let alone = local::run(1, |comm| {
+        comm.all_reduce_in_place(&mut [1f32; 100], ReduceOp::Sum)
+            .unwrap();
+        comm.bytes_sent()
+    })
+    .unwrap();
+    assert_eq!(alone, vec![0]);
+}

@@ -256,9 +256,10 @@ impl Communicator {
     ///
     /// Counts the messages of the plans, as the executor hands them over
     /// (what a transport adds, frame headers or checksums, is not
-    /// counted), and not the small-collective fast path of ranks on one
-    /// host (at most 96 bytes per rank per call, through mailboxes rather
-    /// than messages). A split group counts its own calls.
+    /// counted); a small call on the shared-memory fast path of ranks on
+    /// one host counts what this rank wrote into the mailboxes for the
+    /// others (its contribution, once, however many read it). A split
+    /// group counts its own calls.
     pub fn bytes_sent(&self) -> u64 {
         self.shared.sent.load(Ordering::Relaxed)
     }

@@ -617,6 +617,14 @@ impl Scheme {
     }
 }
 
+/// Checks, without a communicator, that [`Compressor::new`] takes `spec`
+/// for a buffer of `len` elements (a PowerSGD shape must hold exactly
+/// `len`): for a command line to refuse a bad codec before it starts any
+/// rank.
+pub fn validate_spec(spec: &str, len: usize) -> Result<()> {
+    Scheme::parse(spec, len, CompressOptions::default()).map(|_| ())
+}
+
 /// Reads `powersgd[:RANK[:ROWSxCOLS|auto[:SEED]]]`.
 fn powersgd_config(spec: &str, error_feedback: bool) -> Result<PowerSgdConfig> {
     let args: Vec<&str> = spec.split(':').skip(1).collect();
