@@ -3,7 +3,8 @@
 //! against the local reference that tests/compress_collective.rs of the
 //! library checks thread ranks with (`crates/ferrocoll/tests/
 //! compress_support`): every codec, uneven and empty buffers, sum and
-//! mean, every rank's result bitwise the same.
+//! mean, every rank's result bitwise the same; and the hierarchical form
+//! on 4 ranks given the topology 2x2 (`FERROCOLL_TOPO`).
 //!
 //! This file is its own rank program (harness = false): with
 //! `FERROCOLL_TEST_ROLE` set it plays one rank.
@@ -13,18 +14,27 @@ use common::{show, ROLE};
 
 #[path = "../../ferrocoll/tests/compress_support/mod.rs"]
 mod compress_support;
-use compress_support::{check_rank, SPECS};
+use compress_support::{check_hier_rank, check_rank, SPECS};
 
 use ferrocoll::ReduceOp;
 
 fn main() {
     if let Ok(role) = std::env::var(ROLE) {
         let comm = ferrocoll::init().expect("init");
-        assert_eq!(role, "compress", "unknown role {role}");
-        rank_program(&comm);
+        match role.as_str() {
+            "compress" => rank_program(&comm),
+            "compress-hier" => hier_program(&comm),
+            other => panic!("unknown role {other}"),
+        }
         return;
     }
-    let tests: [(&str, fn()); 1] = [("every_codec_on_shm_and_tcp", every_codec_on_shm_and_tcp)];
+    let tests: [(&str, fn()); 2] = [
+        ("every_codec_on_shm_and_tcp", every_codec_on_shm_and_tcp),
+        (
+            "the_hierarchical_form_on_shm_and_tcp",
+            the_hierarchical_form_on_shm_and_tcp,
+        ),
+    ];
     common::run_tests(&tests, "compress multi-process");
 }
 
@@ -54,6 +64,32 @@ fn every_codec_on_shm_and_tcp() {
                 let text = String::from_utf8_lossy(&out.stdout);
                 assert!(text.contains("compress ok"), "{what}: {}", show(out));
             }
+        }
+    }
+}
+
+fn hier_program(comm: &ferrocoll::Communicator) {
+    let topo = comm.topology();
+    let shape = (topo.nodes(), topo.local_size());
+    for spec in ["int8:128", "onebit:64", "topk:0.01", "bf16"] {
+        for (len, op) in [(7, ReduceOp::Sum), (70_001, ReduceOp::Avg)] {
+            if let Err(e) = check_hier_rank(comm, spec, shape, len, 2, op) {
+                panic!("{} transport: {e}", comm.transport_name());
+            }
+        }
+    }
+    println!("compress-hier ok");
+}
+
+fn the_hierarchical_form_on_shm_and_tcp() {
+    for transport in ["shm", "tcp"] {
+        let env = [("FERROCOLL_TOPO", "2x2")];
+        let outs = common::direct_world("compress-hier", 4, "compress-hier", transport, &env);
+        for (r, out) in outs.iter().enumerate() {
+            let what = format!("hierarchical compress over {transport}, rank {r}");
+            assert!(out.status.success(), "{what}: {}", show(out));
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(text.contains("compress-hier ok"), "{what}: {}", show(out));
         }
     }
 }

@@ -7,9 +7,9 @@
 
 mod compress_support;
 
-use compress_support::{check_rank, input, with_feedback, LENS, SPECS};
+use compress_support::{check_hier_rank, check_rank, input, with_feedback, LENS, SPECS};
 use ferrocoll::compress::{CompressOptions, Compressor};
-use ferrocoll::{local, ReduceOp};
+use ferrocoll::{local, Config, ReduceOp, Topology};
 
 /// Runs `check_rank` on `n` thread ranks; panics with the first failure.
 fn check(n: usize, spec: &str, len: usize, steps: u64, op: ReduceOp) {
@@ -54,19 +54,27 @@ fn large_buffers_with_many_blocks_match_the_reference() {
 
 /// Over several steps, what the ranks were given equals what the
 /// allreduce delivered plus what the residuals still hold: the ranks' own
-/// and, for the two-phase algorithm, the server-side ones of the chunks.
+/// (of the whole buffer; in the hierarchical form, of their piece of the
+/// node's sum) and, for the two-phase algorithm, the server-side ones of
+/// the chunks.
 #[test]
 fn error_feedback_delays_and_loses_nothing() {
-    for spec in [
+    let flat = [
         "int8:64",
         "onebit:64",
         "topk:0.05",
         "randk:0.1:5:unscaled",
         "fp16",
-    ] {
-        let (n, len, steps) = (3, 1000, 6);
-        let outcomes = local::run(n, |comm| {
+    ];
+    for (spec, shape) in flat
+        .iter()
+        .map(|s| (*s, None))
+        .chain(["int8:64", "onebit:64", "topk:0.05"].map(|s| (s, Some((2, 2)))))
+    {
+        let (len, steps) = (1000, 6);
+        let rank_part = |comm: ferrocoll::Communicator| {
             let mut c = Compressor::new(&comm, len, spec).unwrap();
+            assert_eq!(c.hierarchical(), shape.is_some());
             let mut delivered = vec![0f64; len];
             for step in 0..steps {
                 let mut buf = input(comm.rank(), step, len);
@@ -76,19 +84,24 @@ fn error_feedback_delays_and_loses_nothing() {
                     .zip(&buf)
                     .for_each(|(d, v)| *d += *v as f64);
             }
-            // Rank r's share of the residuals: its own, and its chunk's
-            // server-side one at the chunk's place.
-            let mut kept: Vec<f64> = c.residual().unwrap().iter().map(|&v| v as f64).collect();
+            let mut kept = vec![0f64; len];
+            kept[c.residual_range()]
+                .iter_mut()
+                .zip(c.residual().unwrap())
+                .for_each(|(k, r)| *k += *r as f64);
             if let Some(server) = c.server_residual() {
-                let chunk = c.chunk(comm.rank());
-                kept[chunk]
+                kept[c.chunk(comm.rank())]
                     .iter_mut()
                     .zip(server)
                     .for_each(|(k, s)| *k += *s as f64);
             }
             (delivered, kept)
-        })
-        .unwrap();
+        };
+        let outcomes = match shape {
+            None => local::run(3, rank_part).unwrap(),
+            Some(shape) => run_on(shape, rank_part),
+        };
+        let n = outcomes.len();
         for i in 0..len {
             let given: f64 = (0..n)
                 .flat_map(|r| (0..steps).map(move |s| input(r, s, len)[i] as f64))
@@ -97,7 +110,7 @@ fn error_feedback_delays_and_loses_nothing() {
             let delivered = outcomes[0].0[i];
             assert!(
                 (delivered + kept - given).abs() < 1e-3 * (1.0 + given.abs()),
-                "{spec}: element {i}: delivered {delivered} + kept {kept} != given {given}"
+                "{spec} {shape:?}: element {i}: delivered {delivered} + kept {kept} != given {given}"
             );
         }
     }
@@ -230,6 +243,7 @@ fn errors_say_what_to_fix() {
         ];
         let options = CompressOptions {
             error_feedback: Some(true),
+            ..CompressOptions::default()
         };
         messages.push(
             Compressor::with_options(&comm, 10, "randk:0.1", options)
@@ -296,4 +310,87 @@ fn bytes_sent_counts_the_payload_handed_to_the_transport() {
     })
     .unwrap();
     assert_eq!(alone, vec![0]);
+}
+
+/// `local::run` of `nodes` nodes of `local` ranks.
+fn run_on<R: Send>(
+    (nodes, local): (usize, usize),
+    f: impl Fn(ferrocoll::Communicator) -> R + Sync,
+) -> Vec<R> {
+    let config = Config {
+        topology: Some(Topology::new(vec![nodes, local]).unwrap()),
+        ..Config::default()
+    };
+    local::run_with(nodes * local, config, f).unwrap()
+}
+
+#[test]
+fn the_hierarchical_form_matches_its_reference() {
+    for spec in ["fp16", "int8:64", "onebit:64", "topk:0.05", "topk:3"] {
+        for shape in [(2, 2), (3, 2), (2, 3), (4, 2)] {
+            for len in [0, 1, 7, 130, 1000, 1024] {
+                for op in [ReduceOp::Sum, ReduceOp::Avg] {
+                    for outcome in run_on(shape, |comm| {
+                        check_hier_rank(&comm, spec, shape, len, 2, op)
+                    }) {
+                        outcome.unwrap_or_else(|e| panic!("{e}"));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Between nodes the hierarchical form sends `1/L` of what the flat one
+/// does per rank; within them, the uncompressed reduce-scatter and
+/// allgather.
+#[test]
+fn the_hierarchical_form_sends_less_between_nodes() {
+    let len = 1 << 16;
+    let stats = run_on((2, 2), |comm| {
+        let mut hier = Compressor::new(&comm, len, "int8:128").unwrap();
+        let flat_options = CompressOptions {
+            hierarchical: Some(false),
+            ..CompressOptions::default()
+        };
+        let mut flat = Compressor::with_options(&comm, len, "int8:128", flat_options).unwrap();
+        assert!(hier.hierarchical() && !flat.hierarchical());
+        assert_eq!(hier.algorithm(), "hier-two-phase");
+        let mut buf = input(comm.rank(), 0, len);
+        let h = hier.all_reduce(&mut buf.clone(), ReduceOp::Sum).unwrap();
+        let f = flat.all_reduce(&mut buf, ReduceOp::Sum).unwrap();
+        (h, f)
+    });
+    let encoded = len + 4 * (len / 128);
+    for (h, f) in stats {
+        // Flat: 2 (n-1)/n of the encoded buffer; hierarchical: each rank's
+        // half, 2 (H-1)/H of it.
+        assert_eq!(f.sent_bytes, 2 * 3 * encoded / 4);
+        assert_eq!(h.sent_bytes, encoded / 2);
+        assert_eq!(h.measured_bytes, h.sent_bytes as u64);
+        // Within the node: half the f32 buffer each way.
+        assert_eq!(h.local_sent_bytes, 2 * 4 * len / 2);
+        assert_eq!(h.local_measured_bytes, h.local_sent_bytes as u64);
+    }
+}
+
+#[test]
+fn the_hierarchical_form_is_refused_where_it_cannot_run() {
+    let forced = CompressOptions {
+        hierarchical: Some(true),
+        ..CompressOptions::default()
+    };
+    let flat = local::run(4, |comm| {
+        Compressor::with_options(&comm, 100, "int8", forced)
+            .unwrap_err()
+            .to_string()
+    })
+    .unwrap();
+    assert!(flat[0].contains("topology"), "{}", flat[0]);
+    let randk = run_on((2, 2), |comm| {
+        let auto = Compressor::new(&comm, 100, "randk:0.1").unwrap();
+        assert!(!auto.hierarchical());
+        Compressor::with_options(&comm, 100, "randk:0.1", forced).is_err()
+    });
+    assert!(randk.iter().all(|&refused| refused));
 }

@@ -14,6 +14,9 @@
 //!   (`WireStats::sent_bytes`, the largest over the ranks);
 //! * `counted(B)`: the bytes it handed the transport, from the
 //!   communicator's counter (`WireStats::measured_bytes`, the largest);
+//! * `local(B)`: the hierarchical form's uncompressed bytes within the
+//!   node, counted (`WireStats::local_measured_bytes`; 0 for the flat
+//!   form);
 //! * `less`: what a ring allreduce of the uncompressed buffer sends per
 //!   rank (`2 (n-1)/n bytes`) over `wire`;
 //! * `codec(us)` and `comm(us)`: the mean time per call spent encoding,
@@ -61,6 +64,8 @@ struct CompressedRow {
     wire_bytes: usize,
     /// Bytes a rank handed its transport per call (the largest).
     counted_bytes: u64,
+    /// Uncompressed bytes within the node per call, counted (the largest).
+    local_bytes: u64,
     /// A ring allreduce's bytes per rank over `wire_bytes`.
     less: f64,
     /// Mean codec time per call (the slowest rank's), in us.
@@ -73,7 +78,7 @@ struct CompressedRow {
 
 /// The table's header lines.
 const HEADER: [&str; 2] = [
-    "#        size         count  codec                      time(us)  algbw(GB/s)  busbw(GB/s)      wire(B)   counted(B)     less   codec(us)    comm(us)     relerr  algo",
+    "#        size         count  codec                      time(us)  algbw(GB/s)  busbw(GB/s)      wire(B)   counted(B)     local(B)     less   codec(us)    comm(us)     relerr  algo",
     "#         (B)    (elements)                                       (effective, on the uncompressed size)",
 ];
 
@@ -104,7 +109,7 @@ fn table_line(row: &CompressedRow) -> String {
         .relerr
         .map_or_else(|| "N/A".to_string(), |e| format!("{e:.3e}"));
     format!(
-        "{:>13} {:>13}  {:<22} {:>12.2} {:>12.3} {:>12.3} {:>12} {:>12} {:>8.1} {:>11.1} {:>11.1} {:>10}  {}",
+        "{:>13} {:>13}  {:<22} {:>12.2} {:>12.3} {:>12.3} {:>12} {:>12} {:>12} {:>8.1} {:>11.1} {:>11.1} {:>10}  {}",
         row.bytes,
         row.count,
         row.codec,
@@ -113,6 +118,7 @@ fn table_line(row: &CompressedRow) -> String {
         row.busbw,
         row.wire_bytes,
         row.counted_bytes,
+        row.local_bytes,
         row.less,
         row.codec_us,
         row.comm_us,
@@ -161,10 +167,11 @@ pub(super) fn run_rank(
             median,
             total.sent_bytes as f64 / iters,
             total.measured_bytes as f64 / iters,
+            total.local_measured_bytes as f64 / iters,
             total.codec_time.as_secs_f64() / iters,
             total.comm_time.as_secs_f64() / iters,
         ];
-        let mut slowest = [0.0f64; 6];
+        let mut slowest = [0.0f64; 7];
         comm.all_reduce(&local, &mut slowest, ReduceOp::Max)?;
 
         let relerr = if setup.check {
@@ -187,7 +194,7 @@ pub(super) fn run_rank(
         };
 
         if rank == 0 {
-            let [time, median, wire, counted, codec_s, comm_s] = slowest;
+            let [time, median, wire, counted, local, codec_s, comm_s] = slowest;
             let algbw = size.bytes as f64 / time / 1e9;
             let ring = 2.0 * (n as f64 - 1.0) / n as f64 * size.bytes as f64;
             let row = CompressedRow {
@@ -204,6 +211,7 @@ pub(super) fn run_rank(
                 busbw: algbw * bus_factor(setup.coll, n),
                 wire_bytes: wire.round() as usize,
                 counted_bytes: counted.round() as u64,
+                local_bytes: local.round() as u64,
                 less: if wire > 0.0 { ring / wire } else { 0.0 },
                 codec_us: codec_s * 1e6,
                 comm_us: comm_s * 1e6,

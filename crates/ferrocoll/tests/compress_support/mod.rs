@@ -104,11 +104,6 @@ fn divide(op: ReduceOp, n: usize, v: &mut [f32]) {
     }
 }
 
-/// `n` ranks' inputs at `step`.
-fn inputs(n: usize, step: u64, len: usize) -> Vec<Vec<f32>> {
-    (0..n).map(|p| input(p, step, len)).collect()
-}
-
 /// Encodes `x` with `codec`, through `ef` when there is one
 /// (`offset` is the chunk's place in the buffer).
 fn encode(codec: &dyn Codec, ef: Option<&mut ErrorFeedback>, offset: usize, x: &[f32]) -> Vec<u8> {
@@ -131,6 +126,27 @@ pub fn all_reduce(
     op: ReduceOp,
     feedback: Option<bool>,
 ) -> Reference {
+    all_reduce_of(spec, n, len, steps, op, feedback, &|p, step| {
+        input(p, step, len)
+    })
+}
+
+/// Rank `p`'s input at a step.
+pub type Inputs<'a> = &'a dyn Fn(usize, u64) -> Vec<f32>;
+
+/// [`all_reduce`] of the inputs `x` gives.
+pub fn all_reduce_of(
+    spec: &str,
+    n: usize,
+    len: usize,
+    steps: u64,
+    op: ReduceOp,
+    feedback: Option<bool>,
+    x: Inputs<'_>,
+) -> Reference {
+    let inputs = |n: usize, step: u64, _len: usize| -> Vec<Vec<f32>> {
+        (0..n).map(|p| x(p, step)).collect()
+    };
     let kind = spec.split(':').next().unwrap();
     let mut results = Vec::new();
     let mut tolerance = Vec::new();
@@ -294,9 +310,25 @@ pub fn reduce_scatter(
     steps: u64,
     op: ReduceOp,
 ) -> Reference {
+    reduce_scatter_of(spec, n, r, len, steps, op, &|p, step| input(p, step, len))
+}
+
+/// [`reduce_scatter`] of the inputs `x` gives.
+pub fn reduce_scatter_of(
+    spec: &str,
+    n: usize,
+    r: usize,
+    len: usize,
+    steps: u64,
+    op: ReduceOp,
+    x: Inputs<'_>,
+) -> Reference {
+    let inputs = |n: usize, step: u64, _len: usize| -> Vec<Vec<f32>> {
+        (0..n).map(|p| x(p, step)).collect()
+    };
     let kind = spec.split(':').next().unwrap();
     if kind == "powersgd" {
-        let mut whole = all_reduce(spec, n, len, steps, op, None);
+        let mut whole = all_reduce_of(spec, n, len, steps, op, None, x);
         let c = chunk_ranges(len, n, 1)[r].clone();
         for v in whole.results.iter_mut().chain(whole.tolerance.iter_mut()) {
             *v = v[c.clone()].to_vec();
@@ -454,7 +486,133 @@ pub fn with_feedback(comm: &Communicator, len: usize, spec: &str, on: bool) -> C
         spec,
         CompressOptions {
             error_feedback: Some(on),
+            ..CompressOptions::default()
         },
     )
     .unwrap()
+}
+
+/// Rank `rank`'s input rounded to quarters: sums of these are exact in
+/// `f32` in any order, so a reference need not know the order in which a
+/// node's ranks are summed.
+pub fn quarters(rank: usize, step: u64, len: usize) -> Vec<f32> {
+    input(rank, step, len)
+        .into_iter()
+        .map(|v| (v * 4.0).round() / 4.0)
+        .collect()
+}
+
+/// The hierarchical form on `nodes` nodes of `local` ranks: each node's
+/// sum, cut into `local` pieces of the padded length; piece `l` through
+/// the flat reference among the nodes (`Sum`); then the pieces put
+/// together and divided for `Avg`. `rank`: `Some(r)` for rank `r`'s chunk
+/// of a reduce-scatter, `None` for the allreduce.
+pub fn hier(
+    spec: &str,
+    (nodes, local): (usize, usize),
+    len: usize,
+    steps: u64,
+    op: ReduceOp,
+    rank: Option<usize>,
+    x: Inputs<'_>,
+) -> Reference {
+    let n = nodes * local;
+    let granule = compress::parse(spec).unwrap().granule().unwrap_or(1);
+    let piece = len.div_ceil(local).div_ceil(granule) * granule;
+    let node_sum = |h: usize, step: u64| -> Vec<f32> {
+        let mut sum = vec![0f32; local * piece];
+        for l in 0..local {
+            sum.iter_mut()
+                .zip(x(h * local + l, step))
+                .for_each(|(s, v)| *s += v);
+        }
+        sum
+    };
+    let piece_of = |l: usize| {
+        move |h: usize, step: u64| node_sum(h, step)[l * piece..(l + 1) * piece].to_vec()
+    };
+    let mut results = vec![Vec::new(); steps as usize];
+    match rank {
+        None => {
+            for l in 0..local {
+                let part =
+                    all_reduce_of(spec, nodes, piece, steps, ReduceOp::Sum, None, &piece_of(l));
+                for (whole, p) in results.iter_mut().zip(part.results) {
+                    whole.extend(p);
+                }
+            }
+            for v in &mut results {
+                v.truncate(len);
+            }
+        }
+        Some(r) => {
+            let (h, l) = (r / local, r % local);
+            let part = reduce_scatter_of(spec, nodes, h, piece, steps, ReduceOp::Sum, &piece_of(l));
+            let at = l * piece + chunk_ranges(piece, nodes, granule)[h].start;
+            let keep = part.results[0].len().min(len.saturating_sub(at));
+            results = part
+                .results
+                .into_iter()
+                .map(|mut v| {
+                    v.truncate(keep);
+                    v
+                })
+                .collect();
+        }
+    }
+    for v in &mut results {
+        divide(op, n, v);
+    }
+    let tolerance = results.iter().map(|v| vec![0.0; v.len()]).collect();
+    Reference {
+        exactness: Exactness::Exact,
+        results,
+        tolerance,
+    }
+}
+
+/// Checks the hierarchical form on this rank (the communicator's topology
+/// has `nodes` nodes of `local` ranks) against [`hier`], for the allreduce
+/// and the reduce-scatter, on the quarter-valued inputs.
+pub fn check_hier_rank(
+    comm: &Communicator,
+    spec: &str,
+    (nodes, local): (usize, usize),
+    len: usize,
+    steps: u64,
+    op: ReduceOp,
+) -> Result<(), String> {
+    let r = comm.rank();
+    let what =
+        format!("{spec} hierarchical allreduce ({op}) of {len} on {nodes}x{local}, rank {r}");
+    let err = |e: ferrocoll::Error| format!("{what}: {e}");
+    let x = |p: usize, step: u64| quarters(p, step, len);
+    let reference = hier(spec, (nodes, local), len, steps, op, None, &x);
+    let mut c = Compressor::new(comm, len, spec).map_err(err)?;
+    if !c.hierarchical() {
+        return Err(format!(
+            "{what}: runs {}, not the hierarchical form",
+            c.algorithm()
+        ));
+    }
+    for step in 0..steps {
+        let mut buf = x(r, step);
+        let stats = c.all_reduce(&mut buf, op).map_err(err)?;
+        compare(&what, &buf, &reference, step as usize)?;
+        same_everywhere(comm, &buf).map_err(|e| format!("{what}: step {step}: {e}"))?;
+        if len > 0 && (stats.local_sent_bytes == 0 || stats.local_measured_bytes == 0) {
+            return Err(format!("{what}: stats {stats:?}"));
+        }
+    }
+    let what =
+        format!("{spec} hierarchical reduce-scatter ({op}) of {len} on {nodes}x{local}, rank {r}");
+    let err = |e: ferrocoll::Error| format!("{what}: {e}");
+    let reference = hier(spec, (nodes, local), len, steps, op, Some(r), &x);
+    let mut c = Compressor::new(comm, len, spec).map_err(err)?;
+    for step in 0..steps {
+        let mut out = vec![0f32; c.chunk(r).len()];
+        c.reduce_scatter(&x(r, step), &mut out, op).map_err(err)?;
+        compare(&what, &out, &reference, step as usize)?;
+    }
+    Ok(())
 }

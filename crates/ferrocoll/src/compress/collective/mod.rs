@@ -86,6 +86,7 @@
 //! bitwise the same result.
 
 mod dense;
+mod hier;
 mod lowrank;
 mod sparse;
 
@@ -105,6 +106,13 @@ pub struct CompressOptions {
     /// step's compressed gradient alone (to measure what error feedback is
     /// worth). `Some(true)` for the rescaled Random-k is refused.
     pub error_feedback: Option<bool>,
+    /// Whether the quantizers and Top-k run the hierarchical form
+    /// (uncompressed within a node, compressed between nodes; see
+    /// [`Compressor`]): `None` for wherever the communicator's topology
+    /// has at least 2 nodes of at least 2 ranks, `Some(false)` for the flat
+    /// form everywhere. `Some(true)` on a topology without such nodes, or
+    /// for Random-k and PowerSGD (which always run flat), is refused.
+    pub hierarchical: Option<bool>,
 }
 
 /// What one compressed call moved and where its time went, for this rank.
@@ -124,6 +132,13 @@ pub struct WireStats {
     /// than `sent_bytes` (a tree, a hierarchical allgather). Includes any
     /// other call made on the communicator meanwhile from another thread.
     pub measured_bytes: u64,
+    /// The hierarchical form's uncompressed bytes within the node (its
+    /// reduce-scatter and allgather, `(L-1)/L` of the padded buffer
+    /// each), by the formula; 0 for the flat form.
+    pub local_sent_bytes: usize,
+    /// What the node's communicator counted for them
+    /// ([`Communicator::bytes_sent`]); 0 for the flat form.
+    pub local_measured_bytes: u64,
     /// Collective calls made (0 when there was nothing to move).
     pub exchanges: usize,
     /// Time spent encoding, decoding, adding and on error feedback.
@@ -138,6 +153,8 @@ impl AddAssign for WireStats {
         self.input_bytes += other.input_bytes;
         self.sent_bytes += other.sent_bytes;
         self.measured_bytes += other.measured_bytes;
+        self.local_sent_bytes += other.local_sent_bytes;
+        self.local_measured_bytes += other.local_measured_bytes;
         self.exchanges += other.exchanges;
         self.codec_time += other.codec_time;
         self.comm_time += other.comm_time;
@@ -184,6 +201,9 @@ pub struct Compressor {
     server: Option<ErrorFeedback>,
     step: u64,
     scratch: Scratch,
+    /// The hierarchical form, where it runs (then `worker` and `server`
+    /// are unused: the rail's compressor keeps the residuals).
+    hier: Option<hier::Hier>,
 }
 
 /// What a [`Compressor`] runs.
@@ -231,6 +251,14 @@ impl Meter {
         out
     }
 
+    /// Adds what a nested compressor (the hierarchical form's rail)
+    /// reported.
+    fn add_inner(&mut self, inner: &WireStats) {
+        let input = self.stats.input_bytes;
+        self.stats += *inner;
+        self.stats.input_bytes = input;
+    }
+
     /// Runs one collective that sends `sent` bytes by the algorithm's
     /// formula, timed as communication.
     fn comm(&mut self, sent: usize, f: impl FnOnce() -> Result<()>) -> Result<()> {
@@ -267,6 +295,44 @@ impl Compressor {
             _ => 1,
         };
         let n = comm.size();
+        let topo = comm.topology();
+        let grouped = topo.levels().len() > 1 && topo.local_size() >= 2 && topo.nodes() >= 2;
+        let hierarchical = match (&scheme, options.hierarchical) {
+            (_, Some(false)) => false,
+            (Scheme::Dense(_) | Scheme::TopK(_), None) => grouped,
+            (_, None) => false,
+            (Scheme::Dense(_) | Scheme::TopK(_), Some(true)) if grouped => true,
+            (_, _) => {
+                return Err(Error::invalid(format!(
+                    "codec `{spec}`: the hierarchical form needs the quantizers or Top-k and a \
+                     topology of at least 2 nodes of at least 2 ranks (this group's is {topo})"
+                )))
+            }
+        };
+        if hierarchical {
+            let granule = granule.max(1);
+            let (nodes, local) = (topo.nodes(), topo.local_size());
+            let h = hier::Hier::new(comm, len, spec, options, (nodes, local), granule)?;
+            // Rank h L + l reduces chunk h of piece l.
+            let chunks = (0..n)
+                .map(|r| {
+                    let inner = h.inner.chunk(r / local);
+                    let at = (r % local) * h.piece;
+                    (at + inner.start).min(len)..(at + inner.end).min(len)
+                })
+                .collect();
+            return Ok(Compressor {
+                comm: comm.clone(),
+                len,
+                scheme,
+                chunks,
+                worker: None,
+                server: None,
+                step: 0,
+                scratch: Scratch::default(),
+                hier: Some(h),
+            });
+        }
         let chunks = chunk_ranges(len, n, granule);
         let mine = chunks[comm.rank()].len();
         let (worker, server) = match (&scheme, feedback) {
@@ -286,6 +352,7 @@ impl Compressor {
             server,
             step: 0,
             scratch: Scratch::default(),
+            hier: None,
         })
     }
 
@@ -319,14 +386,31 @@ impl Compressor {
     /// The algorithm [`Compressor::all_reduce`] runs: `two-phase`,
     /// `allgather`, `allreduce-values` or `powersgd`.
     pub fn algorithm(&self) -> &'static str {
-        match &self.scheme {
+        match (&self.scheme, self.hier.is_some()) {
+            (Scheme::Dense(_), true) => "hier-two-phase",
+            (Scheme::TopK(_), true) => "hier-allgather",
+            (scheme, _) => scheme.algorithm(),
+        }
+    }
+
+    /// Whether it runs the hierarchical form.
+    pub fn hierarchical(&self) -> bool {
+        self.hier.is_some()
+    }
+}
+
+impl Scheme {
+    fn algorithm(&self) -> &'static str {
+        match self {
             Scheme::Dense(_) => "two-phase",
             Scheme::TopK(_) => "allgather",
             Scheme::RandK(_) => "allreduce-values",
             Scheme::PowerSgd(_) => "powersgd",
         }
     }
+}
 
+impl Compressor {
     /// The range of the buffer rank `rank` reduces, and that
     /// [`Compressor::reduce_scatter`] returns on it (empty for a rank past
     /// the group).
@@ -341,18 +425,40 @@ impl Compressor {
 
     /// Whether residuals are kept across steps.
     pub fn error_feedback(&self) -> bool {
+        if let Some(h) = &self.hier {
+            return h.inner.error_feedback();
+        }
         match &self.scheme {
             Scheme::PowerSgd(state) => state.config().error_feedback,
             _ => self.worker.is_some(),
         }
     }
 
-    /// This rank's residual of the whole buffer: what it was given and has
-    /// not sent yet (`None` without error feedback).
+    /// This rank's residual: what it was given and has not sent yet
+    /// (`None` without error feedback), for the elements
+    /// [`Compressor::residual_range`] says: the whole buffer in the flat
+    /// form; in the hierarchical form, this rank's piece of its node's sum
+    /// (the residual is the node's, kept by the rank that compresses it).
     pub fn residual(&self) -> Option<&[f32]> {
+        if let Some(h) = &self.hier {
+            let range = self.residual_range();
+            return h.inner.residual().map(|r| &r[..range.len()]);
+        }
         match &self.scheme {
             Scheme::PowerSgd(state) if state.config().error_feedback => Some(state.residual()),
             _ => self.worker.as_ref().map(ErrorFeedback::residual),
+        }
+    }
+
+    /// The elements of the buffer [`Compressor::residual`] covers.
+    pub fn residual_range(&self) -> Range<usize> {
+        match &self.hier {
+            Some(h) => {
+                let local = self.comm.topology().local_size();
+                let at = (self.comm.rank() % local) * h.piece;
+                at.min(self.len)..(at + h.piece).min(self.len)
+            }
+            None => 0..self.len,
         }
     }
 
@@ -360,6 +466,10 @@ impl Compressor {
     /// ([`Compressor::chunk`]); `None` for the other algorithms and without
     /// error feedback.
     pub fn server_residual(&self) -> Option<&[f32]> {
+        if let Some(h) = &self.hier {
+            let mine = self.chunk(self.comm.rank()).len();
+            return h.inner.server_residual().map(|r| &r[..mine]);
+        }
         self.server.as_ref().map(ErrorFeedback::residual)
     }
 
@@ -372,6 +482,9 @@ impl Compressor {
         if let Scheme::PowerSgd(state) = &mut self.scheme {
             state.reset();
         }
+        if let Some(h) = &mut self.hier {
+            h.inner.reset();
+        }
         self.step = 0;
     }
 
@@ -383,7 +496,10 @@ impl Compressor {
         self.check(buf.len(), "all_reduce", op)?;
         let base = self.comm.bytes_sent();
         let mut meter = Meter::new(self.len);
-        if self.len > 0 {
+        if let (Some(h), true) = (&mut self.hier, self.len > 0) {
+            h.reduce(buf, &mut meter)?;
+            self.hier_all_reduce(buf, op, &mut meter)?;
+        } else if self.len > 0 {
             self.begin(&*buf, &mut meter)?;
             self.finish(buf, op, &mut meter)?;
         }
@@ -408,7 +524,10 @@ impl Compressor {
         }
         let base = self.comm.bytes_sent();
         let mut meter = Meter::new(self.len);
-        if self.len > 0 {
+        if let (Some(h), true) = (&mut self.hier, self.len > 0) {
+            h.reduce(send, &mut meter)?;
+            self.hier_all_reduce(recv, op, &mut meter)?;
+        } else if self.len > 0 {
             self.begin(send, &mut meter)?;
             self.finish(recv, op, &mut meter)?;
         }
@@ -441,7 +560,15 @@ impl Compressor {
         }
         let base = self.comm.bytes_sent();
         let mut meter = Meter::new(self.len);
-        if self.len > 0 {
+        let n = self.comm.size();
+        if let (Some(h), true) = (&mut self.hier, self.len > 0) {
+            h.reduce(buf, &mut meter)?;
+            h.reduce_scatter_piece(out, &mut meter)?;
+            meter.codec(|| {
+                divide_for(op, n, out);
+                Ok(())
+            })?;
+        } else if self.len > 0 {
             self.reduce_scatter_inner(buf, out, op, &mut meter)?;
         }
         Ok(self.done(meter, base))
@@ -466,8 +593,22 @@ impl Compressor {
 
     fn done(&mut self, mut meter: Meter, base: u64) -> WireStats {
         self.step += 1;
-        meter.stats.measured_bytes = self.comm.bytes_sent().saturating_sub(base);
+        meter.stats.measured_bytes += self.comm.bytes_sent().saturating_sub(base);
         meter.stats
+    }
+
+    /// The rest of the hierarchical allreduce once the node's
+    /// reduce-scatter is done: the rail's compressed allreduce and the
+    /// node's allgather into `out` (see `hier.rs`).
+    fn hier_all_reduce(&mut self, out: &mut [f32], op: ReduceOp, meter: &mut Meter) -> Result<()> {
+        let n = self.comm.size();
+        let h = self.hier.as_mut().expect("the hierarchical form");
+        h.all_reduce_piece(meter)?;
+        h.gather(out, meter)?;
+        meter.codec(|| {
+            divide_for(op, n, out);
+            Ok(())
+        })
     }
 
     /// The first part of an allreduce, which reads the input: encoding,
