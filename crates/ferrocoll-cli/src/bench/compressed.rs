@@ -20,7 +20,9 @@
 //! * `less`: what a ring allreduce of the uncompressed buffer sends per
 //!   rank (`2 (n-1)/n bytes`) over `wire`;
 //! * `codec(us)` and `comm(us)`: the mean time per call spent encoding,
-//!   decoding and adding, and inside the collectives (the slowest rank's);
+//!   decoding and adding, and inside the collectives (the slowest rank's),
+//!   and `local(us)`, the part of `comm` spent in the hierarchical form's
+//!   uncompressed steps within the node;
 //! * `relerr`: with the check on, `|result - sum| / |sum|` (L2) of one call
 //!   of a fresh compressor (no residual yet) on the known data, against
 //!   the exact sum: how lossy one step is (`N/A` without the check).
@@ -72,13 +74,15 @@ struct CompressedRow {
     codec_us: f64,
     /// Mean time inside the collectives per call (the slowest rank's), in us.
     comm_us: f64,
+    /// The part of `comm_us` within the node (hierarchical form), in us.
+    local_us: f64,
     /// Relative L2 error of one fresh call; `None` without `--check`.
     relerr: Option<f64>,
 }
 
 /// The table's header lines.
 const HEADER: [&str; 2] = [
-    "#        size         count  codec                      time(us)  algbw(GB/s)  busbw(GB/s)      wire(B)   counted(B)     local(B)     less   codec(us)    comm(us)     relerr  algo",
+    "#        size         count  codec                      time(us)  algbw(GB/s)  busbw(GB/s)      wire(B)   counted(B)     local(B)     less   codec(us)    comm(us)   local(us)     relerr  algo",
     "#         (B)    (elements)                                       (effective, on the uncompressed size)",
 ];
 
@@ -109,7 +113,7 @@ fn table_line(row: &CompressedRow) -> String {
         .relerr
         .map_or_else(|| "N/A".to_string(), |e| format!("{e:.3e}"));
     format!(
-        "{:>13} {:>13}  {:<22} {:>12.2} {:>12.3} {:>12.3} {:>12} {:>12} {:>12} {:>8.1} {:>11.1} {:>11.1} {:>10}  {}",
+        "{:>13} {:>13}  {:<22} {:>12.2} {:>12.3} {:>12.3} {:>12} {:>12} {:>12} {:>8.1} {:>11.1} {:>11.1} {:>11.1} {:>10}  {}",
         row.bytes,
         row.count,
         row.codec,
@@ -122,6 +126,7 @@ fn table_line(row: &CompressedRow) -> String {
         row.less,
         row.codec_us,
         row.comm_us,
+        row.local_us,
         relerr,
         row.algo
     )
@@ -170,8 +175,9 @@ pub(super) fn run_rank(
             total.local_measured_bytes as f64 / iters,
             total.codec_time.as_secs_f64() / iters,
             total.comm_time.as_secs_f64() / iters,
+            total.local_time.as_secs_f64() / iters,
         ];
-        let mut slowest = [0.0f64; 7];
+        let mut slowest = [0.0f64; 8];
         comm.all_reduce(&local, &mut slowest, ReduceOp::Max)?;
 
         let relerr = if setup.check {
@@ -194,7 +200,7 @@ pub(super) fn run_rank(
         };
 
         if rank == 0 {
-            let [time, median, wire, counted, local, codec_s, comm_s] = slowest;
+            let [time, median, wire, counted, local, codec_s, comm_s, local_s] = slowest;
             let algbw = size.bytes as f64 / time / 1e9;
             let ring = 2.0 * (n as f64 - 1.0) / n as f64 * size.bytes as f64;
             let row = CompressedRow {
@@ -215,6 +221,7 @@ pub(super) fn run_rank(
                 less: if wire > 0.0 { ring / wire } else { 0.0 },
                 codec_us: codec_s * 1e6,
                 comm_us: comm_s * 1e6,
+                local_us: local_s * 1e6,
                 relerr,
             };
             let line = if setup.json {

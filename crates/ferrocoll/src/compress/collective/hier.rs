@@ -170,6 +170,7 @@ fn local_step(meter: &mut Meter, sent: usize, f: impl FnOnce() -> Result<()>) ->
     let t = Instant::now();
     let out = f();
     meter.stats.comm_time += t.elapsed();
+    meter.stats.local_time += t.elapsed();
     meter.stats.local_sent_bytes += sent;
     meter.stats.exchanges += 1;
     out

@@ -145,6 +145,9 @@ pub struct WireStats {
     pub codec_time: Duration,
     /// Time spent inside the collectives (waiting for peers included).
     pub comm_time: Duration,
+    /// The part of `comm_time` spent in the hierarchical form's
+    /// uncompressed steps within the node (0 for the flat form).
+    pub local_time: Duration,
 }
 
 impl AddAssign for WireStats {
@@ -158,6 +161,7 @@ impl AddAssign for WireStats {
         self.exchanges += other.exchanges;
         self.codec_time += other.codec_time;
         self.comm_time += other.comm_time;
+        self.local_time += other.local_time;
     }
 }
 
