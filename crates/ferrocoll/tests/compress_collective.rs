@@ -394,3 +394,46 @@ fn the_hierarchical_form_is_refused_where_it_cannot_run() {
     });
     assert!(randk.iter().all(|&refused| refused));
 }
+
+/// The cost model's closed forms count the bytes the collectives send:
+/// the busiest rank's compressed bytes and, in the hierarchical form, its
+/// uncompressed ones within the node, for every codec, flat and
+/// hierarchical, even and uneven.
+#[test]
+fn the_models_bytes_are_the_collectives() {
+    use ferrocoll::compress::collective::model::predict_all_reduce;
+    use ferrocoll::cost::Profile;
+    let profile = Profile::uniform(1e-5, 1e9, 1e-11);
+    for spec in [
+        "fp16",
+        "int8:64",
+        "onebit:128",
+        "topk:0.01",
+        "randk:0.01:2",
+        "powersgd:3",
+    ] {
+        for shape in [(1, 1), (1, 3), (1, 5), (2, 2), (3, 2)] {
+            for len in [1000, 4099, 65_536] {
+                let topo = if shape.0 == 1 {
+                    Topology::flat(shape.1)
+                } else {
+                    Topology::new(vec![shape.0, shape.1]).unwrap()
+                };
+                let model = predict_all_reduce(spec, len, &topo, &profile, None).unwrap();
+                let stats = run_on(shape, |comm| {
+                    let mut c = Compressor::new(&comm, len, spec).unwrap();
+                    assert_eq!(c.algorithm(), model.algorithm, "{spec} {topo}");
+                    c.all_reduce(&mut input(comm.rank(), 0, len), ReduceOp::Sum)
+                        .unwrap()
+                });
+                let wire = stats.iter().map(|s| s.sent_bytes).max().unwrap();
+                let local = stats.iter().map(|s| s.local_sent_bytes).max().unwrap();
+                assert_eq!(
+                    (model.wire_bytes, model.local_bytes),
+                    (wire, local),
+                    "{spec} on {topo}, {len} elements"
+                );
+            }
+        }
+    }
+}

@@ -88,6 +88,7 @@
 mod dense;
 mod hier;
 mod lowrank;
+pub mod model;
 mod sparse;
 
 use std::ops::{AddAssign, Range};
