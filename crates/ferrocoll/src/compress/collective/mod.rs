@@ -50,9 +50,24 @@
 //! is unbiased, and its residual grows without bound); the unscaled form
 //! (`randk:F:SEED:unscaled`) does, by default.
 //!
-//! **PowerSGD** runs [`PowerSgd`]'s three steps around two allreduces of
+//! **PowerSGD** runs [`PowerSgd`](crate::compress::PowerSgd)'s three steps around two allreduces of
 //! `f32` (P, then Q, both `Sum`); its error feedback lives in the
-//! [`PowerSgd`] state.
+//! [`PowerSgd`](crate::compress::PowerSgd) state.
+//!
+//! **Hierarchical form** (quantizers and Top-k, wherever the
+//! communicator's topology has at least 2 nodes of at least 2 ranks;
+//! [`CompressOptions::hierarchical`] turns it off): the node's ranks
+//! reduce-scatter the buffer uncompressed, local rank `l` of every node
+//! runs the flat algorithm above on piece `l` of its node's sum among the
+//! nodes, and the node's ranks allgather the pieces uncompressed. Only the
+//! slow links between nodes carry encoded bytes (`1/L` of the flat form's
+//! per rank, `L` ranks per node), and each rank encodes `1/L` of the
+//! buffer; the residuals are those of the node's sum. Random-k and
+//! PowerSGD always run flat: their allreduces are the library's own, which
+//! are topology-aware already. [`Compressor::new`] splits the communicator
+//! for it (so there it is a collective call).
+//!
+//! [`model`] has the closed forms of all of these for the cost model.
 //!
 //! # Why compositions of collectives, not plans
 //!
@@ -90,13 +105,18 @@ mod hier;
 mod lowrank;
 pub mod model;
 mod sparse;
+mod spec;
+mod stats;
 
-use std::ops::{AddAssign, Range};
-use std::time::{Duration, Instant};
+use std::ops::Range;
 
-use super::{Codec, ErrorFeedback, PowerSgd, PowerSgdConfig, RandK};
+use super::{Codec, ErrorFeedback, RandK};
 use crate::error::{Error, Result};
 use crate::{Communicator, ReduceOp};
+pub use spec::validate_spec;
+use spec::Scheme;
+use stats::Meter;
+pub use stats::WireStats;
 
 /// Options of a [`Compressor`] beyond its codec.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -114,56 +134,6 @@ pub struct CompressOptions {
     /// form everywhere. `Some(true)` on a topology without such nodes, or
     /// for Random-k and PowerSGD (which always run flat), is refused.
     pub hierarchical: Option<bool>,
-}
-
-/// What one compressed call moved and where its time went, for this rank.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct WireStats {
-    /// The buffer in `f32` bytes (`4 len`): what an uncompressed call would
-    /// reduce, and what effective bandwidths are computed on.
-    pub input_bytes: usize,
-    /// The bytes this rank's messages carry, from the encoded lengths and
-    /// the algorithm's exchanges (see the [module documentation](self)),
-    /// each exchange counted as direct messages to the ranks that need
-    /// them (an allreduce as a ring's `2 (n-1)/n` of its buffer).
-    pub sent_bytes: usize,
-    /// The bytes this rank actually handed its transport for other ranks
-    /// during the call ([`Communicator::bytes_sent`] before and after): the
-    /// algorithms the library chose for the exchanges may forward more
-    /// than `sent_bytes` (a tree, a hierarchical allgather). Includes any
-    /// other call made on the communicator meanwhile from another thread.
-    pub measured_bytes: u64,
-    /// The hierarchical form's uncompressed bytes within the node (its
-    /// reduce-scatter and allgather, `(L-1)/L` of the padded buffer
-    /// each), by the formula; 0 for the flat form.
-    pub local_sent_bytes: usize,
-    /// What the node's communicator counted for them
-    /// ([`Communicator::bytes_sent`]); 0 for the flat form.
-    pub local_measured_bytes: u64,
-    /// Collective calls made (0 when there was nothing to move).
-    pub exchanges: usize,
-    /// Time spent encoding, decoding, adding and on error feedback.
-    pub codec_time: Duration,
-    /// Time spent inside the collectives (waiting for peers included).
-    pub comm_time: Duration,
-    /// The part of `comm_time` spent in the hierarchical form's
-    /// uncompressed steps within the node (0 for the flat form).
-    pub local_time: Duration,
-}
-
-impl AddAssign for WireStats {
-    /// Sums the stats of several calls.
-    fn add_assign(&mut self, other: WireStats) {
-        self.input_bytes += other.input_bytes;
-        self.sent_bytes += other.sent_bytes;
-        self.measured_bytes += other.measured_bytes;
-        self.local_sent_bytes += other.local_sent_bytes;
-        self.local_measured_bytes += other.local_measured_bytes;
-        self.exchanges += other.exchanges;
-        self.codec_time += other.codec_time;
-        self.comm_time += other.comm_time;
-        self.local_time += other.local_time;
-    }
 }
 
 /// The compressed allreduce and reduce-scatter of one buffer on one
@@ -211,19 +181,6 @@ pub struct Compressor {
     hier: Option<hier::Hier>,
 }
 
-/// What a [`Compressor`] runs.
-#[derive(Debug)]
-enum Scheme {
-    /// A quantizer: the two-phase algorithm.
-    Dense(Box<dyn Codec>),
-    /// Top-k: allgather of the payloads.
-    TopK(Box<dyn Codec>),
-    /// Random-k: allreduce of the values.
-    RandK(RandK),
-    /// PowerSGD: two allreduces.
-    PowerSgd(Box<PowerSgd>),
-}
-
 /// Buffers reused from call to call (a 64 MiB gradient would otherwise
 /// allocate and fault in tens of MiB per step).
 #[derive(Debug, Default)]
@@ -233,56 +190,16 @@ struct Scratch {
     acc: Vec<f32>,
 }
 
-/// Times and bytes of one call, as it goes.
-struct Meter {
-    stats: WireStats,
-}
-
-impl Meter {
-    fn new(len: usize) -> Meter {
-        Meter {
-            stats: WireStats {
-                input_bytes: 4 * len,
-                ..WireStats::default()
-            },
-        }
-    }
-
-    /// Runs codec work, timed as such.
-    fn codec<T>(&mut self, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let t = Instant::now();
-        let out = f();
-        self.stats.codec_time += t.elapsed();
-        out
-    }
-
-    /// Adds what a nested compressor (the hierarchical form's rail)
-    /// reported.
-    fn add_inner(&mut self, inner: &WireStats) {
-        let input = self.stats.input_bytes;
-        self.stats += *inner;
-        self.stats.input_bytes = input;
-    }
-
-    /// Runs one collective that sends `sent` bytes by the algorithm's
-    /// formula, timed as communication.
-    fn comm(&mut self, sent: usize, f: impl FnOnce() -> Result<()>) -> Result<()> {
-        let t = Instant::now();
-        let out = f();
-        self.stats.comm_time += t.elapsed();
-        self.stats.sent_bytes += sent;
-        self.stats.exchanges += 1;
-        out
-    }
-}
-
 impl Compressor {
     /// A compressor for buffers of `len` elements on `comm`, with the codec
     /// `spec`: any [`super::parse`] takes (`fp16`, `bf16`, `int8:128`,
     /// `onebit:128`, `topk:0.01`, `randk:0.01:SEED[:unscaled]`) or
     /// `powersgd[:RANK[:ROWSxCOLS[:SEED]]]` (rank 1, the squarest shape and
     /// seed 0 by default; `auto` for the shape). Error feedback is on for
-    /// every codec but the rescaled Random-k.
+    /// every codec but the rescaled Random-k. Where the hierarchical form
+    /// runs (see the [module documentation](self)), every rank of `comm`
+    /// must call it together: it splits `comm` into the node's and the
+    /// rail's communicators.
     pub fn new(comm: &Communicator, len: usize, spec: &str) -> Result<Compressor> {
         Compressor::with_options(comm, len, spec, CompressOptions::default())
     }
@@ -401,17 +318,6 @@ impl Compressor {
     /// Whether it runs the hierarchical form.
     pub fn hierarchical(&self) -> bool {
         self.hier.is_some()
-    }
-}
-
-impl Scheme {
-    fn algorithm(&self) -> &'static str {
-        match self {
-            Scheme::Dense(_) => "two-phase",
-            Scheme::TopK(_) => "allgather",
-            Scheme::RandK(_) => "allreduce-values",
-            Scheme::PowerSgd(_) => "powersgd",
-        }
     }
 }
 
@@ -723,90 +629,6 @@ impl Compressor {
     }
 }
 
-impl Scheme {
-    /// The scheme of `spec` for `len` elements, and whether it keeps
-    /// residuals.
-    fn parse(spec: &str, len: usize, options: CompressOptions) -> Result<(Scheme, bool)> {
-        let trimmed = spec.trim();
-        let kind = trimmed.split(':').next().unwrap_or_default();
-        if kind.eq_ignore_ascii_case("powersgd") {
-            let config = powersgd_config(trimmed, options.error_feedback.unwrap_or(true))?;
-            let state = PowerSgd::new(len, config)?;
-            return Ok((Scheme::PowerSgd(Box::new(state)), config.error_feedback));
-        }
-        if let Some(randk) = super::parse_randk(trimmed) {
-            let randk = randk?;
-            let feedback = match (randk.rescales(), options.error_feedback) {
-                (true, Some(true)) => {
-                    return Err(Error::invalid(format!(
-                        "codec `{spec}`: the rescaled Random-k is unbiased and must not get error \
-                         feedback (its residual grows without bound); use `{}:unscaled` for \
-                         error feedback",
-                        randk.name()
-                    )))
-                }
-                (rescales, asked) => asked.unwrap_or(!rescales),
-            };
-            return Ok((Scheme::RandK(randk), feedback));
-        }
-        let codec = super::parse(trimmed).map_err(|e| match e {
-            Error::InvalidArgument(msg) if msg.starts_with("unknown codec") => {
-                Error::InvalidArgument(format!("{msg}, powersgd[:RANK[:ROWSxCOLS[:SEED]]]"))
-            }
-            other => other,
-        })?;
-        let feedback = options.error_feedback.unwrap_or(true);
-        Ok(match codec.granule() {
-            Some(_) => (Scheme::Dense(codec), feedback),
-            None => (Scheme::TopK(codec), feedback),
-        })
-    }
-}
-
-/// Checks, without a communicator, that [`Compressor::new`] takes `spec`
-/// for a buffer of `len` elements (a PowerSGD shape must hold exactly
-/// `len`): for a command line to refuse a bad codec before it starts any
-/// rank.
-pub fn validate_spec(spec: &str, len: usize) -> Result<()> {
-    Scheme::parse(spec, len, CompressOptions::default()).map(|_| ())
-}
-
-/// Reads `powersgd[:RANK[:ROWSxCOLS|auto[:SEED]]]`.
-fn powersgd_config(spec: &str, error_feedback: bool) -> Result<PowerSgdConfig> {
-    let args: Vec<&str> = spec.split(':').skip(1).collect();
-    let bad = |what: &str| {
-        Error::invalid(format!(
-            "codec `{spec}`: {what}; write powersgd[:RANK[:ROWSxCOLS[:SEED]]], e.g. powersgd:4 \
-             or powersgd:4:4096x4096"
-        ))
-    };
-    if args.len() > 3 {
-        return Err(bad("powersgd takes at most 3 parameters"));
-    }
-    let mut config = PowerSgdConfig {
-        error_feedback,
-        ..PowerSgdConfig::default()
-    };
-    if let Some(rank) = args.first() {
-        config.rank = rank
-            .parse()
-            .map_err(|_| bad(&format!("rank `{rank}` is not a number")))?;
-    }
-    if let Some(shape) = args.get(1).filter(|s| !s.eq_ignore_ascii_case("auto")) {
-        let (rows, cols) = shape
-            .split_once(['x', 'X'])
-            .and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)))
-            .ok_or_else(|| bad(&format!("shape `{shape}` is not ROWSxCOLS")))?;
-        config.shape = Some((rows, cols));
-    }
-    if let Some(seed) = args.get(2) {
-        config.seed = seed
-            .parse()
-            .map_err(|_| bad(&format!("seed `{seed}` is not a u64")))?;
-    }
-    Ok(config)
-}
-
 /// Chunk `j` of `len` elements among `n` ranks, cut at multiples of
 /// `granule`: `units = ceil(len / granule)` blocks are dealt as evenly as
 /// possible (the first `units mod n` chunks get one more), and the last
@@ -873,26 +695,5 @@ mod tests {
             vec![0..384, 384..768, 768..1000]
         );
         assert_eq!(chunk_ranges(10, 4, 1), vec![0..3, 3..6, 6..8, 8..10]);
-    }
-
-    #[test]
-    fn powersgd_specs_parse() {
-        let c = powersgd_config("powersgd:4:4096x4096:9", true).unwrap();
-        assert_eq!((c.rank, c.shape, c.seed), (4, Some((4096, 4096)), 9));
-        let c = powersgd_config("powersgd", false).unwrap();
-        assert_eq!((c.rank, c.shape, c.error_feedback), (1, None, false));
-        assert_eq!(
-            powersgd_config("powersgd:2:auto", true).unwrap().shape,
-            None
-        );
-        for bad in [
-            "powersgd:x",
-            "powersgd:2:4096",
-            "powersgd:2:4x4:s",
-            "powersgd:1:2x2:3:4",
-        ] {
-            let e = powersgd_config(bad, true).unwrap_err().to_string();
-            assert!(e.contains("powersgd[:RANK"), "{bad}: {e}");
-        }
     }
 }
