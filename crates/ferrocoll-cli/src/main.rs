@@ -29,6 +29,7 @@ mod bench_overlap;
 mod calibrate;
 mod error;
 mod model;
+mod model_compress;
 mod model_moe;
 mod run;
 mod sim;

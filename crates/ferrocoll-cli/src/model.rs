@@ -79,6 +79,19 @@ pub struct ModelArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also model the allreduce compressed with CODEC
+    /// (`ferrocoll::compress::Compressor`: fp16, bf16, int8[:BLOCK],
+    /// onebit[:BLOCK], topk:K, randk:K[:SEED], powersgd[:RANK[:ROWSxCOLS]]):
+    /// its time with the codec's compute as a term of its own, its wire
+    /// bytes, and from which size on it beats the uncompressed choice. f32
+    /// allreduce only.
+    #[arg(long, value_name = "CODEC")]
+    compress: Option<String>,
+    /// The codec's time per input byte of one encode and one decode, as a
+    /// rate (e.g. 4GB/s) or a time per byte (0.25ns); default: the built-in
+    /// single-threaded rate of the codec (bench/RESULTS.md).
+    #[arg(long, value_parser = parse_gamma, requires = "compress")]
+    codec_rate: Option<f64>,
 }
 
 fn parse_collective(s: &str) -> Result<Collective, String> {
@@ -236,6 +249,9 @@ struct Report {
     n_star_bytes: f64,
     candidates: Vec<Candidate>,
     crossovers: Vec<CrossoverOut>,
+    /// With `--compress`: the compressed allreduce.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    compressed: Option<crate::model_compress::CompressedOut>,
 }
 
 /// Blocks per call: the block collectives count all n blocks in their size.
@@ -280,6 +296,11 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
         beta_mem: args.beta_mem.unwrap_or(0.0),
         inter_ports: args.inter_ports,
     };
+    if args.compress.is_some() && (args.coll != Collective::AllReduce || args.dtype != DType::F32) {
+        return Err(CliError::Usage(
+            "--compress models the allreduce of f32 only".into(),
+        ));
+    }
     let elem = args.dtype.size();
     let per = elem * blocks(args.coll, n);
     let to_count = |bytes: usize| bytes / per;
@@ -302,7 +323,18 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
             c.compute * 1e6,
         )
     };
+    let compressed = match &args.compress {
+        Some(spec) => Some(crate::model_compress::report(
+            spec,
+            shape.count * per,
+            &shape.topology,
+            &profile,
+            args.codec_rate,
+        )?),
+        None => None,
+    };
     let report = Report {
+        compressed,
         coll: args.coll.name(),
         ranks: n,
         bytes: shape.count * per,
@@ -426,6 +458,11 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
     )?;
     for c in &report.crossovers {
         writeln!(out, "# crossover at {} B: {} -> {}", c.bytes, c.from, c.to)?;
+    }
+    if let Some(c) = &report.compressed {
+        for line in crate::model_compress::lines(c, report.choice) {
+            writeln!(out, "{line}")?;
+        }
     }
     Ok(())
 }

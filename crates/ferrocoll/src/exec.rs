@@ -187,6 +187,9 @@ pub(crate) struct Call<'a> {
     pub dtype: DType,
     pub op: ReduceOp,
     pub deadline: Instant,
+    /// The communicator's count of payload bytes sent to other ranks
+    /// (`Communicator::bytes_sent`).
+    pub sent: &'a std::sync::atomic::AtomicU64,
 }
 
 /// Where a received message goes.
@@ -391,6 +394,16 @@ pub(crate) fn execute(
             }
         }
         if !sends.is_empty() || !recvs.is_empty() {
+            let me = call.transport.rank();
+            let bytes: usize = sends
+                .iter()
+                .filter(|s| s.peer != me)
+                .map(|s| s.data.len())
+                .sum();
+            if bytes > 0 {
+                call.sent
+                    .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+            }
             call.transport
                 .exchange(&call.header, &sends, &recvs, &mut sink, call.deadline)?;
         }

@@ -106,6 +106,14 @@ pub struct BenchArgs {
     /// as NCCL's ncclMemAlloc or MPI_Alloc_mem buffers).
     #[arg(long, default_value = "heap", value_parser = ["heap", "shared"])]
     pub buffers: String,
+
+    /// Compress the allreduce with CODEC (`ferrocoll::compress::Compressor`):
+    /// fp16, bf16, int8[:BLOCK], onebit[:BLOCK], topk:K, randk:K[:SEED],
+    /// powersgd[:RANK[:ROWSxCOLS]]. Reports the wire bytes and the effective
+    /// bandwidth, computed on the uncompressed size. Allreduce of f32 only,
+    /// op sum or avg, --algo auto (the compressor chooses its collectives).
+    #[arg(long, value_name = "CODEC")]
+    pub compress: Option<String>,
 }
 
 impl BenchArgs {

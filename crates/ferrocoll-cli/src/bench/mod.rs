@@ -41,12 +41,15 @@
 //! * `buffers.rs`: one rank's buffer lengths, alltoallv counts, heap or
 //!   shared memory;
 //! * `rank.rs`: one rank's sweep: warm-up, timing, the `--check` call;
+//! * `compressed.rs`: the sweep of `--compress CODEC` (the compressed
+//!   allreduce, its wire bytes and effective bandwidth);
 //! * `output.rs`: the description, the table or JSON rows, the summary;
 //! * `launch.rs`: ranks as threads, as processes started through
 //!   `ferrocoll run`, or as one rank of a launcher's job.
 
 mod args;
 mod buffers;
+mod compressed;
 mod launch;
 mod output;
 mod rank;

@@ -21,6 +21,9 @@ use crate::verify::{self, Pattern, Sample};
 /// prints each row as it completes and returns the rows; the other ranks
 /// return nothing.
 pub(super) fn run_rank(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>, CliError> {
+    if let Some(spec) = &setup.compress {
+        return super::compressed::run_rank(comm, setup, spec);
+    }
     match setup.dtype {
         DType::F32 => run_rank_as::<f32>(comm, setup),
         DType::F64 => run_rank_as::<f64>(comm, setup),

@@ -24,6 +24,8 @@ pub(super) struct Setup {
     pub(super) transport: Transport,
     /// Send and receive buffers are `SharedBuffer`s.
     pub(super) shared_buffers: bool,
+    /// `--compress`: the codec of a compressed allreduce.
+    pub(super) compress: Option<String>,
 }
 
 impl Setup {
@@ -90,7 +92,11 @@ impl Setup {
             },
         )));
         }
+        if let Some(spec) = &args.compress {
+            check_compress(args, spec, &sizes)?;
+        }
         Ok(Setup {
+            compress: args.compress.clone(),
             coll,
             n,
             dtype: args.dtype,
@@ -124,4 +130,30 @@ impl Setup {
             -1
         }
     }
+}
+
+/// What `--compress` needs: an allreduce of f32 that sums or averages, no
+/// forced algorithm, and a codec the compressor accepts at every size.
+fn check_compress(args: &BenchArgs, spec: &str, sizes: &[Size]) -> Result<(), CliError> {
+    let refuse = |what: String| Err(CliError::Usage(format!("--compress {spec}: {what}")));
+    if args.coll != Collective::AllReduce {
+        return refuse(format!("only allreduce is compressed, not {}", args.coll));
+    }
+    if args.dtype != DType::F32 {
+        return refuse(format!("the codecs take f32, not {}", args.dtype));
+    }
+    if !matches!(args.op, ReduceOp::Sum | ReduceOp::Avg) {
+        return refuse(format!("compressed allreduces sum or avg, not {}", args.op));
+    }
+    if !args.algo.trim().eq_ignore_ascii_case("auto") {
+        return refuse(format!(
+            "--algo {} cannot be forced: the compressor runs all-to-alls, allgathers and \
+             allreduces of its own (FERROCOLL_ALGO still applies to them)",
+            args.algo
+        ));
+    }
+    for size in sizes {
+        ferrocoll::compress::collective::validate_spec(spec, size.count).map_err(CliError::Lib)?;
+    }
+    Ok(())
 }

@@ -157,7 +157,19 @@ impl Communicator {
         };
         small
             .run(&call, SmallBuffers { mem })
-            .map_err(|e| self.group_error(e))
+            .map_err(|e| self.group_error(e))?;
+        // What this rank wrote into the mailboxes for the others: its
+        // contribution (nothing for a broadcast's receivers, a reduce's
+        // root or a barrier).
+        let bytes = match spec.coll {
+            Collective::Broadcast if self.rank() != spec.root => 0,
+            Collective::Reduce if self.rank() == spec.root => 0,
+            Collective::Barrier => 0,
+            _ if self.size() > 1 => spec.count * spec.dtype.size(),
+            _ => 0,
+        };
+        self.shared.sent.fetch_add(bytes as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     pub(super) fn next_seq(&self) -> u64 {
@@ -429,6 +441,7 @@ impl Communicator {
             dtype: sig.dtype,
             op,
             deadline: self.deadline(),
+            sent: &self.shared.sent,
         };
         // Reuse the communicator's scratch memory; a call running alongside
         // (non-blocking) finds it taken and uses a fresh buffer.

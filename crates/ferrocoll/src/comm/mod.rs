@@ -125,6 +125,9 @@ struct Shared {
     /// rather than by the worker (with the worker inline, a blocking 512 B
     /// allreduce on shm measured ~2% slower than before it, boxed ~0-1%).
     engine: OnceLock<Box<progress::Engine>>,
+    /// Payload bytes of this rank's planned messages to other ranks
+    /// ([`Communicator::bytes_sent`]).
+    sent: AtomicU64,
 }
 
 /// Bit of `coll` in [`Shared::fast_colls`].
@@ -200,6 +203,7 @@ impl Communicator {
                 placement: None,
                 fast,
                 engine: OnceLock::new(),
+                sent: AtomicU64::new(0),
             }),
             options: CallOptions::default(),
             reserved_seq: None,
@@ -243,6 +247,21 @@ impl Communicator {
     /// Name of the transport underneath (`thread`, ...).
     pub fn transport_name(&self) -> &'static str {
         self.shared.transport.name()
+    }
+
+    /// Payload bytes this rank has handed its transport for other ranks
+    /// on this communicator (every handle and every call, blocking or not,
+    /// since it was made): the traffic counter a compressed collective
+    /// reads to report what it actually sent ([`crate::compress::WireStats`]).
+    ///
+    /// Counts the messages of the plans, as the executor hands them over
+    /// (what a transport adds, frame headers or checksums, is not
+    /// counted); a small call on the shared-memory fast path of ranks on
+    /// one host counts what this rank wrote into the mailboxes for the
+    /// others (its contribution, once, however many read it). A split
+    /// group counts its own calls.
+    pub fn bytes_sent(&self) -> u64 {
+        self.shared.sent.load(Ordering::Relaxed)
     }
 
     /// The configuration this communicator runs with.
@@ -392,6 +411,7 @@ impl Communicator {
                 fast,
                 fast_colls: self.shared.fast_colls,
                 engine: OnceLock::new(),
+                sent: AtomicU64::new(0),
             }),
             options: self.options.clone(),
             reserved_seq: None,

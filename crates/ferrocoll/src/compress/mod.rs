@@ -79,6 +79,7 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 
+pub mod collective;
 mod feedback;
 mod float16;
 mod int8;
@@ -88,6 +89,7 @@ mod randk;
 mod rng;
 mod topk;
 
+pub use collective::{CompressOptions, Compressor, WireStats};
 pub use feedback::ErrorFeedback;
 pub use float16::{Bf16, Fp16};
 pub use int8::Int8Block;
@@ -306,22 +308,7 @@ pub fn parse(spec: &str) -> Result<Box<dyn Codec>> {
                 Box::new(TopK::new(keep)?)
             } else {
                 arity(3)?;
-                let seed = match args.get(1) {
-                    None => 0,
-                    Some(s) => s.parse().map_err(|_| {
-                        Error::invalid(format!("codec `{spec}`: seed `{s}` is not a u64"))
-                    })?,
-                };
-                let codec = RandK::new(keep, seed)?;
-                match args.get(2) {
-                    None => Box::new(codec),
-                    Some(&"unscaled") => Box::new(codec.unscaled()),
-                    Some(other) => {
-                        return Err(Error::invalid(format!(
-                            "codec `{spec}`: `{other}` is not `unscaled`"
-                        )))
-                    }
-                }
+                Box::new(randk_of(spec, keep, &args[1..])?)
             }
         }
         _ => {
@@ -332,6 +319,45 @@ pub fn parse(spec: &str) -> Result<Box<dyn Codec>> {
         }
     };
     Ok(codec)
+}
+
+/// Random-k from the parameters after its `K`: `[SEED[:unscaled]]`.
+fn randk_of(spec: &str, keep: Keep, rest: &[&str]) -> Result<RandK> {
+    let seed = match rest.first() {
+        None => 0,
+        Some(s) => s
+            .parse()
+            .map_err(|_| Error::invalid(format!("codec `{spec}`: seed `{s}` is not a u64")))?,
+    };
+    let codec = RandK::new(keep, seed)?;
+    match rest.get(1) {
+        None => Ok(codec),
+        Some(&"unscaled") => Ok(codec.unscaled()),
+        Some(other) => Err(Error::invalid(format!(
+            "codec `{spec}`: `{other}` is not `unscaled`"
+        ))),
+    }
+}
+
+/// [`parse`] for a Random-k spec, as its own type: `None` when `spec` names
+/// another codec. The compressed collectives need the type to move its
+/// step and stream ([`RandK::at_step`], [`RandK::with_stream`]) and to know
+/// whether it rescales.
+pub(crate) fn parse_randk(spec: &str) -> Option<Result<RandK>> {
+    let mut parts = spec.trim().split(':');
+    if !parts.next()?.eq_ignore_ascii_case("randk") {
+        return None;
+    }
+    let args: Vec<&str> = parts.collect();
+    Some(match args.split_first() {
+        None => Err(Error::invalid(format!(
+            "codec `{spec}`: randk needs the number to keep: randk:0.01 or randk:1000"
+        ))),
+        Some(_) if args.len() > 3 => Err(Error::invalid(format!(
+            "codec `{spec}`: randk takes at most 3 parameter(s)"
+        ))),
+        Some((k, rest)) => Keep::parse(spec, k).and_then(|keep| randk_of(spec, keep, rest)),
+    })
 }
 
 /// Fails unless an encoding of `n` elements has the codec's exact length.
@@ -437,6 +463,24 @@ mod tests {
         ] {
             let err = parse(spec).unwrap_err().to_string();
             assert!(err.starts_with("invalid argument"), "{spec}: {err}");
+        }
+    }
+
+    #[test]
+    fn parse_randk_gives_the_type_parse_boxes() {
+        let c = parse_randk("randk:0.1:3:unscaled").unwrap().unwrap();
+        assert_eq!(c.name(), "randk:0.1:3:unscaled");
+        assert!(!c.rescales());
+        assert_eq!(parse_randk("RandK:5").unwrap().unwrap().name(), "randk:5:0");
+        assert!(parse_randk("int8:128").is_none());
+        for bad in [
+            "randk",
+            "randk:2.0",
+            "randk:0.1:x",
+            "randk:0.1:1:unscaled:2",
+        ] {
+            let err = parse_randk(bad).unwrap().unwrap_err().to_string();
+            assert_eq!(err, parse(bad).unwrap_err().to_string(), "{bad}");
         }
     }
 
