@@ -2,6 +2,8 @@
 //! ([`ExpertInputs`]) and what combine needs to bring the results home
 //! ([`Handle`]).
 
+use super::Schedule;
+
 /// The rows a rank's local experts received from [`super::Dispatcher::dispatch`].
 ///
 /// One buffer of `rows() × hidden()` elements, row-major, each local
@@ -122,6 +124,8 @@ pub struct Handle {
     /// `weights[t·k + j]`: the router's weight of choice j of token t.
     pub(super) weights: Vec<f32>,
     pub(super) dropped: Vec<DroppedChoice>,
+    /// The schedules of dispatch and of combine (resolved: never `Auto`).
+    pub(super) schedules: [Schedule; 2],
 }
 
 impl Handle {
@@ -168,6 +172,30 @@ impl Handle {
     /// Rows source rank `src` sent `expert` (after drops).
     pub fn kept(&self, src: usize, expert: usize) -> usize {
         self.kept[src * self.experts + expert]
+    }
+
+    /// The schedule dispatch's rows travelled by (never
+    /// [`Schedule::Auto`]: what auto chose).
+    pub fn dispatch_schedule(&self) -> Schedule {
+        self.schedules[0]
+    }
+
+    /// The schedule combine will send the rows back by, chosen at dispatch
+    /// from the same matrix, transposed.
+    pub fn combine_schedule(&self) -> Schedule {
+        self.schedules[1]
+    }
+
+    /// Rows every rank sent every rank in dispatch: `[s·P + d]`, rank s to
+    /// rank d (after drops), row-major.
+    pub fn rank_rows(&self) -> Vec<usize> {
+        let (p, l) = (self.ranks, self.local());
+        (0..p * p)
+            .map(|q| {
+                let (s, d) = (q / p, q % p);
+                self.kept[s * self.experts + d * l..][..l].iter().sum()
+            })
+            .collect()
     }
 
     /// Experts per rank.

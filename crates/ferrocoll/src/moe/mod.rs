@@ -77,14 +77,21 @@
 //! ```
 
 mod accumulate;
+mod choose;
 mod handle;
 pub mod model;
+#[doc(hidden)]
+pub mod reference;
 mod routing;
+mod schedule;
+mod two_level;
 
 pub use accumulate::Accumulate;
 pub use handle::{DroppedChoice, ExpertInputs, Handle};
+pub use schedule::Schedule;
 
 use std::borrow::Cow;
+use std::sync::{Arc, Mutex};
 
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
@@ -119,33 +126,52 @@ pub struct Spec {
     pub topk: usize,
     /// What to do beyond an expert's capacity.
     pub policy: Policy,
+    /// How the rows travel ([`Schedule::Auto`]: the cost model chooses per
+    /// call, see [`Dispatcher::dispatch`]); anything else forces it, over
+    /// `FERROCOLL_MOE_SCHEDULE`.
+    pub schedule: Schedule,
 }
 
 impl Spec {
     /// A spec of `experts` experts, rows of `hidden`, `topk` choices per
-    /// token, under `policy`.
+    /// token, under `policy`, with the schedule chosen per call
+    /// ([`Schedule::Auto`]).
     pub fn new(experts: usize, hidden: usize, topk: usize, policy: Policy) -> Spec {
         Spec {
             experts,
             hidden,
             topk,
             policy,
+            schedule: Schedule::Auto,
         }
     }
 
-    /// A number every rank's dispatcher must share (FNV-1a of the spec):
-    /// the count exchange compares them.
-    fn fingerprint(&self) -> u32 {
+    /// This spec with `schedule` forced ([`Schedule::Auto`] chooses).
+    pub fn with_schedule(mut self, schedule: Schedule) -> Spec {
+        self.schedule = schedule;
+        self
+    }
+
+    /// A number every rank's dispatcher must share (FNV-1a of the spec and
+    /// of the schedule it forces, `forced`): the count exchange compares
+    /// them, so ranks that would route the rows differently fail instead
+    /// of waiting for each other.
+    fn fingerprint(&self, forced: Schedule) -> u32 {
         let (tag, factor) = match self.policy {
             Policy::Drop { capacity_factor } => (1u64, capacity_factor.to_bits()),
             Policy::Dropless => (2, 0),
         };
+        let schedule = Schedule::ALL
+            .iter()
+            .position(|&s| s == forced)
+            .expect("every schedule is in ALL") as u64;
         let words = [
             self.experts as u64,
             self.hidden as u64,
             self.topk as u64,
             tag,
             factor,
+            schedule,
         ];
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for byte in words.iter().flat_map(|w| w.to_le_bytes()) {
@@ -165,6 +191,20 @@ impl Spec {
 pub struct Dispatcher {
     comm: Communicator,
     spec: Spec,
+    /// The schedule forced by the spec or `FERROCOLL_MOE_SCHEDULE`, and by
+    /// which ([`Schedule::Auto`]: none).
+    forced: (Schedule, &'static str),
+    /// Shared by clones: the two-level sub-communicators, made by the first
+    /// two-level exchange, and what `FERROCOLL_DEBUG=tune` last explained.
+    state: Arc<State>,
+}
+
+/// The part of a [`Dispatcher`] its clones share.
+#[derive(Debug, Default)]
+struct State {
+    groups: Mutex<Option<Arc<two_level::Groups>>>,
+    /// The schedule last explained for dispatch and for combine.
+    explained: Mutex<[Option<Schedule>; 2]>,
 }
 
 /// Words before the counts in each rank's contribution to the count
@@ -207,9 +247,19 @@ impl Dispatcher {
                 )));
             }
         }
+        let forced = if spec.schedule != Schedule::Auto {
+            (spec.schedule, "Spec::schedule")
+        } else {
+            (
+                choose::schedule_from_env(&crate::env::process)?,
+                "FERROCOLL_MOE_SCHEDULE",
+            )
+        };
         Ok(Dispatcher {
             comm: comm.clone(),
             spec,
+            forced,
+            state: Arc::default(),
         })
     }
 
@@ -258,7 +308,7 @@ impl Dispatcher {
         } else {
             ARGS_OK
         };
-        mine[1] = self.spec.fingerprint();
+        mine[1] = self.spec.fingerprint(self.forced.0);
         if local_error.is_none() {
             for (pair, &e) in topk_idx.iter().enumerate() {
                 mine[HEADER + e as usize * k + pair % k] += 1;
@@ -323,7 +373,7 @@ impl Dispatcher {
             seen[q] += 1;
         }
 
-        let handle = Handle {
+        let mut handle = Handle {
             ranks: p,
             rank: me,
             experts: e_all,
@@ -336,16 +386,22 @@ impl Dispatcher {
             slot_of,
             weights: topk_weights[..tokens * k].to_vec(),
             dropped,
+            schedules: [Schedule::Auto; 2],
         };
 
-        // 4. The rows: one all-to-all-v, then each (source, expert) block
-        // moved from source-major to expert-major order.
-        let elements = |rows: Vec<usize>| rows.into_iter().map(|r| r * h).collect::<Vec<_>>();
-        let (send_counts, recv_counts) =
-            (elements(handle.send_rows()), elements(handle.recv_rows()));
-        let mut recv = vec![T::zeroed(); recv_counts.iter().sum()];
-        self.comm
-            .all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
+        // 4. The schedules of dispatch and of combine (the transpose), the
+        // same on every rank: they depend on the count matrix only.
+        let forward = handle.rank_rows();
+        let backward = transpose(&forward, p);
+        let row_bytes = (h * T::DTYPE.size()) as f64;
+        handle.schedules = [
+            self.resolve(&forward, row_bytes, choose::Direction::Dispatch)?,
+            self.resolve(&backward, row_bytes, choose::Direction::Combine)?,
+        ];
+
+        // 5. The rows, then each (source, expert) block moved from
+        // source-major to expert-major order.
+        let recv = self.exchange(handle.schedules[0], &send, &forward)?;
         let blocks = handle.blocks();
         let l = self.local_experts();
         let rows = regroup(Cow::Owned(recv), &blocks, (p, l, h), Order::ToExperts).into_owned();
@@ -409,12 +465,8 @@ impl Dispatcher {
             (p, l, h),
             Order::ToSources,
         );
-        let elements = |rows: Vec<usize>| rows.into_iter().map(|r| r * h).collect::<Vec<_>>();
-        let (send_counts, recv_counts) =
-            (elements(handle.recv_rows()), elements(handle.send_rows()));
-        let mut returned = vec![T::zeroed(); recv_counts.iter().sum()];
-        self.comm
-            .all_to_all_v(&back, &send_counts, &mut returned, &recv_counts)?;
+        let backward = transpose(&handle.rank_rows(), p);
+        let returned = self.exchange(handle.schedules[1], &back, &backward)?;
         let terms: Vec<Option<(usize, f32)>> = handle
             .slot_of
             .iter()
@@ -488,7 +540,7 @@ impl Dispatcher {
                 bad.join(", ")
             )));
         }
-        let ours = self.spec.fingerprint();
+        let ours = self.spec.fingerprint(self.forced.0);
         let differ: Vec<String> = all
             .chunks_exact(width)
             .enumerate()
@@ -498,14 +550,24 @@ impl Dispatcher {
         if !differ.is_empty() {
             return Err(Error::invalid(format!(
                 "moe dispatch: rank(s) {} built their Dispatcher with a different Spec than \
-                 rank {} ({:?}); every rank must use the same experts, hidden, topk and policy",
+                 rank {} ({:?}, schedule {} from {}); every rank must use the same \
+                 experts, hidden, topk, policy and schedule (Spec::schedule, else \
+                 FERROCOLL_MOE_SCHEDULE)",
                 differ.join(", "),
                 self.comm.rank(),
-                self.spec
+                self.spec,
+                self.forced.0,
+                self.forced.1
             )));
         }
         Ok(())
     }
+}
+
+/// The transpose of an n x n row-major matrix (combine's exchange is
+/// dispatch's, backwards).
+fn transpose(m: &[usize], n: usize) -> Vec<usize> {
+    (0..n * n).map(|q| m[(q % n) * n + q / n]).collect()
 }
 
 /// Which way [`regroup`] moves the blocks.
