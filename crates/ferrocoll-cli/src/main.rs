@@ -4,7 +4,8 @@
 //!
 //! * `bench`: an nccl-tests-style sweep of one collective (alltoallv
 //!   included, with uneven blocks) over a range of message sizes, printing
-//!   time, algorithm and bus bandwidth per size.
+//!   time, algorithm and bus bandwidth per size; `bench moe`: MoE dispatch
+//!   and combine on a router's workload.
 //!
 //! * `model`: the cost model's prediction for every algorithm of a
 //!   collective, with the choice, n* and the crossover sizes; `model moe`:
@@ -25,6 +26,7 @@
 //!   (crates/ferrocoll-sim) and reports time, link load and energy.
 
 mod bench;
+mod bench_moe;
 mod calibrate;
 mod error;
 mod model;
@@ -62,7 +64,7 @@ enum Command {
     /// floor(b * (1 + (s + 2d) mod 7) / 4) elements, b = size / (n * element
     /// size)) and reports as its size the average send buffer: all ranks'
     /// send counts together / n, in whole elements.
-    Bench(bench::BenchArgs),
+    Bench(bench_moe::BenchCommand),
     /// Predict what every algorithm of a collective costs (alpha-beta-gamma
     /// closed forms), without running anything; `model moe` prices an MoE
     /// layer's dispatch and combine.
@@ -94,7 +96,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bench(args) => bench::main(&args),
+        Command::Bench(args) => bench_moe::main(&args),
         Command::Model(args) => model_moe::main(&args),
         Command::Calibrate(args) => calibrate::main(&args),
         Command::Topo(args) => topo::main(&args),

@@ -345,7 +345,7 @@ fn user_mistakes_are_errors_not_panics() {
     }
     let out = bench(&["--transport", "infiniband"], None);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("use thread, shm or tcp"), "{stderr}");
+    assert!(stderr.contains("use thread, shm, tcp or auto"), "{stderr}");
 }
 
 #[test]

@@ -58,7 +58,13 @@ fn check_case<T: TestElem + Send>(case: &Case, topo: &Topology) {
             for ran in run.schedules {
                 match s {
                     Schedule::Auto => assert!(
-                        [Schedule::Direct, Schedule::Pairwise, Schedule::TwoLevel].contains(&ran),
+                        [
+                            Schedule::Direct,
+                            Schedule::Pairwise,
+                            Schedule::TwoLevel,
+                            Schedule::Rail
+                        ]
+                        .contains(&ran),
                         "{what}: auto ran {ran}"
                     ),
                     forced => assert_eq!(ran, forced, "{what}"),

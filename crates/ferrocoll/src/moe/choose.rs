@@ -192,16 +192,28 @@ impl Dispatcher {
     }
 
     /// Moves `send` (packed by destination rank, `rows[me·P + d]` rows for
-    /// rank d) by `schedule`; returns what arrived, packed by source rank.
+    /// rank d) by `schedule` into `recv` (packed by source rank, exactly
+    /// the rows that arrive).
     pub(super) fn exchange<T: Element>(
         &self,
         schedule: Schedule,
         send: &[T],
         rows: &[usize],
-    ) -> Result<Vec<T>> {
+        recv: &mut [T],
+    ) -> Result<()> {
         let (p, me, h) = (self.comm.size(), self.comm.rank(), self.spec.hidden);
-        if schedule == Schedule::TwoLevel {
-            return self.groups()?.exchange(send, rows, h);
+        match schedule {
+            Schedule::TwoLevel => {
+                return self
+                    .groups()?
+                    .exchange(send, rows, h, recv, &self.state.pool)
+            }
+            Schedule::Rail => {
+                return self
+                    .groups()?
+                    .rail_exchange(send, rows, h, recv, &self.state.pool)
+            }
+            _ => {}
         }
         let algorithm = match schedule {
             Schedule::Direct => Some(Algorithm::Direct),
@@ -222,9 +234,7 @@ impl Dispatcher {
         };
         let send_counts: Vec<usize> = (0..p).map(|d| rows[me * p + d] * h).collect();
         let recv_counts: Vec<usize> = (0..p).map(|s| rows[s * p + me] * h).collect();
-        let mut recv = vec![T::zeroed(); recv_counts.iter().sum()];
-        comm.all_to_all_v(send, &send_counts, &mut recv, &recv_counts)?;
-        Ok(recv)
+        comm.all_to_all_v(send, &send_counts, recv, &recv_counts)
     }
 
     /// The two-level sub-communicators, made by the first call that needs

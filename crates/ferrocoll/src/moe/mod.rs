@@ -14,13 +14,30 @@
 //!    computes the same drops and the same message sizes with no further
 //!    message (the schedule choice that the count matrix will drive needs
 //!    every rank to agree too);
-//! 2. the **rows**: one all-to-all-v, packed so that on arrival each local
-//!    expert's rows are contiguous ([`ExpertInputs`]: by source rank, then
-//!    token position).
+//! 2. the **rows**, by the call's [`Schedule`], so that on arrival each
+//!    local expert's rows are contiguous ([`ExpertInputs`]: by source rank,
+//!    then token position).
 //!
 //! [`Dispatcher::combine`] sends the experts' outputs back (the reverse
-//! all-to-all-v, no count exchange: the [`Handle`] knows every size) and
-//! forms y_t = Σ_j g_tj · Expert_j(x_t) over the choices that were kept.
+//! exchange, no count exchange: the [`Handle`] knows every size) and forms
+//! y_t = Σ_j g_tj · Expert_j(x_t) over the choices that were kept.
+//!
+//! # Schedules
+//!
+//! The rows travel by one all-to-all-v (`direct` or `pairwise`) or, on a
+//! topology of several hosts of several ranks, by a hierarchical exchange
+//! over sub-communicators: `two-level` (aggregate by destination host, one
+//! message per host pair, scatter inside the destination host) or `rail`
+//! (Tutel's 2DH: to the destination's local index inside the host, then
+//! across on each rail). All give bit-identical results. Under
+//! [`Schedule::Auto`] (the default) every rank prices the candidates on the
+//! count matrix it holds after the count exchange, with the communicator's
+//! profile and topology ([`model::price`]: per round the start-up,
+//! injection, reception and host-uplink terms), and runs the cheapest, for
+//! dispatch and for combine (the transpose) alike; [`Spec::schedule`] or
+//! `FERROCOLL_MOE_SCHEDULE` force one, and `FERROCOLL_DEBUG=tune` prints the
+//! candidates and the choice on rank 0. [`Handle::dispatch_schedule`] and
+//! [`Handle::combine_schedule`] say what ran.
 //!
 //! # Capacity and priority ([`Policy::Drop`])
 //!
@@ -84,13 +101,13 @@ pub mod model;
 pub mod reference;
 mod routing;
 mod schedule;
+mod scratch;
 mod two_level;
 
 pub use accumulate::Accumulate;
 pub use handle::{DroppedChoice, ExpertInputs, Handle};
 pub use schedule::Schedule;
 
-use std::borrow::Cow;
 use std::sync::{Arc, Mutex};
 
 use crate::comm::Communicator;
@@ -203,6 +220,8 @@ pub struct Dispatcher {
 #[derive(Debug, Default)]
 struct State {
     groups: Mutex<Option<Arc<two_level::Groups>>>,
+    /// Temporary buffers kept between calls (`scratch.rs`).
+    pool: scratch::Pool,
     /// The schedule last explained for dispatch and for combine.
     explained: Mutex<[Option<Schedule>; 2]>,
 }
@@ -250,10 +269,7 @@ impl Dispatcher {
         let forced = if spec.schedule != Schedule::Auto {
             (spec.schedule, "Spec::schedule")
         } else {
-            (
-                choose::schedule_from_env(&crate::env::process)?,
-                "FERROCOLL_MOE_SCHEDULE",
-            )
+            (Schedule::from_env()?, "FERROCOLL_MOE_SCHEDULE")
         };
         Ok(Dispatcher {
             comm: comm.clone(),
@@ -271,6 +287,16 @@ impl Dispatcher {
     /// Experts on each rank (E/P).
     pub fn local_experts(&self) -> usize {
         self.spec.experts / self.comm.size()
+    }
+
+    /// Hands back a buffer the caller is done with (an
+    /// [`ExpertInputs::into_vec`], a combined output), for a later call to
+    /// fill instead of allocating. Optional: a fresh buffer of many MiB
+    /// costs a page fault per 4 KiB when first written, which in a loop of
+    /// layers is most of a CPU dispatch's local work. The dispatcher keeps
+    /// a few buffers (its own temporaries and these), the largest ones.
+    pub fn recycle<T: Element>(&self, buffer: Vec<T>) {
+        self.state.pool.give(buffer);
     }
 
     /// Sends every (token, choice) pair's row to its expert's rank.
@@ -353,7 +379,8 @@ impl Dispatcher {
         let mut seen = vec![0usize; e_all * k];
         let mut slot_of = vec![None; tokens * k];
         let mut dropped = Vec::new();
-        let mut send = vec![T::zeroed(); rows_out * h];
+        // Every slot is written below: stale contents do not matter.
+        let mut send = self.state.pool.sized::<T>(rows_out * h);
         for (pair, &e) in topk_idx.iter().enumerate().take(tokens * k) {
             let (t, j, e) = (pair / k, pair % k, e as usize);
             let q = e * k + j;
@@ -401,10 +428,23 @@ impl Dispatcher {
 
         // 5. The rows, then each (source, expert) block moved from
         // source-major to expert-major order.
-        let recv = self.exchange(handle.schedules[0], &send, &forward)?;
-        let blocks = handle.blocks();
         let l = self.local_experts();
-        let rows = regroup(Cow::Owned(recv), &blocks, (p, l, h), Order::ToExperts).into_owned();
+        let blocks = handle.blocks();
+        let total: usize = (0..p).map(|s| forward[s * p + me]).sum::<usize>() * h;
+        // With one source or one expert per rank the arrival order is the
+        // experts' order: the caller gets the buffer the rows arrive in.
+        let in_order = p == 1 || l == 1;
+        let mut recv = self.state.pool.sized(total);
+        self.exchange(handle.schedules[0], &send, &forward, &mut recv)?;
+        self.state.pool.give(send);
+        let rows = if in_order {
+            recv
+        } else {
+            let mut rows = self.state.pool.empty();
+            regroup(&recv, &blocks, (p, l, h), Order::ToExperts, &mut rows);
+            self.state.pool.give(recv);
+            rows
+        };
         let mut offsets = vec![0usize; l + 1];
         for x in 0..l {
             offsets[x + 1] = offsets[x] + (0..p).map(|s| blocks[s * l + x]).sum::<usize>();
@@ -459,22 +499,38 @@ impl Dispatcher {
             )));
         }
         let l = self.local_experts();
-        let back = regroup(
-            Cow::Borrowed(expert_outputs),
-            &handle.blocks(),
-            (p, l, h),
-            Order::ToSources,
-        );
         let backward = transpose(&handle.rank_rows(), p);
-        let returned = self.exchange(handle.schedules[1], &back, &backward)?;
+        let pool = &self.state.pool;
+        let mut regrouped = None;
+        let back: &[T] = if p == 1 || l == 1 {
+            expert_outputs
+        } else {
+            let mut buf = pool.empty();
+            regroup(
+                expert_outputs,
+                &handle.blocks(),
+                (p, l, h),
+                Order::ToSources,
+                &mut buf,
+            );
+            regrouped.insert(buf)
+        };
+        let me = self.comm.rank();
+        let mut returned = pool.sized((0..p).map(|d| backward[d * p + me]).sum::<usize>() * h);
+        self.exchange(handle.schedules[1], back, &backward, &mut returned)?;
+        if let Some(buf) = regrouped {
+            pool.give(buf);
+        }
         let terms: Vec<Option<(usize, f32)>> = handle
             .slot_of
             .iter()
             .zip(&handle.weights)
             .map(|(slot, &g)| slot.map(|s| (s as usize, g)))
             .collect();
-        let mut y = vec![T::zeroed(); handle.tokens * h];
+        // Every element is written by the weighted sum.
+        let mut y = pool.sized(handle.tokens * h);
         T::weighted_sum(&returned, &terms, handle.topk, &mut y);
+        pool.give(returned);
         Ok(y)
     }
 
@@ -580,19 +636,16 @@ enum Order {
     ToSources,
 }
 
-/// Moves the (source rank, local expert) blocks of `rows` (`blocks[s·l +
-/// x]` rows each) between source-major and expert-major order, copying
-/// each block once (none when the two orders coincide).
-fn regroup<'a, T: Copy>(
-    rows: Cow<'a, [T]>,
+/// Appends to `out` the (source rank, local expert) blocks of `rows`
+/// (`blocks[s·l + x]` rows each) moved between source-major and
+/// expert-major order, each block copied once.
+fn regroup<T: Copy>(
+    rows: &[T],
     blocks: &[usize],
     (p, l, h): (usize, usize, usize),
     order: Order,
-) -> Cow<'a, [T]> {
-    // With one source or one expert per rank the two orders are the same.
-    if p == 1 || l == 1 {
-        return rows;
-    }
+    out: &mut Vec<T>,
+) {
     let source_major: Vec<usize> = (0..p * l).collect();
     let expert_major: Vec<usize> = (0..l)
         .flat_map(|x| (0..p).map(move |s| s * l + x))
@@ -611,9 +664,8 @@ fn regroup<'a, T: Copy>(
         Order::ToExperts => (starts(&source_major), expert_major),
         Order::ToSources => (starts(&expert_major), source_major),
     };
-    let mut out = Vec::with_capacity(rows.len());
+    out.reserve(rows.len());
     for b in to {
         out.extend_from_slice(&rows[from[b] * h..(from[b] + blocks[b]) * h]);
     }
-    Cow::Owned(out)
 }

@@ -13,8 +13,13 @@
 //! * **two-level** (G hosts of L ranks, from the communicator's topology):
 //!   rows are aggregated by destination host inside the source host, cross
 //!   between hosts as one message per host pair, and are scattered inside
-//!   the destination host (see `two_level.rs`). Only a candidate when G >= 2
-//!   and L >= 2 (otherwise it is direct with extra copies).
+//!   the destination host (see `two_level.rs`);
+//! * **rail** (Tutel's 2DH): rows for local index j of every host gather at
+//!   local rank j first, then cross on rail j, one message per host pair and
+//!   rail, landing where they belong (two phases, L messages per host pair).
+//!
+//! The last two are candidates only when G >= 2 and L >= 2 (otherwise they
+//! are direct with extra copies).
 //!
 //! Each round is priced by the seeds' four-way lower bound (seed 000, the
 //! AllToAll sections): for every rank and link class (intra-host, inter-host)
@@ -23,7 +28,10 @@
 //! the classes in parallel; and for every host whose ranks share its uplink
 //! (the profile's `inter_ports` > 0) the **bisection** term α_inter + the
 //! larger of the bytes leaving and entering the host over β_inter ·
-//! `inter_ports`. A round takes its slowest rank or host. Direct is one
+//! `inter_ports`, plus o_inter for every message beyond the first through
+//! one of those ports (a shared NIC's message rate: the seeds' reason to
+//! aggregate, P(P-1) inter-node flows against N_nodes(N_nodes-1)). A round
+//! takes its slowest rank or host. Direct is one
 //! round; pairwise the sum of its N-1 steps (the seeds' serial bound: each
 //! step waits for its slowest pair); two-level the sum of its three phases
 //! (the inter-host phase as rounds of disjoint host pairs, in the order it
@@ -63,20 +71,32 @@ pub enum Schedule {
     /// One all-to-all-v with the `pairwise` algorithm (N-1 steps).
     Pairwise,
     /// Aggregate by destination host, one message per host pair, scatter
-    /// inside the destination host (Tutel's 2DH, DeepEP's intra/inter
-    /// split), over sub-communicators of the communicator's topology.
+    /// inside the destination host (the seed's hierarchical exchange), over
+    /// sub-communicators of the communicator's topology.
     TwoLevel,
+    /// Two phases over the rails: inside each host to the local rank of the
+    /// destination's local index, then between hosts on each rail (Tutel's
+    /// 2DH, DeepEP's intra/inter split in Tutel's order).
+    Rail,
 }
 
 impl Schedule {
     /// Every schedule, in the order `FERROCOLL_MOE_SCHEDULE` lists them.
-    pub const ALL: [Schedule; 5] = [
+    pub const ALL: [Schedule; 6] = [
         Schedule::Auto,
         Schedule::Flat,
         Schedule::Direct,
         Schedule::Pairwise,
         Schedule::TwoLevel,
+        Schedule::Rail,
     ];
+
+    /// The schedule `FERROCOLL_MOE_SCHEDULE` forces on every dispatcher
+    /// whose spec does not force one (`Auto` when unset); a value that is
+    /// not a schedule is an [`Error::Config`] naming the variable.
+    pub fn from_env() -> Result<Schedule> {
+        super::choose::schedule_from_env(&crate::env::process)
+    }
 
     /// The name [`Schedule::from_str`] reads and reports print.
     pub fn name(self) -> &'static str {
@@ -86,6 +106,7 @@ impl Schedule {
             Schedule::Direct => "direct",
             Schedule::Pairwise => "pairwise",
             Schedule::TwoLevel => "two-level",
+            Schedule::Rail => "rail",
         }
     }
 }
@@ -98,12 +119,13 @@ impl fmt::Display for Schedule {
 
 impl FromStr for Schedule {
     type Err = Error;
-    /// A name of [`Schedule::name`] (case-insensitive; `two_level`,
-    /// `twolevel` and `2dh` are `two-level` too).
+    /// A name of [`Schedule::name`] (case-insensitive; `two_level` and
+    /// `twolevel` are `two-level` too, `2dh` is `rail`).
     fn from_str(s: &str) -> Result<Schedule> {
         let lower = s.trim().to_ascii_lowercase();
         let alias = match lower.as_str() {
-            "two_level" | "twolevel" | "2dh" => "two-level",
+            "two_level" | "twolevel" => "two-level",
+            "2dh" => "rail",
             other => other,
         };
         Schedule::ALL
@@ -228,16 +250,23 @@ impl Round {
             }
         }
         if profile.inter_ports > 0.0 {
-            let l = self.hosts.l;
+            let (l, ports) = (self.hosts.l, profile.inter_ports);
             for host in self.ports.chunks(l) {
-                let (up, down, any) = host.iter().fold((0.0, 0.0, false), |(u, d, any), p| {
-                    let x = &p[1];
-                    (u + x.sent, d + x.received, any || x.sends + x.recvs > 0)
-                });
-                if any {
+                let mut all = Port::default();
+                for p in host {
+                    all.sends += p[1].sends;
+                    all.recvs += p[1].recvs;
+                    all.sent += p[1].sent;
+                    all.received += p[1].received;
+                }
+                let k = all.sends.max(all.recvs);
+                if k > 0 {
+                    // The host's messages share its ports: each beyond the
+                    // first of a port costs o there too.
+                    let per_port = (k as f64 / ports).ceil().max(1.0);
                     let cut = Cost {
-                        latency: profile.inter.alpha,
-                        bandwidth: up.max(down) / (profile.inter.beta * profile.inter_ports),
+                        latency: profile.inter.alpha + (per_port - 1.0) * profile.inter.overhead,
+                        bandwidth: all.sent.max(all.received) / (profile.inter.beta * ports),
                         compute: 0.0,
                     };
                     worst = slower(worst, cut);
@@ -261,7 +290,7 @@ fn slower(a: Cost, b: Cost) -> Cost {
 /// (`rows[s][d]`: rows rank s sends rank d, each `row_bytes` bytes; every
 /// rank's matrix is the same after the count exchange) on `topology` and
 /// `profile`: direct, pairwise and, with several hosts of several ranks,
-/// two-level, in that order. Combine's exchange is the transpose of
+/// two-level and rail, in that order. Combine's exchange is the transpose of
 /// dispatch's.
 pub fn price(
     rows: &[Vec<f64>],
@@ -290,6 +319,10 @@ pub fn price(
         out.push(Candidate {
             schedule: Schedule::TwoLevel,
             cost: two_level(hosts, &bytes, profile),
+        });
+        out.push(Candidate {
+            schedule: Schedule::Rail,
+            cost: rail(hosts, &bytes, profile),
         });
     }
     out
@@ -418,6 +451,46 @@ fn two_level(hosts: Hosts, bytes: &dyn Fn(usize, usize) -> f64, profile: &Profil
         }
 }
 
+/// The two phases of the rail exchange, plus their copies (packing for
+/// phase 1, gathering for phase 2).
+fn rail(hosts: Hosts, bytes: &dyn Fn(usize, usize) -> f64, profile: &Profile) -> Cost {
+    let Hosts { n, l, g } = hosts;
+    let rank = |x: usize, j: usize| x * l + j;
+    let mut copied = vec![0.0f64; n];
+    let mut p1 = Round::new(hosts);
+    for (s, copy) in copied.iter_mut().enumerate() {
+        let x = s / l;
+        *copy += (0..n).map(|d| bytes(s, d)).sum::<f64>();
+        if (0..l).all(|i| (0..n).all(|d| bytes(rank(x, i), d) == 0.0)) {
+            continue;
+        }
+        for j in (0..l).filter(|&j| rank(x, j) != s) {
+            p1.message(s, rank(x, j), (0..g).map(|y| bytes(s, rank(y, j))).sum());
+        }
+    }
+    let mut p2 = Round::new(hosts);
+    for i in 0..l {
+        let moves = (0..n).any(|s| (0..g).any(|z| bytes(s, rank(z, i)) > 0.0));
+        if !moves {
+            continue;
+        }
+        for x in 0..g {
+            for y in (0..g).filter(|&y| y != x) {
+                let b: f64 = (0..l).map(|j| bytes(rank(x, j), rank(y, i))).sum();
+                p2.message(rank(x, i), rank(y, i), b);
+                copied[rank(x, i)] += b;
+            }
+        }
+    }
+    p1.cost(profile)
+        + p2.cost(profile)
+        + Cost {
+            latency: 0.0,
+            bandwidth: 0.0,
+            compute: copied.into_iter().fold(0.0, f64::max) * profile.copy,
+        }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -446,9 +519,13 @@ mod tests {
         for s in Schedule::ALL {
             assert_eq!(s.name().parse::<Schedule>().unwrap(), s);
         }
-        assert_eq!("2DH".parse::<Schedule>().unwrap(), Schedule::TwoLevel);
+        assert_eq!("2DH".parse::<Schedule>().unwrap(), Schedule::Rail);
+        assert_eq!("two_level".parse::<Schedule>().unwrap(), Schedule::TwoLevel);
         let e = "ring".parse::<Schedule>().unwrap_err().to_string();
-        assert!(e.contains("auto, flat, direct, pairwise, two-level"), "{e}");
+        assert!(
+            e.contains("auto, flat, direct, pairwise, two-level, rail"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -465,7 +542,12 @@ mod tests {
         assert_eq!(names("4x1"), [Schedule::Direct, Schedule::Pairwise]);
         assert_eq!(
             names("2x2"),
-            [Schedule::Direct, Schedule::Pairwise, Schedule::TwoLevel]
+            [
+                Schedule::Direct,
+                Schedule::Pairwise,
+                Schedule::TwoLevel,
+                Schedule::Rail
+            ]
         );
     }
 
@@ -480,6 +562,22 @@ mod tests {
         // both alike, and two-level adds its copies and two more rounds.
         let large = price(&uniform(8, 1000.0), 4096.0, &t, &p);
         assert_eq!(cheapest(&large).unwrap().schedule, Schedule::Direct);
+    }
+
+    #[test]
+    fn rail_wins_with_a_port_per_rank_and_dear_messages() {
+        // A NIC per rank (inter_ports 0): the gateway's one port carries
+        // the whole host's bytes, the rails spread them; direct pays three
+        // more start-ups per rank.
+        let mut p = Profile::uniform(2e-6, 10e9, 0.0);
+        p.inter = LinkParams {
+            alpha: 50e-6,
+            beta: 1e9,
+            overhead: 40e-6,
+        };
+        let t: Topology = "2x4".parse().unwrap();
+        let c = price(&uniform(8, 1.0), 65536.0, &t, &p);
+        assert_eq!(cheapest(&c).unwrap().schedule, Schedule::Rail, "{c:?}");
     }
 
     #[test]

@@ -26,12 +26,20 @@
 //! phase that moves nothing anywhere in its group is skipped by all of the
 //! group (they all know it from the matrix). Inter-host messages: one per
 //! host pair and direction, against L² for the flat exchange.
+//!
+//! The **rail** exchange (Tutel's 2DH, DeepEP's rail-aligned RDMA plus
+//! NVLink forwarding, in Tutel's order) has one phase fewer: (1) inside
+//! each host, (x, i) sends (x, j) its rows for rank j of every host; (2) on
+//! each rail (the G ranks of one local index), an all-to-all-v carries to
+//! (y, j) what host x has for it, which lands packed by source rank: the
+//! result. L messages per host pair and direction, one per rail.
 
 use crate::comm::Communicator;
 use crate::error::Result;
 use crate::types::Element;
 
 use super::schedule::Hosts;
+use super::scratch::Pool;
 
 /// Distinguishes the 2-rank pair groups from other subgroups of the rail.
 const PAIR_TAG: u64 = 0x6d6f_655f_7061_6972; // "moe_pair"
@@ -44,6 +52,8 @@ pub(super) struct Groups {
     i: usize,
     /// The L ranks of this host, by local index.
     host: Communicator,
+    /// The G ranks of this local index, by host.
+    rail: Communicator,
     /// The pairs this rank is the gateway of, in the global order: the other
     /// host and the 2-rank communicator (lower host first).
     pairs: Vec<(usize, Communicator)>,
@@ -84,19 +94,23 @@ impl Groups {
             x,
             i,
             host,
+            rail,
             pairs,
         })
     }
 
     /// The all-to-all-v of `send` (packed by destination rank: `rows[r·n +
     /// d]` rows of `h` elements for each rank d, r this rank) through the
-    /// three phases; returns what arrives packed by source rank.
+    /// three phases, into `recv` (packed by source rank); the phases'
+    /// buffers come from `pool`.
     pub(super) fn exchange<T: Element>(
         &self,
         send: &[T],
         rows: &[usize],
         h: usize,
-    ) -> Result<Vec<T>> {
+        recv: &mut [T],
+        pool: &Pool,
+    ) -> Result<()> {
         let Hosts { n, l, g } = self.hosts;
         let (x, i) = (self.x, self.i);
         let me = x * l + i;
@@ -121,7 +135,7 @@ impl Groups {
 
         // Phase 1: to local j, the rows for (x, j), then for the hosts
         // behind gateway j, each host's ranks in order.
-        let mut s1 = Vec::with_capacity(send.len());
+        let mut s1 = pool.empty();
         let mut c1s = vec![0usize; l];
         for (j, count) in c1s.iter_mut().enumerate() {
             let start = s1.len();
@@ -137,12 +151,12 @@ impl Groups {
         let c1r: Vec<usize> = (0..l)
             .map(|j| m(rank(x, j), me) + via(x, i).map(|y| to_host(rank(x, j), y)).sum::<usize>())
             .collect();
-        let mut r1 = vec![T::zeroed(); c1r.iter().sum()];
+        let mut r1 = pool.sized(c1r.iter().sum());
         let host_sends = (0..l).any(|j| (0..n).any(|d| m(rank(x, j), d) > 0));
         if host_sends {
             self.host.all_to_all_v(&s1, &c1s, &mut r1, &c1r)?;
         }
-        drop(s1);
+        pool.give(s1);
         let r1off = offsets(&|j| c1r[j], l);
 
         // Phase 2: per pair, everything this host has for host y (by
@@ -150,7 +164,7 @@ impl Groups {
         let mut r2: Vec<(usize, Vec<T>)> = Vec::with_capacity(self.pairs.len());
         for (y, pair) in &self.pairs {
             let y = *y;
-            let mut out = Vec::new();
+            let mut out = pool.empty();
             for j in 0..l {
                 // Inside segment j of r1: the rows for me, then the hosts
                 // behind me in ascending order.
@@ -163,7 +177,7 @@ impl Groups {
                 out.extend_from_slice(&r1[at..at + to_host(rank(x, j), y)]);
             }
             let incoming: usize = (0..l).map(|j| to_host(rank(y, j), x)).sum();
-            let mut inn = vec![T::zeroed(); incoming];
+            let mut inn = pool.sized(incoming);
             if !out.is_empty() || incoming > 0 {
                 // Pair rank 0 is the lower host.
                 let other = usize::from(x < y);
@@ -173,13 +187,14 @@ impl Groups {
                 rc[other] = incoming;
                 pair.all_to_all_v(&out, &sc, &mut inn, &rc)?;
             }
+            pool.give(out);
             r2.push((y, inn));
         }
         r2.sort_by_key(|p| p.0);
 
         // Phase 3: to local k, from every host behind me (ascending) and
         // every source local j there, the rows for (x, k).
-        let mut s3 = Vec::new();
+        let mut s3 = pool.empty();
         let mut c3s = vec![0usize; l];
         for (k, count) in c3s.iter_mut().enumerate() {
             let start = s3.len();
@@ -194,7 +209,9 @@ impl Groups {
             }
             *count = s3.len() - start;
         }
-        drop(r2);
+        for (_, inn) in r2 {
+            pool.give(inn);
+        }
         let from_hosts_behind = |j: usize| {
             via(x, j)
                 .flat_map(|y| (0..l).map(move |s| rank(y, s)))
@@ -202,24 +219,24 @@ impl Groups {
                 .sum::<usize>()
         };
         let c3r: Vec<usize> = (0..l).map(from_hosts_behind).collect();
-        let mut r3 = vec![T::zeroed(); c3r.iter().sum()];
+        let mut r3 = pool.sized(c3r.iter().sum());
         let host_receives =
             (0..l).any(|k| (0..n).filter(|&s| s / l != x).any(|s| m(s, rank(x, k)) > 0));
         if host_receives {
             self.host.all_to_all_v(&s3, &c3s, &mut r3, &c3r)?;
         }
-        drop(s3);
+        pool.give(s3);
         let r3off = offsets(&|j| c3r[j], l);
 
         // The result by source rank: this host's from phase 1, the others'
         // from phase 3 (segment of their pair's gateway, then host, then
         // source local index).
-        let mut out = Vec::with_capacity((0..n).map(|s| m(s, me)).sum());
+        let mut at_out = 0;
         for s in 0..n {
             let (y, j) = (s / l, s % l);
-            if y == x {
-                let at = r1off[j];
-                out.extend_from_slice(&r1[at..at + m(s, me)]);
+            let len = m(s, me);
+            let from = if y == x {
+                &r1[r1off[j]..r1off[j] + len]
             } else {
                 let gw = self.hosts.gateway(x, y);
                 let before: usize = via(x, gw)
@@ -229,9 +246,83 @@ impl Groups {
                     .map(|q| m(q, me))
                     .sum();
                 let at = r3off[gw] + before;
-                out.extend_from_slice(&r3[at..at + m(s, me)]);
-            }
+                &r3[at..at + len]
+            };
+            recv[at_out..at_out + len].copy_from_slice(from);
+            at_out += len;
         }
-        Ok(out)
+        pool.give(r1);
+        pool.give(r3);
+        Ok(())
+    }
+
+    /// The rail exchange of `send` (as [`Groups::exchange`]) into `recv`.
+    pub(super) fn rail_exchange<T: Element>(
+        &self,
+        send: &[T],
+        rows: &[usize],
+        h: usize,
+        recv: &mut [T],
+        pool: &Pool,
+    ) -> Result<()> {
+        let Hosts { n, l, g } = self.hosts;
+        let (x, i) = (self.x, self.i);
+        let me = x * l + i;
+        let rank = |host: usize, local: usize| host * l + local;
+        let m = |s: usize, d: usize| rows[s * n + d] * h;
+        let mut soff = vec![0usize; n + 1];
+        for d in 0..n {
+            soff[d + 1] = soff[d] + m(me, d);
+        }
+
+        // Phase 1: to local j, the rows for rank j of every host, by host.
+        let mut s1 = pool.empty();
+        let mut c1s = vec![0usize; l];
+        for (j, count) in c1s.iter_mut().enumerate() {
+            let start = s1.len();
+            for y in 0..g {
+                let d = rank(y, j);
+                s1.extend_from_slice(&send[soff[d]..soff[d + 1]]);
+            }
+            *count = s1.len() - start;
+        }
+        // From local j: its rows for rank i of every host, by host.
+        let c1r: Vec<usize> = (0..l)
+            .map(|j| (0..g).map(|y| m(rank(x, j), rank(y, i))).sum())
+            .collect();
+        let mut r1 = pool.sized(c1r.iter().sum());
+        if (0..l).any(|j| (0..n).any(|d| m(rank(x, j), d) > 0)) {
+            self.host.all_to_all_v(&s1, &c1s, &mut r1, &c1r)?;
+        }
+        pool.give(s1);
+
+        // Phase 2: to host y on this rail, what every rank of this host has
+        // for (y, i), by source local index; it arrives by source rank.
+        let mut r1off = vec![0usize; l + 1];
+        for j in 0..l {
+            r1off[j + 1] = r1off[j] + c1r[j];
+        }
+        let mut s2 = pool.empty();
+        let mut c2s = vec![0usize; g];
+        for (y, count) in c2s.iter_mut().enumerate() {
+            let start = s2.len();
+            for j in 0..l {
+                let before: usize = (0..y).map(|z| m(rank(x, j), rank(z, i))).sum();
+                let at = r1off[j] + before;
+                s2.extend_from_slice(&r1[at..at + m(rank(x, j), rank(y, i))]);
+            }
+            *count = s2.len() - start;
+        }
+        pool.give(r1);
+        let c2r: Vec<usize> = (0..g)
+            .map(|y| (0..l).map(|j| m(rank(y, j), me)).sum())
+            .collect();
+        let rail_moves =
+            (0..g).any(|y| (0..l).any(|j| (0..g).any(|z| m(rank(y, j), rank(z, i)) > 0)));
+        if rail_moves {
+            self.rail.all_to_all_v(&s2, &c2s, recv, &c2r)?;
+        }
+        pool.give(s2);
+        Ok(())
     }
 }
