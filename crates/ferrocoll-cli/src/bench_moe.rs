@@ -196,6 +196,9 @@ struct Line {
     schedule: &'static str,
     /// The schedule combine ran.
     combine_schedule: &'static str,
+    /// Whether dispatch and combine ran one flat exchange per local expert
+    /// (no regrouping copy).
+    by_expert: [bool; 2],
     /// Slowest rank's mean time of dispatch (count exchange included), us.
     dispatch_us: f64,
     /// Slowest rank's mean time of combine, us.
@@ -497,6 +500,7 @@ fn time_layers<T: TestElem>(
         requested: requested.name(),
         schedule: handle.dispatch_schedule().name(),
         combine_schedule: handle.combine_schedule().name(),
+        by_expert: handle.runs_by_expert(),
         dispatch_us: slowest[0] * 1e6,
         combine_us: slowest[2] * 1e6,
         dispatch_median_us: slowest[1] * 1e6,

@@ -25,10 +25,16 @@ fn topologies(n: usize) -> Vec<Topology> {
     out
 }
 
-/// Runs `case` under every schedule on `topo`; every rank's results, one
-/// per schedule in `Schedule::ALL` order.
-fn every_schedule<T: TestElem + Send>(case: &Case, topo: &Topology) -> Vec<Vec<Checked<T>>> {
-    let config = Config::default().with_topology(topo.clone());
+/// Runs `case` under every schedule on `topo` (with `profile`, else the
+/// built-in one); every rank's results, one per schedule in `Schedule::ALL`
+/// order.
+fn every_schedule<T: TestElem + Send>(
+    case: &Case,
+    topo: &Topology,
+    profile: Option<Profile>,
+) -> Vec<Vec<Checked<T>>> {
+    let mut config = Config::default().with_topology(topo.clone());
+    config.profile = profile;
     local::run_with(case.ranks, config, |comm| {
         Schedule::ALL
             .iter()
@@ -48,10 +54,22 @@ fn every_schedule<T: TestElem + Send>(case: &Case, topo: &Topology) -> Vec<Vec<C
 /// Every schedule matches the reference and the others bit for bit, and
 /// reports what it ran.
 fn check_case<T: TestElem + Send>(case: &Case, topo: &Topology) {
+    check_case_on::<T>(case, topo, None);
+}
+
+/// [`check_case`] with a profile; returns whether some flat exchange ran
+/// expert by expert.
+fn check_case_on<T: TestElem + Send>(
+    case: &Case,
+    topo: &Topology,
+    profile: Option<Profile>,
+) -> bool {
     let bits = |v: &[T]| v.iter().map(|x| x.to_f32().to_bits()).collect::<Vec<_>>();
-    for (rank, runs) in every_schedule::<T>(case, topo).iter().enumerate() {
+    let mut by_expert = false;
+    for (rank, runs) in every_schedule::<T>(case, topo, profile).iter().enumerate() {
         let what = format!("{case:?} on {topo}, rank {rank}");
         for (run, &s) in runs.iter().zip(&Schedule::ALL) {
+            by_expert |= run.by_expert.contains(&true);
             assert_eq!(run.wrong, 0, "{what}, {s}: {:?}", run.first);
             assert_eq!(bits(&run.inputs), bits(&runs[0].inputs), "{what}: {s}");
             assert_eq!(bits(&run.y), bits(&runs[0].y), "{what}: {s}");
@@ -72,6 +90,7 @@ fn check_case<T: TestElem + Send>(case: &Case, topo: &Topology) {
             }
         }
     }
+    by_expert
 }
 
 #[test]
@@ -95,6 +114,40 @@ fn every_schedule_matches_the_reference_on_every_topology() {
                 check_case::<f32>(&case, &topo);
             }
         }
+    }
+}
+
+#[test]
+fn flat_exchanges_expert_by_expert_give_the_same_rows() {
+    // A dear copy makes every flat exchange of more than one expert a rank
+    // run one all-to-all-v per expert; a free one never does.
+    let mut dear = Profile::thread_default();
+    dear.copy = 1e-3;
+    let mut free = dear.clone();
+    free.copy = 0.0;
+    for n in [2, 3, 4] {
+        let case = Case {
+            ranks: n,
+            experts: 3 * n,
+            hidden: 6,
+            topk: 2,
+            capacity: Some((3, 4)),
+            tokens: uneven_tokens(n, 99),
+            routing: Routing::Random(n as u64),
+        };
+        let topo: Topology = if n == 4 {
+            "2x2".parse().unwrap()
+        } else {
+            Topology::flat(n)
+        };
+        assert!(
+            check_case_on::<f32>(&case, &topo, Some(dear.clone())),
+            "{case:?}"
+        );
+        assert!(
+            !check_case_on::<f32>(&case, &topo, Some(free.clone())),
+            "{case:?}"
+        );
     }
 }
 

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::comm::CallOptions;
+use crate::comm::{CallOptions, Communicator};
 use crate::cost::Profile;
 use crate::env::{self, Vars};
 use crate::error::Result;
@@ -215,26 +215,25 @@ impl Dispatcher {
             }
             _ => {}
         }
-        let algorithm = match schedule {
-            Schedule::Direct => Some(Algorithm::Direct),
-            Schedule::Pairwise => Some(Algorithm::Pairwise),
-            _ => None,
-        };
-        let tuned;
-        let comm = match algorithm {
-            Some(a) => {
-                // Keep the handle's other options (its deadline).
-                tuned = self.comm.with_options(CallOptions {
-                    algorithm: Some(a),
-                    ..self.comm.options().clone()
-                });
-                &tuned
-            }
-            None => &self.comm,
-        };
         let send_counts: Vec<usize> = (0..p).map(|d| rows[me * p + d] * h).collect();
         let recv_counts: Vec<usize> = (0..p).map(|s| rows[s * p + me] * h).collect();
-        comm.all_to_all_v(send, &send_counts, recv, &recv_counts)
+        self.flat_comm(schedule)
+            .all_to_all_v(send, &send_counts, recv, &recv_counts)
+    }
+
+    /// The communicator handle a flat schedule's all-to-all-v runs on: this
+    /// one with `direct` or `pairwise` forced (its other options, the
+    /// deadline, kept), or as it is for [`Schedule::Flat`].
+    pub(super) fn flat_comm(&self, schedule: Schedule) -> Communicator {
+        let algorithm = match schedule {
+            Schedule::Direct => Algorithm::Direct,
+            Schedule::Pairwise => Algorithm::Pairwise,
+            _ => return self.comm.clone(),
+        };
+        self.comm.with_options(CallOptions {
+            algorithm: Some(algorithm),
+            ..self.comm.options().clone()
+        })
     }
 
     /// The two-level sub-communicators, made by the first call that needs

@@ -126,6 +126,9 @@ pub struct Handle {
     pub(super) dropped: Vec<DroppedChoice>,
     /// The schedules of dispatch and of combine (resolved: never `Auto`).
     pub(super) schedules: [Schedule; 2],
+    /// Whether dispatch and combine run one exchange per local expert
+    /// (`passes.rs`).
+    pub(super) by_expert: [bool; 2],
 }
 
 impl Handle {
@@ -186,6 +189,14 @@ impl Handle {
         self.schedules[1]
     }
 
+    /// Whether dispatch and combine ran their flat exchange once per local
+    /// expert (no regrouping copy; chosen from the profile's copy cost and
+    /// latency). For tests and reports.
+    #[doc(hidden)]
+    pub fn runs_by_expert(&self) -> [bool; 2] {
+        self.by_expert
+    }
+
     /// Rows every rank sent every rank in dispatch: `[s·P + d]`, rank s to
     /// rank d (after drops), row-major.
     pub fn rank_rows(&self) -> Vec<usize> {
@@ -196,6 +207,27 @@ impl Handle {
                 self.kept[s * self.experts + d * l..][..l].iter().sum()
             })
             .collect()
+    }
+
+    /// For every slot of this rank's send buffer (by destination rank, then
+    /// expert), its place when the buffer is ordered by local expert index
+    /// first, then destination rank: the layout of the per-expert passes.
+    pub(super) fn by_expert_positions(&self) -> Vec<usize> {
+        let (p, l, e_all) = (self.ranks, self.local(), self.experts);
+        let mine = &self.kept[self.rank * e_all..(self.rank + 1) * e_all];
+        let mut start = vec![0usize; e_all];
+        let mut at = 0;
+        for x in 0..l {
+            for d in 0..p {
+                start[d * l + x] = at;
+                at += mine[d * l + x];
+            }
+        }
+        let mut out = Vec::with_capacity(at);
+        for (e, &n) in mine.iter().enumerate() {
+            out.extend(start[e]..start[e] + n);
+        }
+        out
     }
 
     /// Experts per rank.

@@ -97,6 +97,7 @@ mod accumulate;
 mod choose;
 mod handle;
 pub mod model;
+mod passes;
 #[doc(hidden)]
 pub mod reference;
 mod routing;
@@ -379,17 +380,13 @@ impl Dispatcher {
         let mut seen = vec![0usize; e_all * k];
         let mut slot_of = vec![None; tokens * k];
         let mut dropped = Vec::new();
-        // Every slot is written below: stale contents do not matter.
-        let mut send = self.state.pool.sized::<T>(rows_out * h);
         for (pair, &e) in topk_idx.iter().enumerate().take(tokens * k) {
             let (t, j, e) = (pair / k, pair % k, e as usize);
             let q = e * k + j;
             if seen[q] < mine_kept[q] {
-                let slot = cursor[e];
-                cursor[e] += 1;
-                send[slot * h..(slot + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
                 // Fits: slots < T·k <= u32::MAX (checked).
-                slot_of[pair] = Some(slot as u32);
+                slot_of[pair] = Some(cursor[e] as u32);
+                cursor[e] += 1;
             } else {
                 dropped.push(DroppedChoice {
                     token: t,
@@ -414,10 +411,12 @@ impl Dispatcher {
             weights: topk_weights[..tokens * k].to_vec(),
             dropped,
             schedules: [Schedule::Auto; 2],
+            by_expert: [false; 2],
         };
 
         // 4. The schedules of dispatch and of combine (the transpose), the
-        // same on every rank: they depend on the count matrix only.
+        // same on every rank: they depend on the count matrix only; and
+        // whether each runs expert by expert (see `passes.rs`).
         let forward = handle.rank_rows();
         let backward = transpose(&forward, p);
         let row_bytes = (h * T::DTYPE.size()) as f64;
@@ -425,25 +424,49 @@ impl Dispatcher {
             self.resolve(&forward, row_bytes, choose::Direction::Dispatch)?,
             self.resolve(&backward, row_bytes, choose::Direction::Combine)?,
         ];
+        handle.by_expert = [
+            self.by_expert(handle.schedules[0], &forward, row_bytes),
+            self.by_expert(handle.schedules[1], &backward, row_bytes),
+        ];
 
-        // 5. The rows, then each (source, expert) block moved from
-        // source-major to expert-major order.
+        // 5. Pack: each kept pair's row at its slot (by destination rank,
+        // then expert), or at the slot's place in expert-major order when
+        // dispatch runs expert by expert. Every slot is written: stale
+        // contents do not matter.
+        let mut send = self.state.pool.sized::<T>(rows_out * h);
+        let place = handle.by_expert[0].then(|| handle.by_expert_positions());
+        for (pair, slot) in handle.slot_of.iter().enumerate() {
+            if let Some(slot) = *slot {
+                let at = place.as_ref().map_or(slot as usize, |p| p[slot as usize]);
+                let t = pair / k;
+                send[at * h..(at + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+            }
+        }
+
+        // 6. The rows, then (unless they arrived expert by expert) each
+        // (source, expert) block moved from source-major to expert-major
+        // order.
         let l = self.local_experts();
         let blocks = handle.blocks();
         let total: usize = (0..p).map(|s| forward[s * p + me]).sum::<usize>() * h;
+        let mut recv = self.state.pool.sized(total);
         // With one source or one expert per rank the arrival order is the
         // experts' order: the caller gets the buffer the rows arrive in.
-        let in_order = p == 1 || l == 1;
-        let mut recv = self.state.pool.sized(total);
-        self.exchange(handle.schedules[0], &send, &forward, &mut recv)?;
-        self.state.pool.give(send);
-        let rows = if in_order {
+        let rows = if handle.by_expert[0] {
+            self.dispatch_by_expert(handle.schedules[0], &send, &handle, &mut recv)?;
+            self.state.pool.give(send);
             recv
         } else {
-            let mut rows = self.state.pool.empty();
-            regroup(&recv, &blocks, (p, l, h), Order::ToExperts, &mut rows);
-            self.state.pool.give(recv);
-            rows
+            self.exchange(handle.schedules[0], &send, &forward, &mut recv)?;
+            self.state.pool.give(send);
+            if p == 1 || l == 1 {
+                recv
+            } else {
+                let mut rows = self.state.pool.empty();
+                regroup(&recv, &blocks, (p, l, h), Order::ToExperts, &mut rows);
+                self.state.pool.give(recv);
+                rows
+            }
         };
         let mut offsets = vec![0usize; l + 1];
         for x in 0..l {
@@ -501,31 +524,41 @@ impl Dispatcher {
         let l = self.local_experts();
         let backward = transpose(&handle.rank_rows(), p);
         let pool = &self.state.pool;
-        let mut regrouped = None;
-        let back: &[T] = if p == 1 || l == 1 {
-            expert_outputs
+        let me = self.comm.rank();
+        let mut returned = pool.sized((0..p).map(|d| backward[d * p + me]).sum::<usize>() * h);
+        // Where each slot's row comes back: at the slot, or at its place in
+        // expert-major order when combine runs expert by expert.
+        let place = if handle.by_expert[1] {
+            self.combine_by_expert(handle.schedules[1], expert_outputs, handle, &mut returned)?;
+            Some(handle.by_expert_positions())
+        } else if p == 1 || l == 1 {
+            self.exchange(
+                handle.schedules[1],
+                expert_outputs,
+                &backward,
+                &mut returned,
+            )?;
+            None
         } else {
-            let mut buf = pool.empty();
+            let mut back = pool.empty();
             regroup(
                 expert_outputs,
                 &handle.blocks(),
                 (p, l, h),
                 Order::ToSources,
-                &mut buf,
+                &mut back,
             );
-            regrouped.insert(buf)
+            self.exchange(handle.schedules[1], &back, &backward, &mut returned)?;
+            pool.give(back);
+            None
         };
-        let me = self.comm.rank();
-        let mut returned = pool.sized((0..p).map(|d| backward[d * p + me]).sum::<usize>() * h);
-        self.exchange(handle.schedules[1], back, &backward, &mut returned)?;
-        if let Some(buf) = regrouped {
-            pool.give(buf);
-        }
         let terms: Vec<Option<(usize, f32)>> = handle
             .slot_of
             .iter()
             .zip(&handle.weights)
-            .map(|(slot, &g)| slot.map(|s| (s as usize, g)))
+            .map(|(slot, &g)| {
+                slot.map(|s| (place.as_ref().map_or(s as usize, |p| p[s as usize]), g))
+            })
             .collect();
         // Every element is written by the weighted sum.
         let mut y = pool.sized(handle.tokens * h);

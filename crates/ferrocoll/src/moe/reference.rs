@@ -254,6 +254,8 @@ pub struct Checked<T> {
     pub y: Vec<T>,
     /// The schedules dispatch and combine ran.
     pub schedules: [super::Schedule; 2],
+    /// Whether they ran expert by expert.
+    pub by_expert: [bool; 2],
 }
 
 /// Runs `case` on this rank in element type T and checks everything
@@ -402,6 +404,7 @@ pub fn check_with<T: TestElem>(
         inputs: delivered,
         y,
         schedules: [handle.dispatch_schedule(), handle.combine_schedule()],
+        by_expert: handle.runs_by_expert(),
     })
 }
 
