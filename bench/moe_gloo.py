@@ -176,7 +176,9 @@ def main() -> None:
     for tokens in (int(t) for t in a.tokens.split(",")):
         for skew in a.skew.split(","):
             idx, w = route(tokens, a.topk, a.experts, skew, a.seed, rank)
-            x = (torch.arange(tokens * a.hidden, dtype=torch.float32).view(tokens, a.hidden) % 17 - 8).to(dtype)
+            x = (torch.arange(tokens * a.hidden, dtype=torch.float32).view(tokens, a.hidden) % 17 - 8).to(
+                dtype
+            )
             layer = Layer(idx, w, a.experts, capacity, a.f32_combine)
             for _ in range(a.warmup):
                 layer.combine(layer.dispatch(x))
@@ -196,7 +198,9 @@ def main() -> None:
                 if capacity is not None:
                     kept = keep_mask(idx, a.experts, capacity).view(tokens, a.topk)
                     want = (x.float() * (w * kept).sum(1, keepdim=True)).to(dtype)
-                bad = torch.tensor([int((y.float() - want.float()).abs().gt(1e-2 * want.float().abs() + 1e-3).sum())])
+                bad = torch.tensor(
+                    [int((y.float() - want.float()).abs().gt(1e-2 * want.float().abs() + 1e-3).sum())]
+                )
                 dist.all_reduce(bad)
                 wrong = int(bad.item())
             received = torch.tensor([float(inputs.shape[0])], dtype=torch.float64)

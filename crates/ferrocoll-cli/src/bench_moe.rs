@@ -6,11 +6,14 @@
 //! top-k is generated from `--seed` (k distinct experts per token drawn from
 //! `--skew`, weights the softmax of random logits: the reference's
 //! `Routing::Sampled`, so every rank can rebuild every other rank's
-//! routing). For each combination of the comma-separated `--tokens`,
-//! `--skew` and `--schedule` values, every rank runs `--warmup` untimed
-//! layers, then `--iters` timed ones: a barrier, dispatch (timed), a
-//! barrier, combine of the received rows as the experts' outputs (timed).
-//! Reported per line: the slowest rank's mean (and median) of each.
+//! routing). For each combination of the comma-separated `--tokens` and
+//! `--skew` values, every rank runs `--warmup` untimed layers of each
+//! `--schedule`, then `--iters` rounds of one timed layer of each schedule,
+//! interleaved (each round starting one schedule later, so that a change
+//! of the machine's load, or a shaped link's state, falls on all alike): a
+//! barrier, dispatch (timed), a barrier, combine of the received rows as
+//! the experts' outputs (timed). Reported per line and schedule: the
+//! slowest rank's mean (and median) of each.
 //!
 //! **logical bandwidth**, as DeepEP's tests count it: the bytes of the
 //! rows a rank receives in dispatch (from every rank, itself included; the
@@ -374,9 +377,34 @@ fn run_as<T: TestElem>(comm: &Communicator, setup: &Setup<'_>) -> Result<u64, Cl
             };
             let x: Vec<T> = case.x(me);
             let (idx, w) = case.route(me);
-            for &requested in &a.schedule {
-                let moe = Dispatcher::new(comm, case.spec().with_schedule(requested))?;
-                let line = time_layers(comm, setup, &case, &moe, requested, (&x, &idx, &w))?;
+            let input = (x.as_slice(), idx.as_slice(), w.as_slice());
+            // The schedules' layers interleave, so that a change of the
+            // machine's load falls on all of them alike.
+            let mut runs = a
+                .schedule
+                .iter()
+                .map(|&s| {
+                    let moe = Dispatcher::new(comm, case.spec().with_schedule(s))?;
+                    Ok((s, moe, Timed::default()))
+                })
+                .collect::<Result<Vec<_>, CliError>>()?;
+            for _ in 0..a.warmup {
+                for (_, moe, timed) in &mut runs {
+                    timed.layer(comm, moe, input, a.recycle, false)?;
+                }
+            }
+            // Each iteration starts one schedule later, so that none always
+            // follows the same one (on a shaped link the previous layer's
+            // burst decides how full the token bucket is).
+            for i in 0..a.iters as usize {
+                let k = runs.len();
+                for q in 0..k {
+                    let (_, moe, timed) = &mut runs[(i + q) % k];
+                    timed.layer(comm, moe, input, a.recycle, true)?;
+                }
+            }
+            for (requested, moe, timed) in runs {
+                let line = finish::<T>(comm, setup, &case, &moe, requested, timed)?;
                 wrong_total += line.wrong.unwrap_or(0);
                 if me == 0 {
                     print_line(&line, a.json)?;
@@ -387,45 +415,66 @@ fn run_as<T: TestElem>(comm: &Communicator, setup: &Setup<'_>) -> Result<u64, Cl
     Ok(if me == 0 { wrong_total } else { 0 })
 }
 
-/// Warm-up, timing and the optional check of one configuration.
-fn time_layers<T: TestElem>(
+/// One schedule's timed layers.
+#[derive(Default)]
+struct Timed {
+    dispatch: Vec<f64>,
+    combine: Vec<f64>,
+    handle: Option<Handle>,
+}
+
+impl Timed {
+    /// One layer: dispatch then combine of the received rows, each after a
+    /// barrier and timed when `timed`.
+    fn layer<T: TestElem>(
+        &mut self,
+        comm: &Communicator,
+        moe: &Dispatcher,
+        (x, idx, w): (&[T], &[u32], &[f32]),
+        recycle: bool,
+        timed: bool,
+    ) -> Result<(), CliError> {
+        if timed {
+            comm.barrier()?;
+        }
+        let t = Instant::now();
+        let (inputs, h) = moe.dispatch(x, idx, w)?;
+        let dispatch = t.elapsed().as_secs_f64();
+        if timed {
+            comm.barrier()?;
+        }
+        let t = Instant::now();
+        let y = moe.combine(inputs.as_slice(), &h)?;
+        let combine = t.elapsed().as_secs_f64();
+        if timed {
+            self.dispatch.push(dispatch);
+            self.combine.push(combine);
+        }
+        if recycle {
+            moe.recycle(inputs.into_vec());
+            moe.recycle(y);
+        }
+        self.handle = Some(h);
+        Ok(())
+    }
+}
+
+/// The line of one schedule: its times (the slowest rank's), the optional
+/// check, and the model's predictions for the count matrix.
+fn finish<T: TestElem>(
     comm: &Communicator,
     setup: &Setup<'_>,
     case: &Case,
     moe: &Dispatcher,
     requested: Schedule,
-    (x, idx, w): (&[T], &[u32], &[f32]),
+    timed: Timed,
 ) -> Result<Line, CliError> {
     let a = setup.args;
-    let layer = || -> ferrocoll::Result<Handle> {
-        let (inputs, handle) = moe.dispatch(x, idx, w)?;
-        let y = moe.combine(inputs.as_slice(), &handle)?;
-        if a.recycle {
-            moe.recycle(inputs.into_vec());
-            moe.recycle(y);
-        }
-        Ok(handle)
-    };
-    let mut handle = None;
-    for _ in 0..a.warmup {
-        handle = Some(layer()?);
-    }
-    let (mut dispatch, mut combine) = (Vec::new(), Vec::new());
-    for _ in 0..a.iters {
-        comm.barrier()?;
-        let t = Instant::now();
-        let (inputs, h) = moe.dispatch(x, idx, w)?;
-        dispatch.push(t.elapsed().as_secs_f64());
-        comm.barrier()?;
-        let t = Instant::now();
-        let y = moe.combine(inputs.as_slice(), &h)?;
-        combine.push(t.elapsed().as_secs_f64());
-        if a.recycle {
-            moe.recycle(inputs.into_vec());
-            moe.recycle(y);
-        }
-        handle = Some(h);
-    }
+    let Timed {
+        mut dispatch,
+        mut combine,
+        handle,
+    } = timed;
     let handle = handle.expect("at least one timed layer");
     let stats = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
