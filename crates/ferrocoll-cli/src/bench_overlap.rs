@@ -46,7 +46,8 @@ use serde::Serialize;
 use crate::bench::{self, BenchArgs};
 use crate::error::CliError;
 
-/// Arguments of `ferrocoll bench`: a collective's sweep, or a subcommand.
+/// Arguments of `ferrocoll bench`: a collective's sweep, or a subcommand
+/// (`overlap`, `moe`).
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct BenchCommand {
@@ -63,6 +64,9 @@ enum BenchSub {
     /// non-blocking) step times, the overlap efficiency, and the cost
     /// model's prediction of it.
     Overlap(OverlapArgs),
+    /// Time MoE dispatch and combine (`ferrocoll::moe`) on a router's
+    /// workload; `--check` verifies them against the naive reference.
+    Moe(crate::bench_moe::MoeArgs),
 }
 
 /// Arguments of `ferrocoll bench overlap`.
@@ -100,6 +104,7 @@ pub struct OverlapArgs {
 pub fn main(cmd: &BenchCommand) -> Result<(), CliError> {
     match (&cmd.sub, &cmd.collective) {
         (Some(BenchSub::Overlap(args)), _) => overlap_main(args),
+        (Some(BenchSub::Moe(args)), _) => crate::bench_moe::moe_main(args),
         (None, Some(args)) => bench::main(args),
         (None, None) => bench::main(&BenchArgs::defaults()),
     }

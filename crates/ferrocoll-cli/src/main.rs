@@ -4,7 +4,8 @@
 //!
 //! * `bench`: an nccl-tests-style sweep of one collective (alltoallv
 //!   included, with uneven blocks) over a range of message sizes, printing
-//!   time, algorithm and bus bandwidth per size.
+//!   time, algorithm and bus bandwidth per size; `bench moe`: MoE dispatch
+//!   and combine on a router's workload.
 //!
 //! * `model`: the cost model's prediction for every algorithm of a
 //!   collective, with the choice, n* and the crossover sizes; `model moe`:
@@ -25,6 +26,7 @@
 //!   (crates/ferrocoll-sim) and reports time, link load and energy.
 
 mod bench;
+mod bench_moe;
 mod bench_overlap;
 mod calibrate;
 mod error;
@@ -65,7 +67,7 @@ enum Command {
     /// size)) and reports as its size the average send buffer: all ranks'
     /// send counts together / n, in whole elements. `bench overlap`
     /// measures how much gradient communication hides behind a backward
-    /// pass.
+    /// pass, `bench moe` an MoE layer's dispatch and combine.
     Bench(bench_overlap::BenchCommand),
     /// Predict what every algorithm of a collective costs (alpha-beta-gamma
     /// closed forms), without running anything; `model moe` prices an MoE

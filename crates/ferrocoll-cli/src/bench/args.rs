@@ -142,7 +142,7 @@ pub enum Transport {
 impl Transport {
     /// The lowercase name `--transport` takes: `thread`, `shm`, `tcp` or
     /// `auto`.
-    pub(super) fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Transport::Thread => "thread",
             Transport::Shm => "shm",
@@ -159,7 +159,9 @@ fn parse_collective(s: &str) -> Result<Collective, String> {
         Some(c) => Err(format!(
             "bench does not measure {c} yet; use one of: {names}"
         )),
-        None => Err(format!("unknown collective; use one of: {names}")),
+        None => Err(format!(
+            "unknown collective; use one of: {names} (or `bench moe` for MoE dispatch/combine)"
+        )),
     }
 }
 
@@ -171,7 +173,8 @@ fn parse_op(s: &str) -> Result<ReduceOp, String> {
     s.parse().map_err(lib_message)
 }
 
-fn parse_transport(s: &str) -> Result<Transport, String> {
+/// Parses `--transport`: thread, shm, tcp or auto.
+pub fn parse_transport(s: &str) -> Result<Transport, String> {
     match s.to_ascii_lowercase().as_str() {
         "thread" => Ok(Transport::Thread),
         "shm" => Ok(Transport::Shm),

@@ -287,6 +287,11 @@ impl Communicator {
         }
     }
 
+    /// The per-call options of this handle ([`Communicator::with_options`]).
+    pub fn options(&self) -> &CallOptions {
+        &self.options
+    }
+
     /// Makes every pending and future wait on this communicator's transport
     /// (on every rank that shares it) fail with [`Error::Aborted`]. Callable
     /// from any thread.

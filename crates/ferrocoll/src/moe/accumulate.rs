@@ -43,10 +43,23 @@ fn sum_in<T: Copy, A>(
         return;
     }
     let hidden = y.len() / (terms.len() / k);
-    let mut acc = vec![A::default(); hidden];
+    let zero = A::default();
+    let mut acc = vec![zero; hidden];
     for (out, terms) in y.chunks_exact_mut(hidden).zip(terms.chunks_exact(k)) {
-        acc.fill(A::default());
-        for &(row, g) in terms.iter().flatten() {
+        let mut kept = terms.iter().flatten();
+        match kept.next() {
+            // The first term sets the sum (0 + g·v: the same value, the
+            // sign of a zero included, as adding it to zeros) without a
+            // pass that zeroes first.
+            Some(&(row, g)) => {
+                let (g, src) = (weight(g), &rows[row * hidden..(row + 1) * hidden]);
+                for (a, &v) in acc.iter_mut().zip(src) {
+                    *a = zero + g * widen(v);
+                }
+            }
+            None => acc.fill(zero),
+        }
+        for &(row, g) in kept {
             let (g, src) = (weight(g), &rows[row * hidden..(row + 1) * hidden]);
             for (a, &v) in acc.iter_mut().zip(src) {
                 *a = *a + g * widen(v);
@@ -78,10 +91,28 @@ macro_rules! accumulate {
 accumulate!(f32:
     f32 => |v: f32| v, |a: f32| a;
     f16 => |v: f16| v.to_f32(), f16::from_f32;
-    bf16 => |v: bf16| v.to_f32(), bf16::from_f32;
+    bf16 => |v: bf16| v.to_f32(), bf16_of;
     i8 => |v: i8| f32::from(v), |a: f32| a.round() as i8;
     u8 => |v: u8| f32::from(v), |a: f32| a.round() as u8;
 );
+/// `bf16::from_f32` without branches (so the rounding loop of a row
+/// vectorises): round to nearest, ties to even, by adding 0x7fff plus the
+/// kept part's lowest bit; a NaN keeps its high bits and gets the quiet
+/// bit, as `half` does. Equal to `bf16::from_f32` for every f32
+/// (`tests::bf16_rounding_is_halfs`).
+#[inline]
+fn bf16_of(a: f32) -> bf16 {
+    let x = a.to_bits();
+    let rounded = x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16;
+    let nan = (x >> 16) | 0x0040;
+    let bits = if x & 0x7fff_ffff > 0x7f80_0000 {
+        nan
+    } else {
+        rounded
+    };
+    bf16::from_bits(bits as u16)
+}
+
 accumulate!(f64:
     f64 => |v: f64| v, |a: f64| a;
     i32 => |v: i32| f64::from(v), |a: f64| a.round() as i32;
@@ -108,6 +139,34 @@ mod tests {
         let mut y = [bf16::ZERO];
         bf16::weighted_sum(&rows, &terms, 3, &mut y);
         assert_eq!(y[0], bf16::from_f32(1.0 + 1.0 / 128.0));
+    }
+
+    #[test]
+    fn bf16_rounding_is_halfs() {
+        // Every sign, exponent and the mantissa's low bits around the
+        // rounding point, plus a stride through all the rest.
+        let edges = (0..=0x1ffu32).flat_map(|se| {
+            [
+                0u32, 1, 0x7fff, 0x8000, 0x8001, 0xffff, 0x1_7fff, 0x1_8000, 0x7f_ffff,
+            ]
+            .map(move |m| (se << 23) | m)
+        });
+        for x in edges.chain((0..u32::MAX).step_by(4099)) {
+            let f = f32::from_bits(x);
+            assert_eq!(bf16_of(f).to_bits(), bf16::from_f32(f).to_bits(), "{x:#x}");
+        }
+    }
+
+    #[test]
+    fn negative_zero_terms_sum_as_from_zero() {
+        // 0 + (-0) is +0: the first term must not leave a -0 behind.
+        let rows = [bf16::from_f32(-0.0), bf16::ONE];
+        let mut y = [bf16::ONE];
+        bf16::weighted_sum(&rows, &[Some((0, 1.0))], 1, &mut y);
+        assert_eq!(y[0].to_bits(), bf16::ZERO.to_bits());
+        let mut y = [9.0f32];
+        f32::weighted_sum(&[1.0], &[None], 1, &mut y);
+        assert_eq!(y, [0.0]);
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! ([`ExpertInputs`]) and what combine needs to bring the results home
 //! ([`Handle`]).
 
+use super::Schedule;
+
 /// The rows a rank's local experts received from [`super::Dispatcher::dispatch`].
 ///
 /// One buffer of `rows() × hidden()` elements, row-major, each local
@@ -122,6 +124,11 @@ pub struct Handle {
     /// `weights[t·k + j]`: the router's weight of choice j of token t.
     pub(super) weights: Vec<f32>,
     pub(super) dropped: Vec<DroppedChoice>,
+    /// The schedules of dispatch and of combine (resolved: never `Auto`).
+    pub(super) schedules: [Schedule; 2],
+    /// Whether dispatch and combine run one exchange per local expert
+    /// (`passes.rs`).
+    pub(super) by_expert: [bool; 2],
 }
 
 impl Handle {
@@ -168,6 +175,59 @@ impl Handle {
     /// Rows source rank `src` sent `expert` (after drops).
     pub fn kept(&self, src: usize, expert: usize) -> usize {
         self.kept[src * self.experts + expert]
+    }
+
+    /// The schedule dispatch's rows travelled by (never
+    /// [`Schedule::Auto`]: what auto chose).
+    pub fn dispatch_schedule(&self) -> Schedule {
+        self.schedules[0]
+    }
+
+    /// The schedule combine will send the rows back by, chosen at dispatch
+    /// from the same matrix, transposed.
+    pub fn combine_schedule(&self) -> Schedule {
+        self.schedules[1]
+    }
+
+    /// Whether dispatch and combine ran their flat exchange once per local
+    /// expert (no regrouping copy; chosen from the profile's copy cost and
+    /// latency). For tests and reports.
+    #[doc(hidden)]
+    pub fn runs_by_expert(&self) -> [bool; 2] {
+        self.by_expert
+    }
+
+    /// Rows every rank sent every rank in dispatch: `[s·P + d]`, rank s to
+    /// rank d (after drops), row-major.
+    pub fn rank_rows(&self) -> Vec<usize> {
+        let (p, l) = (self.ranks, self.local());
+        (0..p * p)
+            .map(|q| {
+                let (s, d) = (q / p, q % p);
+                self.kept[s * self.experts + d * l..][..l].iter().sum()
+            })
+            .collect()
+    }
+
+    /// For every slot of this rank's send buffer (by destination rank, then
+    /// expert), its place when the buffer is ordered by local expert index
+    /// first, then destination rank: the layout of the per-expert passes.
+    pub(super) fn by_expert_positions(&self) -> Vec<usize> {
+        let (p, l, e_all) = (self.ranks, self.local(), self.experts);
+        let mine = &self.kept[self.rank * e_all..(self.rank + 1) * e_all];
+        let mut start = vec![0usize; e_all];
+        let mut at = 0;
+        for x in 0..l {
+            for d in 0..p {
+                start[d * l + x] = at;
+                at += mine[d * l + x];
+            }
+        }
+        let mut out = Vec::with_capacity(at);
+        for (e, &n) in mine.iter().enumerate() {
+            out.extend(start[e]..start[e] + n);
+        }
+        out
     }
 
     /// Experts per rank.

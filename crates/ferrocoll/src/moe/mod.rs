@@ -14,13 +14,30 @@
 //!    computes the same drops and the same message sizes with no further
 //!    message (the schedule choice that the count matrix will drive needs
 //!    every rank to agree too);
-//! 2. the **rows**: one all-to-all-v, packed so that on arrival each local
-//!    expert's rows are contiguous ([`ExpertInputs`]: by source rank, then
-//!    token position).
+//! 2. the **rows**, by the call's [`Schedule`], so that on arrival each
+//!    local expert's rows are contiguous ([`ExpertInputs`]: by source rank,
+//!    then token position).
 //!
 //! [`Dispatcher::combine`] sends the experts' outputs back (the reverse
-//! all-to-all-v, no count exchange: the [`Handle`] knows every size) and
-//! forms y_t = Σ_j g_tj · Expert_j(x_t) over the choices that were kept.
+//! exchange, no count exchange: the [`Handle`] knows every size) and forms
+//! y_t = Σ_j g_tj · Expert_j(x_t) over the choices that were kept.
+//!
+//! # Schedules
+//!
+//! The rows travel by one all-to-all-v (`direct` or `pairwise`) or, on a
+//! topology of several hosts of several ranks, by a hierarchical exchange
+//! over sub-communicators: `two-level` (aggregate by destination host, one
+//! message per host pair, scatter inside the destination host) or `rail`
+//! (Tutel's 2DH: to the destination's local index inside the host, then
+//! across on each rail). All give bit-identical results. Under
+//! [`Schedule::Auto`] (the default) every rank prices the candidates on the
+//! count matrix it holds after the count exchange, with the communicator's
+//! profile and topology ([`model::price`]: per round the start-up,
+//! injection, reception and host-uplink terms), and runs the cheapest, for
+//! dispatch and for combine (the transpose) alike; [`Spec::schedule`] or
+//! `FERROCOLL_MOE_SCHEDULE` force one, and `FERROCOLL_DEBUG=tune` prints the
+//! candidates and the choice on rank 0. [`Handle::dispatch_schedule`] and
+//! [`Handle::combine_schedule`] say what ran.
 //!
 //! # Capacity and priority ([`Policy::Drop`])
 //!
@@ -77,14 +94,22 @@
 //! ```
 
 mod accumulate;
+mod choose;
 mod handle;
 pub mod model;
+mod passes;
+#[doc(hidden)]
+pub mod reference;
 mod routing;
+mod schedule;
+mod scratch;
+mod two_level;
 
 pub use accumulate::Accumulate;
 pub use handle::{DroppedChoice, ExpertInputs, Handle};
+pub use schedule::Schedule;
 
-use std::borrow::Cow;
+use std::sync::{Arc, Mutex};
 
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
@@ -119,33 +144,52 @@ pub struct Spec {
     pub topk: usize,
     /// What to do beyond an expert's capacity.
     pub policy: Policy,
+    /// How the rows travel ([`Schedule::Auto`]: the cost model chooses per
+    /// call, see [`Dispatcher::dispatch`]); anything else forces it, over
+    /// `FERROCOLL_MOE_SCHEDULE`.
+    pub schedule: Schedule,
 }
 
 impl Spec {
     /// A spec of `experts` experts, rows of `hidden`, `topk` choices per
-    /// token, under `policy`.
+    /// token, under `policy`, with the schedule chosen per call
+    /// ([`Schedule::Auto`]).
     pub fn new(experts: usize, hidden: usize, topk: usize, policy: Policy) -> Spec {
         Spec {
             experts,
             hidden,
             topk,
             policy,
+            schedule: Schedule::Auto,
         }
     }
 
-    /// A number every rank's dispatcher must share (FNV-1a of the spec):
-    /// the count exchange compares them.
-    fn fingerprint(&self) -> u32 {
+    /// This spec with `schedule` forced ([`Schedule::Auto`] chooses).
+    pub fn with_schedule(mut self, schedule: Schedule) -> Spec {
+        self.schedule = schedule;
+        self
+    }
+
+    /// A number every rank's dispatcher must share (FNV-1a of the spec and
+    /// of the schedule it forces, `forced`): the count exchange compares
+    /// them, so ranks that would route the rows differently fail instead
+    /// of waiting for each other.
+    fn fingerprint(&self, forced: Schedule) -> u32 {
         let (tag, factor) = match self.policy {
             Policy::Drop { capacity_factor } => (1u64, capacity_factor.to_bits()),
             Policy::Dropless => (2, 0),
         };
+        let schedule = Schedule::ALL
+            .iter()
+            .position(|&s| s == forced)
+            .expect("every schedule is in ALL") as u64;
         let words = [
             self.experts as u64,
             self.hidden as u64,
             self.topk as u64,
             tag,
             factor,
+            schedule,
         ];
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         for byte in words.iter().flat_map(|w| w.to_le_bytes()) {
@@ -165,6 +209,22 @@ impl Spec {
 pub struct Dispatcher {
     comm: Communicator,
     spec: Spec,
+    /// The schedule forced by the spec or `FERROCOLL_MOE_SCHEDULE`, and by
+    /// which ([`Schedule::Auto`]: none).
+    forced: (Schedule, &'static str),
+    /// Shared by clones: the two-level sub-communicators, made by the first
+    /// two-level exchange, and what `FERROCOLL_DEBUG=tune` last explained.
+    state: Arc<State>,
+}
+
+/// The part of a [`Dispatcher`] its clones share.
+#[derive(Debug, Default)]
+struct State {
+    groups: Mutex<Option<Arc<two_level::Groups>>>,
+    /// Temporary buffers kept between calls (`scratch.rs`).
+    pool: scratch::Pool,
+    /// The schedule last explained for dispatch and for combine.
+    explained: Mutex<[Option<Schedule>; 2]>,
 }
 
 /// Words before the counts in each rank's contribution to the count
@@ -207,9 +267,16 @@ impl Dispatcher {
                 )));
             }
         }
+        let forced = if spec.schedule != Schedule::Auto {
+            (spec.schedule, "Spec::schedule")
+        } else {
+            (Schedule::from_env()?, "FERROCOLL_MOE_SCHEDULE")
+        };
         Ok(Dispatcher {
             comm: comm.clone(),
             spec,
+            forced,
+            state: Arc::default(),
         })
     }
 
@@ -221,6 +288,16 @@ impl Dispatcher {
     /// Experts on each rank (E/P).
     pub fn local_experts(&self) -> usize {
         self.spec.experts / self.comm.size()
+    }
+
+    /// Hands back a buffer the caller is done with (an
+    /// [`ExpertInputs::into_vec`], a combined output), for a later call to
+    /// fill instead of allocating. Optional: a fresh buffer of many MiB
+    /// costs a page fault per 4 KiB when first written, which in a loop of
+    /// layers is most of a CPU dispatch's local work. The dispatcher keeps
+    /// a few buffers (its own temporaries and these), the largest ones.
+    pub fn recycle<T: Element>(&self, buffer: Vec<T>) {
+        self.state.pool.give(buffer);
     }
 
     /// Sends every (token, choice) pair's row to its expert's rank.
@@ -258,7 +335,7 @@ impl Dispatcher {
         } else {
             ARGS_OK
         };
-        mine[1] = self.spec.fingerprint();
+        mine[1] = self.spec.fingerprint(self.forced.0);
         if local_error.is_none() {
             for (pair, &e) in topk_idx.iter().enumerate() {
                 mine[HEADER + e as usize * k + pair % k] += 1;
@@ -303,16 +380,13 @@ impl Dispatcher {
         let mut seen = vec![0usize; e_all * k];
         let mut slot_of = vec![None; tokens * k];
         let mut dropped = Vec::new();
-        let mut send = vec![T::zeroed(); rows_out * h];
         for (pair, &e) in topk_idx.iter().enumerate().take(tokens * k) {
             let (t, j, e) = (pair / k, pair % k, e as usize);
             let q = e * k + j;
             if seen[q] < mine_kept[q] {
-                let slot = cursor[e];
-                cursor[e] += 1;
-                send[slot * h..(slot + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
                 // Fits: slots < T·k <= u32::MAX (checked).
-                slot_of[pair] = Some(slot as u32);
+                slot_of[pair] = Some(cursor[e] as u32);
+                cursor[e] += 1;
             } else {
                 dropped.push(DroppedChoice {
                     token: t,
@@ -323,7 +397,7 @@ impl Dispatcher {
             seen[q] += 1;
         }
 
-        let handle = Handle {
+        let mut handle = Handle {
             ranks: p,
             rank: me,
             experts: e_all,
@@ -336,19 +410,64 @@ impl Dispatcher {
             slot_of,
             weights: topk_weights[..tokens * k].to_vec(),
             dropped,
+            schedules: [Schedule::Auto; 2],
+            by_expert: [false; 2],
         };
 
-        // 4. The rows: one all-to-all-v, then each (source, expert) block
-        // moved from source-major to expert-major order.
-        let elements = |rows: Vec<usize>| rows.into_iter().map(|r| r * h).collect::<Vec<_>>();
-        let (send_counts, recv_counts) =
-            (elements(handle.send_rows()), elements(handle.recv_rows()));
-        let mut recv = vec![T::zeroed(); recv_counts.iter().sum()];
-        self.comm
-            .all_to_all_v(&send, &send_counts, &mut recv, &recv_counts)?;
-        let blocks = handle.blocks();
+        // 4. The schedules of dispatch and of combine (the transpose), the
+        // same on every rank: they depend on the count matrix only; and
+        // whether each runs expert by expert (see `passes.rs`).
+        let forward = handle.rank_rows();
+        let backward = transpose(&forward, p);
+        let row_bytes = (h * T::DTYPE.size()) as f64;
+        handle.schedules = [
+            self.resolve(&forward, row_bytes, choose::Direction::Dispatch)?,
+            self.resolve(&backward, row_bytes, choose::Direction::Combine)?,
+        ];
+        handle.by_expert = [
+            self.by_expert(handle.schedules[0], &forward, row_bytes),
+            self.by_expert(handle.schedules[1], &backward, row_bytes),
+        ];
+
+        // 5. Pack: each kept pair's row at its slot (by destination rank,
+        // then expert), or at the slot's place in expert-major order when
+        // dispatch runs expert by expert. Every slot is written: stale
+        // contents do not matter.
+        let mut send = self.state.pool.sized::<T>(rows_out * h);
+        let place = handle.by_expert[0].then(|| handle.by_expert_positions());
+        for (pair, slot) in handle.slot_of.iter().enumerate() {
+            if let Some(slot) = *slot {
+                let at = place.as_ref().map_or(slot as usize, |p| p[slot as usize]);
+                let t = pair / k;
+                send[at * h..(at + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+            }
+        }
+
+        // 6. The rows, then (unless they arrived expert by expert) each
+        // (source, expert) block moved from source-major to expert-major
+        // order.
         let l = self.local_experts();
-        let rows = regroup(Cow::Owned(recv), &blocks, (p, l, h), Order::ToExperts).into_owned();
+        let blocks = handle.blocks();
+        let total: usize = (0..p).map(|s| forward[s * p + me]).sum::<usize>() * h;
+        let mut recv = self.state.pool.sized(total);
+        // With one source or one expert per rank the arrival order is the
+        // experts' order: the caller gets the buffer the rows arrive in.
+        let rows = if handle.by_expert[0] {
+            self.dispatch_by_expert(handle.schedules[0], &send, &handle, &mut recv)?;
+            self.state.pool.give(send);
+            recv
+        } else {
+            self.exchange(handle.schedules[0], &send, &forward, &mut recv)?;
+            self.state.pool.give(send);
+            if p == 1 || l == 1 {
+                recv
+            } else {
+                let mut rows = self.state.pool.empty();
+                regroup(&recv, &blocks, (p, l, h), Order::ToExperts, &mut rows);
+                self.state.pool.give(recv);
+                rows
+            }
+        };
         let mut offsets = vec![0usize; l + 1];
         for x in 0..l {
             offsets[x + 1] = offsets[x] + (0..p).map(|s| blocks[s * l + x]).sum::<usize>();
@@ -403,26 +522,48 @@ impl Dispatcher {
             )));
         }
         let l = self.local_experts();
-        let back = regroup(
-            Cow::Borrowed(expert_outputs),
-            &handle.blocks(),
-            (p, l, h),
-            Order::ToSources,
-        );
-        let elements = |rows: Vec<usize>| rows.into_iter().map(|r| r * h).collect::<Vec<_>>();
-        let (send_counts, recv_counts) =
-            (elements(handle.recv_rows()), elements(handle.send_rows()));
-        let mut returned = vec![T::zeroed(); recv_counts.iter().sum()];
-        self.comm
-            .all_to_all_v(&back, &send_counts, &mut returned, &recv_counts)?;
+        let backward = transpose(&handle.rank_rows(), p);
+        let pool = &self.state.pool;
+        let me = self.comm.rank();
+        let mut returned = pool.sized((0..p).map(|d| backward[d * p + me]).sum::<usize>() * h);
+        // Where each slot's row comes back: at the slot, or at its place in
+        // expert-major order when combine runs expert by expert.
+        let place = if handle.by_expert[1] {
+            self.combine_by_expert(handle.schedules[1], expert_outputs, handle, &mut returned)?;
+            Some(handle.by_expert_positions())
+        } else if p == 1 || l == 1 {
+            self.exchange(
+                handle.schedules[1],
+                expert_outputs,
+                &backward,
+                &mut returned,
+            )?;
+            None
+        } else {
+            let mut back = pool.empty();
+            regroup(
+                expert_outputs,
+                &handle.blocks(),
+                (p, l, h),
+                Order::ToSources,
+                &mut back,
+            );
+            self.exchange(handle.schedules[1], &back, &backward, &mut returned)?;
+            pool.give(back);
+            None
+        };
         let terms: Vec<Option<(usize, f32)>> = handle
             .slot_of
             .iter()
             .zip(&handle.weights)
-            .map(|(slot, &g)| slot.map(|s| (s as usize, g)))
+            .map(|(slot, &g)| {
+                slot.map(|s| (place.as_ref().map_or(s as usize, |p| p[s as usize]), g))
+            })
             .collect();
-        let mut y = vec![T::zeroed(); handle.tokens * h];
+        // Every element is written by the weighted sum.
+        let mut y = pool.sized(handle.tokens * h);
         T::weighted_sum(&returned, &terms, handle.topk, &mut y);
+        pool.give(returned);
         Ok(y)
     }
 
@@ -488,7 +629,7 @@ impl Dispatcher {
                 bad.join(", ")
             )));
         }
-        let ours = self.spec.fingerprint();
+        let ours = self.spec.fingerprint(self.forced.0);
         let differ: Vec<String> = all
             .chunks_exact(width)
             .enumerate()
@@ -498,14 +639,24 @@ impl Dispatcher {
         if !differ.is_empty() {
             return Err(Error::invalid(format!(
                 "moe dispatch: rank(s) {} built their Dispatcher with a different Spec than \
-                 rank {} ({:?}); every rank must use the same experts, hidden, topk and policy",
+                 rank {} ({:?}, schedule {} from {}); every rank must use the same \
+                 experts, hidden, topk, policy and schedule (Spec::schedule, else \
+                 FERROCOLL_MOE_SCHEDULE)",
                 differ.join(", "),
                 self.comm.rank(),
-                self.spec
+                self.spec,
+                self.forced.0,
+                self.forced.1
             )));
         }
         Ok(())
     }
+}
+
+/// The transpose of an n x n row-major matrix (combine's exchange is
+/// dispatch's, backwards).
+fn transpose(m: &[usize], n: usize) -> Vec<usize> {
+    (0..n * n).map(|q| m[(q % n) * n + q / n]).collect()
 }
 
 /// Which way [`regroup`] moves the blocks.
@@ -518,19 +669,16 @@ enum Order {
     ToSources,
 }
 
-/// Moves the (source rank, local expert) blocks of `rows` (`blocks[s·l +
-/// x]` rows each) between source-major and expert-major order, copying
-/// each block once (none when the two orders coincide).
-fn regroup<'a, T: Copy>(
-    rows: Cow<'a, [T]>,
+/// Appends to `out` the (source rank, local expert) blocks of `rows`
+/// (`blocks[s·l + x]` rows each) moved between source-major and
+/// expert-major order, each block copied once.
+fn regroup<T: Copy>(
+    rows: &[T],
     blocks: &[usize],
     (p, l, h): (usize, usize, usize),
     order: Order,
-) -> Cow<'a, [T]> {
-    // With one source or one expert per rank the two orders are the same.
-    if p == 1 || l == 1 {
-        return rows;
-    }
+    out: &mut Vec<T>,
+) {
     let source_major: Vec<usize> = (0..p * l).collect();
     let expert_major: Vec<usize> = (0..l)
         .flat_map(|x| (0..p).map(move |s| s * l + x))
@@ -549,9 +697,8 @@ fn regroup<'a, T: Copy>(
         Order::ToExperts => (starts(&source_major), expert_major),
         Order::ToSources => (starts(&expert_major), source_major),
     };
-    let mut out = Vec::with_capacity(rows.len());
+    out.reserve(rows.len());
     for b in to {
         out.extend_from_slice(&rows[from[b] * h..(from[b] + blocks[b]) * h]);
     }
-    Cow::Owned(out)
 }

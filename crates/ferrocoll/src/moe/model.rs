@@ -11,21 +11,25 @@
 //! choice, source rank, position) runs on these expected counts. Rows from
 //! rank s to rank d are what s keeps for d's experts.
 //!
-//! The exchanges are priced by the cost model's closed forms for
-//! all-to-all-v on that matrix ([`crate::cost::predict`]): `direct` is one
-//! round whose time is set by the busiest port, α + (N-2)·o +
-//! max_i max(bytes i sends, bytes i receives)/β (the max-send and
-//! max-receive terms: a hot expert's rank receives more), and `pairwise`
-//! is N-1 steps of one message each way. Combine is the transpose of
-//! dispatch (the hot rank then sends the most). The count exchange is an
-//! allgather of E·k + 2 u32 per rank, priced as `auto` chooses it (the
-//! cheapest closed form). Local work (packing the send buffer, regrouping
-//! rows by expert, the weighted sum) is charged at the profile's copy cost
-//! and gamma per byte, in each phase's compute term.
+//! The exchanges are priced by [`price`] (the runtime's own pricing, on
+//! the expected matrix instead of an observed one): `direct` is one round
+//! whose time is set by the busiest port, α + (N-2)·o + max_i max(bytes i
+//! sends, bytes i receives)/β (the max-send and max-receive terms: a hot
+//! expert's rank receives more) and, where the ranks of a host share its
+//! uplink, by the host's bytes through it (bisection); `pairwise` is N-1
+//! steps of one message each way; `two-level`, on a topology of several
+//! hosts of several ranks, aggregates by destination host (see
+//! [`super::Schedule::TwoLevel`]). Combine is the transpose of dispatch (the
+//! hot rank then sends the most). The count exchange is an allgather of
+//! E·k + 2 u32 per rank, priced as `auto` chooses it (the cheapest closed
+//! form). Local work (packing the send buffer, regrouping rows by expert,
+//! the weighted sum) is charged at the profile's copy cost and gamma per
+//! byte, in each phase's compute term.
 
 use std::fmt;
 use std::str::FromStr;
 
+pub use super::schedule::{cheapest, price, Candidate};
 use super::{routing, Policy, HEADER};
 use crate::cost::{self, Cost, Profile, Shape};
 use crate::error::{Error, Result};
@@ -110,12 +114,12 @@ pub struct Workload {
     pub topology: Topology,
 }
 
-/// One exchange (dispatch or combine) under one schedule.
+/// The count exchange: its allgather algorithm and predicted time.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Exchange {
-    /// The all-to-all-v algorithm.
+    /// The allgather algorithm.
     pub algorithm: Algorithm,
-    /// Its predicted time, the local work included in `compute`.
+    /// Its predicted time.
     pub cost: Cost,
 }
 
@@ -149,18 +153,20 @@ pub struct Prediction {
     pub padded_send_bytes: f64,
     /// The count exchange: its algorithm and cost.
     pub counts: Exchange,
-    /// Dispatch under each flat schedule: `direct` first (what
-    /// all_to_all_v's `auto` runs), then `pairwise`.
-    pub dispatch: Vec<Exchange>,
+    /// Dispatch under each candidate schedule of [`price`]: `direct`,
+    /// `pairwise`, then `two-level` when the topology has several hosts of
+    /// several ranks; the local work included in `compute`.
+    pub dispatch: Vec<Candidate>,
     /// Combine, in the same order.
-    pub combine: Vec<Exchange>,
+    pub combine: Vec<Candidate>,
 }
 
 impl Prediction {
-    /// Count exchange + dispatch + combine under the first (the running)
-    /// schedule: one MoE layer's forward exchange.
+    /// Count exchange + dispatch + combine under the schedules `auto`
+    /// chooses (the cheapest of each): one MoE layer's forward exchange.
     pub fn layer(&self) -> Cost {
-        self.counts.cost + self.dispatch[0].cost + self.combine[0].cost
+        let best = |c: &[Candidate]| cheapest(c).map_or(Cost::ZERO, |c| c.cost);
+        self.counts.cost + best(&self.dispatch) + best(&self.combine)
     }
 }
 
@@ -235,49 +241,36 @@ pub fn predict(w: &Workload, profile: &Profile) -> Result<Prediction> {
     };
     let padded_send_bytes = (p - 1) as f64 * l as f64 * slots * rb;
 
-    // Element counts of the all-to-all-v: expected rows x hidden, rounded.
-    let elements = |r: f64| (r * w.hidden as f64).round() as usize;
-    let forward: Vec<Vec<usize>> = rows
-        .iter()
-        .map(|r| r.iter().map(|&x| elements(x)).collect())
-        .collect();
-    let backward: Vec<Vec<usize>> = (0..p)
-        .map(|s| (0..p).map(|d| forward[d][s]).collect())
-        .collect();
-    let busiest = |v: &[Vec<usize>], by_row: bool| {
-        (0..p)
-            .map(|i| {
-                (0..p)
-                    .map(|j| if by_row { v[i][j] } else { v[j][i] })
-                    .sum::<usize>()
-            })
-            .max()
-            .unwrap_or(0) as f64
-            * w.elem_size as f64
-    };
     // Local work on the busiest rank: dispatch packs what it sends and
     // regroups what it receives; combine regroups again and sums what
     // comes back.
-    let (sent, received) = (busiest(&forward, true), busiest(&forward, false));
+    let busiest = |by_row: bool| {
+        (0..p)
+            .map(|i| {
+                (0..p)
+                    .map(|j| if by_row { rows[i][j] } else { rows[j][i] })
+                    .sum::<f64>()
+            })
+            .fold(0.0, f64::max)
+            * rb
+    };
+    let (sent, received) = (busiest(true), busiest(false));
     let local_dispatch = (sent + received) * profile.copy;
     let local_combine = received * profile.copy + sent * profile.gamma;
-    let exchange = |v: Vec<Vec<usize>>, local: f64| -> Vec<Exchange> {
-        let mut shape = Shape::new(Collective::AllToAllV, p, 0, w.elem_size);
-        shape.topology = w.topology.clone();
-        shape.v_counts = v;
-        [Algorithm::Direct, Algorithm::Pairwise]
+    let backward: Vec<Vec<f64>> = (0..p)
+        .map(|s| (0..p).map(|d| rows[d][s]).collect())
+        .collect();
+    let exchange = |m: &[Vec<f64>], local: f64| -> Vec<Candidate> {
+        price(m, rb, &w.topology, profile)
             .into_iter()
-            .map(|algorithm| {
-                let c = cost::predict(algorithm, &shape, profile)
-                    .expect("all-to-all-v has direct and pairwise closed forms");
-                Exchange {
-                    algorithm,
-                    cost: c + Cost {
+            .map(|c| Candidate {
+                cost: c.cost
+                    + Cost {
                         latency: 0.0,
                         bandwidth: 0.0,
                         compute: local,
                     },
-                }
+                ..c
             })
             .collect()
     };
@@ -298,8 +291,8 @@ pub fn predict(w: &Workload, profile: &Profile) -> Result<Prediction> {
         max_message_bytes,
         padded_send_bytes,
         counts: Exchange { algorithm, cost },
-        dispatch: exchange(forward, local_dispatch),
-        combine: exchange(backward, local_combine),
+        dispatch: exchange(&rows, local_dispatch),
+        combine: exchange(&backward, local_combine),
         rows,
     })
 }
@@ -347,7 +340,7 @@ mod tests {
         // "总体注入延迟的下界为 α + total bytes sent/β = 39.7 μs" (the
         // injection bound); the direct schedule is exactly that.
         let direct = r.dispatch[0];
-        assert_eq!(direct.algorithm, Algorithm::Direct);
+        assert_eq!(direct.schedule, crate::moe::Schedule::Direct);
         assert!(
             (direct.cost.total() * 1e6 - 39.70).abs() < 0.01,
             "{direct:?}"
