@@ -103,6 +103,25 @@ impl Profile {
         p
     }
 
+    /// Built-in parameters of a job across hosts that has no calibrated
+    /// profile: [`Profile::thread_default`] within a host, and between
+    /// hosts a 10 Gbit/s Ethernet port per host (alpha 30 us, beta
+    /// 1.25 GB/s, o 2 us, shared by the host's ranks: `inter_ports` 1). A
+    /// guess, but the right way round: with the thread transport's numbers
+    /// between hosts too, `auto` took the flat `mesh2d` across a 1 Gbit/s
+    /// link (0.119 GB/s busbw) where `hier` ran 1.5x faster (bench/RESULTS.md,
+    /// issue 15). `ferrocoll calibrate` across the hosts measures both.
+    pub fn hosts_default() -> Profile {
+        let mut p = Profile::thread_default();
+        p.inter = LinkParams {
+            alpha: 30e-6,
+            beta: 1.25e9,
+            overhead: 2e-6,
+        };
+        p.inter_ports = 1.0;
+        p
+    }
+
     /// Where a calibrated profile of `transport` is looked for when
     /// `FERROCOLL_PROFILE` is not set: `$XDG_CONFIG_HOME/ferrocoll/<transport>.json`,
     /// else `$HOME/.config/ferrocoll/<transport>.json`.

@@ -80,17 +80,26 @@ pub(super) fn init_over(
         channels[peer] = Some(channel);
     }
 
-    // Every rank predicts with rank 0's profile, so auto choices agree.
-    let transport_name = match kind {
-        TransportKind::Tcp => "tcp",
-        _ if hosts.nodes == 1 => "shm",
-        _ => "tcp",
+    // Every rank predicts with rank 0's profile, so auto choices agree. It
+    // is looked for under the transport's name as the communicator reports
+    // it (what `ferrocoll calibrate` writes: "shm+tcp" across hosts), then
+    // under "tcp" (profiles written before), then built in.
+    let transport_name = match (links.contains(&"shm"), links.contains(&"tcp")) {
+        (true, true) => "shm+tcp",
+        (false, true) => "tcp",
+        _ => "shm",
+    };
+    let names: &[&str] = if transport_name == "shm+tcp" {
+        &["shm+tcp", "tcp"]
+    } else {
+        &[transport_name]
     };
     config.profile = Some(share_profile(
         store.as_mut(),
         &config,
         (rank, size),
-        transport_name,
+        names,
+        hosts.nodes > 1,
     )?);
     config.topology = Some(topology(&config, settings, &hosts.node_of, size)?);
     // Over TCP, slices of 512 KiB pipeline better than the thread
@@ -136,19 +145,27 @@ pub(super) fn init_over(
 
 /// Rank 0's cost-model profile, which every rank predicts with so that
 /// `auto` choices agree: rank 0 publishes its own (the configuration's, else
-/// the calibrated one for `transport_name`, else the default) and every
-/// rank reads it back.
+/// the first calibrated one of `names`, else the built-in one: for a job
+/// across hosts, [`Profile::hosts_default`]) and every rank reads it back.
 fn share_profile(
     store: &mut dyn Rendezvous,
     config: &Config,
     (rank, size): (usize, usize),
-    transport_name: &str,
+    names: &[&str],
+    across_hosts: bool,
 ) -> Result<Profile> {
     if rank == 0 {
         let profile = config.profile.clone().unwrap_or_else(|| {
-            Profile::default_path(transport_name)
-                .and_then(|p| Profile::load(&p).ok())
-                .unwrap_or_else(Profile::thread_default)
+            names
+                .iter()
+                .find_map(|name| Profile::default_path(name).and_then(|p| Profile::load(&p).ok()))
+                .unwrap_or_else(|| {
+                    if across_hosts {
+                        Profile::hosts_default()
+                    } else {
+                        Profile::thread_default()
+                    }
+                })
         });
         let json = serde_json::to_vec(&profile).map_err(|e| Error::Internal(e.to_string()))?;
         store.set("profile", &json)?;
