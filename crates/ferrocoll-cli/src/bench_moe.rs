@@ -201,15 +201,7 @@ struct Setup<'a> {
 
 /// Runs `ferrocoll bench moe`.
 pub fn moe_main(args: &MoeArgs) -> Result<(), CliError> {
-    let job_size = crate::run::in_job()
-        .then(|| ferrocoll::world::WorldSpec::from_env().ok().map(|s| s.size))
-        .flatten();
-    let n = args.ranks.or(job_size).unwrap_or(4);
-    let transport = args.transport.unwrap_or(if job_size.is_some() {
-        Transport::Auto
-    } else {
-        Transport::Thread
-    });
+    let (n, transport) = bench::ranks_and_transport(args.ranks, args.transport, 4);
     if n == 0 || args.experts == 0 || args.experts % n != 0 {
         return Err(CliError::Usage(format!(
             "--experts {} cannot be split evenly over {n} ranks; use a positive multiple of {n}",

@@ -93,8 +93,8 @@ pub struct OverlapArgs {
     ranks: Option<usize>,
     /// `thread`, `shm`, `tcp` or `auto` (as `bench`; default thread, and
     /// the job's under a launcher).
-    #[arg(long)]
-    transport: Option<String>,
+    #[arg(long, value_parser = bench::parse_transport)]
+    transport: Option<bench::Transport>,
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -401,23 +401,11 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
 
 fn overlap_main(args: &OverlapArgs) -> Result<(), CliError> {
     let in_job = crate::run::in_job();
-    let transport = args.transport.clone().unwrap_or_else(|| {
-        if in_job {
-            "auto".into()
-        } else {
-            "thread".into()
-        }
-    });
-    if !["thread", "shm", "tcp", "auto"].contains(&transport.as_str()) {
-        return Err(CliError::Usage(format!(
-            "--transport {transport}: use thread, shm, tcp or auto"
-        )));
+    let (n, transport) = bench::ranks_and_transport(args.ranks, args.transport, 2);
+    if transport != bench::Transport::Thread && !in_job {
+        return crate::run::relaunch_self(n, transport.name(), "overlap benchmark");
     }
-    let n = args.ranks.unwrap_or(2);
-    if transport != "thread" && !in_job {
-        return crate::run::relaunch_self(n, &transport, "overlap benchmark");
-    }
-    let report = if transport == "thread" && !in_job {
+    let report = if transport == bench::Transport::Thread && !in_job {
         let mut reports = ferrocoll::local::run(n, |comm| {
             let r = run_rank(&comm, args);
             if r.is_err() {

@@ -126,6 +126,26 @@ impl BenchArgs {
     }
 }
 
+/// The ranks and transport of a benchmark: as given, else, under a
+/// launcher, the job's size and `auto` (shm within a host, tcp between),
+/// else `default_ranks` threads.
+pub fn ranks_and_transport(
+    ranks: Option<usize>,
+    transport: Option<Transport>,
+    default_ranks: usize,
+) -> (usize, Transport) {
+    let job_size = crate::run::in_job()
+        .then(|| ferrocoll::world::WorldSpec::from_env().ok().map(|s| s.size))
+        .flatten();
+    let n = ranks.or(job_size).unwrap_or(default_ranks);
+    let transport = transport.unwrap_or(if job_size.is_some() {
+        Transport::Auto
+    } else {
+        Transport::Thread
+    });
+    (n, transport)
+}
+
 /// The transports `bench` can run over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {

@@ -56,7 +56,7 @@ mod rank;
 mod setup;
 mod sweep;
 
-pub use args::{parse_size, parse_transport, BenchArgs, Transport};
+pub use args::{parse_size, parse_transport, ranks_and_transport, BenchArgs, Transport};
 
 use crate::error::CliError;
 use setup::Setup;

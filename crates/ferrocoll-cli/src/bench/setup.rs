@@ -35,15 +35,7 @@ impl Setup {
         let coll = args.coll;
         // Under a launcher the job decides how many ranks there are and
         // how they talk.
-        let job_size = crate::run::in_job()
-            .then(|| ferrocoll::world::WorldSpec::from_env().ok().map(|s| s.size))
-            .flatten();
-        let n = args.ranks.or(job_size).unwrap_or(4);
-        let transport = args.transport.unwrap_or(if job_size.is_some() {
-            Transport::Auto
-        } else {
-            Transport::Thread
-        });
+        let (n, transport) = super::args::ranks_and_transport(args.ranks, args.transport, 4);
         if coll.has_root() && args.root >= n {
             return Err(CliError::Usage(format!(
                 "--root {} is not a rank; with {n} ranks use 0 to {}",
