@@ -16,6 +16,7 @@
 #
 # PEER_VENV: a venv with torch (default .venv). ITERS: timed layers at the
 # large workload (default 10). REPEAT: runs of the cluster sweep (default 3).
+# RAW: a directory to keep the raw JSON lines and the profile in.
 # On the cluster the ranks run with FERROCOLL_BIND=none FERROCOLL_SPIN_US=200:
 # its hosts share this machine's cores, and the default binding pins both
 # hosts' rank 0 to CPU 0 (and rank 1 to CPU 1), where they spin against each
@@ -32,6 +33,7 @@ SUBNET=60
 OUT=$(mktemp -d)
 cleanup() {
     if [ "$WHAT" != local ]; then bench/cluster.sh down --name $NAME >/dev/null 2>&1 || true; fi
+    if [ -n "${RAW:-}" ]; then mkdir -p "$RAW" && cp "$OUT"/*.json "$RAW"/ 2>/dev/null || true; fi
     rm -rf "$OUT"
 }
 trap cleanup EXIT
