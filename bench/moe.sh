@@ -128,7 +128,7 @@ PY
     for rep in $(seq 1 "${REPEAT:-3}"); do
         run "$BIN" bench moe --tokens 1,2,4,8,16 "${WORK[@]}" --schedule $SCHED --iters 200 --warmup 10 \
             --check --json >>"$OUT/sweep.json"
-        run "$BIN" bench moe --tokens 32,64,128,256 "${WORK[@]}" --schedule $SCHED --iters 40 --warmup 5 \
+        run "$BIN" bench moe --tokens 32,64,128,256 "${WORK[@]}" --schedule $SCHED --iters 40 --warmup 10 \
             --check --json >>"$OUT/sweep.json"
     done
     python3 - "$OUT/sweep.json" <<'PY'
