@@ -126,9 +126,9 @@ PY
     export FERROCOLL_PROFILE="$OUT/profile.json"
     SCHED=direct,pairwise,two-level,rail,auto
     for rep in $(seq 1 "${REPEAT:-3}"); do
-        run "$BIN" bench moe --tokens 1,2,4,8,16 "${WORK[@]}" --schedule $SCHED --iters 200 --warmup 10 \
+        run "$BIN" bench moe --tokens 1,2,4,8,16 "${WORK[@]}" --schedule $SCHED --iters 200 --warmup 15 \
             --check --json >>"$OUT/sweep.json"
-        run "$BIN" bench moe --tokens 32,64,128,256 "${WORK[@]}" --schedule $SCHED --iters 40 --warmup 10 \
+        run "$BIN" bench moe --tokens 32,64,128,256 "${WORK[@]}" --schedule $SCHED --iters 40 --warmup 15 \
             --check --json >>"$OUT/sweep.json"
     done
     python3 - "$OUT/sweep.json" <<'PY'
@@ -180,6 +180,12 @@ n = len(points)
 print(f"# auto's pick within {TOL:.0%} of the fastest: dispatch {right['dispatch']}/{n}, combine {right['combine']}/{n}"
       f" ({100 * (right['dispatch'] + right['combine']) / (2 * n):.0f} % of the calls), layer {right['layer']}/{n}"
       f" ({100 * right['layer'] / n:.0f} %); the fastest itself: {strict['dispatch'] + strict['combine']}/{2 * n} calls")
+own_ok = sum(
+    mean(t, s, "auto", "dispatch") + mean(t, s, "auto", "combine")
+    <= (1 + TOL) * min(mean(t, s, q, "dispatch") + mean(t, s, q, "combine") for q in forced)
+    for t, s in points
+)
+print(f"# auto's own layer time within {TOL:.0%} of the fastest forced schedule's: {own_ok}/{n} ({100 * own_ok / n:.0f} %)")
 print(f"# noise: auto's own time against the forced run of the same schedule, median {100 * statistics.median(noise):.1f} %,"
       f" max {100 * max(noise):.1f} %")
 PY

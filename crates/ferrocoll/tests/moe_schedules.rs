@@ -288,7 +288,7 @@ fn auto_measures_the_near_ties_and_every_rank_runs_the_same() {
         let r = comm.rank() as u32;
         let x = vec![bf16::ONE; 2048];
         let mut ran = Vec::new();
-        for _ in 0..14 {
+        for _ in 0..20 {
             let (inputs, h) = moe.dispatch(&x, &[r, (r + 3) % 8], &[0.5, 0.5])?;
             let y = moe.combine(inputs.as_slice(), &h)?;
             assert_eq!(y, x);
@@ -308,5 +308,5 @@ fn auto_measures_the_near_ties_and_every_rank_runs_the_same() {
     let tried: std::collections::HashSet<Schedule> = first.iter().map(|s| s[0]).collect();
     assert!(tried.len() >= 2, "several candidates measured: {first:?}");
     // Once measured, one schedule stays.
-    assert!(first[10..].windows(2).all(|w| w[0] == w[1]), "{first:?}");
+    assert!(first[14..].windows(2).all(|w| w[0] == w[1]), "{first:?}");
 }
