@@ -103,7 +103,6 @@ pub mod reference;
 mod routing;
 mod schedule;
 mod scratch;
-mod tune;
 mod two_level;
 
 pub use accumulate::Accumulate;
@@ -226,15 +225,11 @@ struct State {
     pool: scratch::Pool,
     /// The schedule last explained for dispatch and for combine.
     explained: Mutex<[Option<Schedule>; 2]>,
-    /// What `auto` measured of the schedules it could not tell apart.
-    tuner: Mutex<tune::Tuner>,
 }
 
 /// Words before the counts in each rank's contribution to the count
-/// exchange: its verdict on its own arguments, its spec's fingerprint, and
-/// how long its last measured dispatch and combine exchanges took
-/// (`tune.rs`).
-const HEADER: usize = 4;
+/// exchange: its verdict on its own arguments and its spec's fingerprint.
+const HEADER: usize = 2;
 /// The verdicts.
 const ARGS_OK: u32 = 0;
 const ARGS_BAD: u32 = 1;
@@ -341,8 +336,6 @@ impl Dispatcher {
             ARGS_OK
         };
         mine[1] = self.spec.fingerprint(self.forced.0);
-        let report = self.tuner().report();
-        mine[2..4].copy_from_slice(&report);
         if local_error.is_none() {
             for (pair, &e) in topk_idx.iter().enumerate() {
                 mine[HEADER + e as usize * k + pair % k] += 1;
@@ -354,8 +347,6 @@ impl Dispatcher {
             return Err(e);
         }
         self.check_peers(&all, width)?;
-        let reports: Vec<[u32; 2]> = all.chunks_exact(width).map(|r| [r[2], r[3]]).collect();
-        self.tuner().record(&reports);
         let routed: Vec<usize> = all
             .chunks_exact(width)
             .flat_map(|r| r[HEADER..].iter().map(|&c| c as usize))
@@ -421,7 +412,6 @@ impl Dispatcher {
             dropped,
             schedules: [Schedule::Auto; 2],
             by_expert: [false; 2],
-            tune_class: None,
         };
 
         // 4. The schedules of dispatch and of combine (the transpose), the
@@ -430,10 +420,10 @@ impl Dispatcher {
         let forward = handle.rank_rows();
         let backward = transpose(&forward, p);
         let row_bytes = (h * T::DTYPE.size()) as f64;
-        let (d, d_class) = self.resolve(&forward, row_bytes, choose::Direction::Dispatch)?;
-        let (c, c_class) = self.resolve(&backward, row_bytes, choose::Direction::Combine)?;
-        handle.schedules = [d, c];
-        handle.tune_class = c_class;
+        handle.schedules = [
+            self.resolve(&forward, row_bytes, choose::Direction::Dispatch)?,
+            self.resolve(&backward, row_bytes, choose::Direction::Combine)?,
+        ];
         handle.by_expert = [
             self.by_expert(handle.schedules[0], &forward, row_bytes),
             self.by_expert(handle.schedules[1], &backward, row_bytes),
@@ -460,10 +450,6 @@ impl Dispatcher {
         let blocks = handle.blocks();
         let total: usize = (0..p).map(|s| forward[s * p + me]).sum::<usize>() * h;
         let mut recv = self.state.pool.sized(total);
-        // The sub-communicators are made before the clock starts: a
-        // measured exchange must not include them.
-        self.prepare(d)?;
-        let started = std::time::Instant::now();
         // With one source or one expert per rank the arrival order is the
         // experts' order: the caller gets the buffer the rows arrive in.
         let rows = if handle.by_expert[0] {
@@ -482,10 +468,6 @@ impl Dispatcher {
                 rows
             }
         };
-        if let Some(class) = d_class {
-            self.tuner()
-                .ran(0, class, d, started.elapsed().as_secs_f64());
-        }
         let mut offsets = vec![0usize; l + 1];
         for x in 0..l {
             offsets[x + 1] = offsets[x] + (0..p).map(|s| blocks[s * l + x]).sum::<usize>();
@@ -544,8 +526,6 @@ impl Dispatcher {
         let pool = &self.state.pool;
         let me = self.comm.rank();
         let mut returned = pool.sized((0..p).map(|d| backward[d * p + me]).sum::<usize>() * h);
-        self.prepare(handle.schedules[1])?;
-        let started = std::time::Instant::now();
         // Where each slot's row comes back: at the slot, or at its place in
         // expert-major order when combine runs expert by expert.
         let place = if handle.by_expert[1] {
@@ -572,14 +552,6 @@ impl Dispatcher {
             pool.give(back);
             None
         };
-        if let Some(class) = handle.tune_class {
-            self.tuner().ran(
-                1,
-                class,
-                handle.schedules[1],
-                started.elapsed().as_secs_f64(),
-            );
-        }
         let terms: Vec<Option<(usize, f32)>> = handle
             .slot_of
             .iter()
@@ -593,14 +565,6 @@ impl Dispatcher {
         T::weighted_sum(&returned, &terms, handle.topk, &mut y);
         pool.give(returned);
         Ok(y)
-    }
-
-    /// What `auto` measured (a poisoned lock still holds usable numbers).
-    fn tuner(&self) -> std::sync::MutexGuard<'_, tune::Tuner> {
-        self.state
-            .tuner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// This rank's arguments to dispatch, checked.
