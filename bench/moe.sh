@@ -180,6 +180,17 @@ n = len(points)
 print(f"# auto's pick within {TOL:.0%} of the fastest: dispatch {right['dispatch']}/{n}, combine {right['combine']}/{n}"
       f" ({100 * (right['dispatch'] + right['combine']) / (2 * n):.0f} % of the calls), layer {right['layer']}/{n}"
       f" ({100 * right['layer'] / n:.0f} %); the fastest itself: {strict['dispatch'] + strict['combine']}/{2 * n} calls")
+# The flat-or-hierarchical question: the faster family by layer time (its
+# best member), a tie within TOL counting either way.
+family = lambda q: "flat" if q in ("direct", "pairwise") else "hier"
+fam_ok = 0
+for t, s in points:
+    layer = {q: mean(t, s, q, "dispatch") + mean(t, s, q, "combine") for q in forced}
+    best = {f: min(v for q, v in layer.items() if family(q) == f) for f in ("flat", "hier")}
+    auto = runs[(t, s, "auto")][0]
+    picked = {family(auto["schedule"]), family(auto["combine_schedule"])}
+    fam_ok += all(best[f] <= (1 + TOL) * min(best.values()) for f in picked)
+print(f"# flat or hierarchical: auto's family the faster (or within {TOL:.0%}) in {fam_ok}/{n} ({100 * fam_ok / n:.0f} %)")
 own_ok = sum(
     mean(t, s, "auto", "dispatch") + mean(t, s, "auto", "combine")
     <= (1 + TOL) * min(mean(t, s, q, "dispatch") + mean(t, s, q, "combine") for q in forced)
