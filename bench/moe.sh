@@ -16,6 +16,7 @@
 #
 # PEER_VENV: a venv with torch (default .venv). ITERS: timed layers at the
 # large workload (default 10). REPEAT: runs of the cluster sweep (default 3).
+# RAW: a directory to keep the raw JSON lines and the profile in.
 # On the cluster the ranks run with FERROCOLL_BIND=none FERROCOLL_SPIN_US=200:
 # its hosts share this machine's cores, and the default binding pins both
 # hosts' rank 0 to CPU 0 (and rank 1 to CPU 1), where they spin against each
@@ -32,6 +33,7 @@ SUBNET=60
 OUT=$(mktemp -d)
 cleanup() {
     if [ "$WHAT" != local ]; then bench/cluster.sh down --name $NAME >/dev/null 2>&1 || true; fi
+    if [ -n "${RAW:-}" ]; then mkdir -p "$RAW" && cp "$OUT"/*.json "$RAW"/ 2>/dev/null || true; fi
     rm -rf "$OUT"
 }
 trap cleanup EXIT
@@ -55,7 +57,7 @@ def load(path):
     return rows
 ours, gloo = load(sys.argv[1]), load(sys.argv[2])
 print(f"{'tokens':>6} {'skew':>9} {'C':>8} | {'ferrocoll dispatch':>18} {'combine':>9} {'sum':>9} {'GB/s':>6} {'sched':>9} |"
-      f" {'gloo dispatch':>13} {'combine':>9} {'sum':>9} {'GB/s':>6} | {'speedup':>7} {'dropped':>8} {'wrong':>5}")
+      f" {'gloo dispatch':>13} {'combine':>9} {'sum':>9} {'GB/s':>6} | {'speedup':>7} {'dropped (ours/gloo)':>15} {'wrong':>5}")
 for key in sorted(ours, key=lambda k: (k[0], k[1], k[2] or 0)):
     a, g = ours[key], gloo.get(key)
     s = a["dispatch_us"] + a["combine_us"]
@@ -64,7 +66,7 @@ for key in sorted(ours, key=lambda k: (k[0], k[1], k[2] or 0)):
     if g:
         t = g["dispatch_us"] + g["combine_us"]
         line += (f" {g['dispatch_us'] / 1e3:>10.2f} ms {g['combine_us'] / 1e3:>6.2f} ms {t / 1e3:>6.2f} ms {g['logical_GBps']:>6.3f} |"
-                 f" {t / s:>6.2f}x {a['dropped']:>8} {(a['wrong'] or 0) + (g['wrong'] or 0):>5}")
+                 f" {t / s:>6.2f}x {a['dropped']:>7}/{g['dropped']:<7} {(a['wrong'] or 0) + (g['wrong'] or 0):>5}")
     print(line)
 PY
 }
@@ -88,33 +90,45 @@ if [ "$WHAT" = cluster ] || [ "$WHAT" = all ]; then
     run() { "$BIN" run --quiet-others --hosts "${NAME}h0:2,${NAME}h1:2" --agent "bench/cluster.sh exec" -- "$@"; }
     echo "== cluster: 2 hosts x 2 ranks, links 1gbit; calibrating"
     run "$BIN" calibrate -e 16M --repeat 3 --out "$OUT/profile.json" 2>&1 | grep -E "^\[0\] # fit" | sed 's/^\[0\] //'
-    # calibrate fits the intra-host links on the first host's ranks alone,
-    # the other host idle; here the hosts share this machine's 2 cores, and
-    # a round of intra-host messages inside a multi-round exchange costs
-    # more: the hierarchical alltoallv of 64 B is the direct one plus one
-    # intra-host round, so their difference is that round's latency.
-    a2av() { run "$BIN" bench alltoallv -b 64 -e 64 --iters 2000 --warmup 50 --algo "$1" --no-check --json | sed 's/^\[0\] //'; }
-    for _ in 1 2 3; do a2av direct >>"$OUT/a2av_direct.json"; a2av hier >>"$OUT/a2av_hier.json"; done
-    python3 - "$OUT/profile.json" "$OUT/a2av_direct.json" "$OUT/a2av_hier.json" <<'PY'
+    # calibrate fits the intra-host links on the first host's ranks alone
+    # and the inter-host ones on one rank per host, the others idle; here
+    # the hosts share this machine's 2 cores, and with every rank busy an
+    # intra-host round and a further message through a host's link cost
+    # more. From the alltoallv of 64 B: the hierarchical one is the direct
+    # one plus an intra-host round; the direct one on 2x2 sends 4 messages
+    # through each host's link where one rank per host sends 1.
+    a2av() {
+        "$BIN" run --quiet-others --hosts "$2" --agent "bench/cluster.sh exec" -- "$BIN" bench alltoallv \
+            -b 64 -e 64 --iters 2000 --warmup 50 --algo "$1" --no-check --json | sed 's/^\[0\] //'
+    }
+    for _ in 1 2 3; do
+        a2av direct "${NAME}h0:2,${NAME}h1:2" >>"$OUT/a2av_direct.json"
+        a2av hier "${NAME}h0:2,${NAME}h1:2" >>"$OUT/a2av_hier.json"
+        a2av direct "${NAME}h0:1,${NAME}h1:1" >>"$OUT/a2av_pair.json"
+    done
+    python3 - "$OUT/profile.json" "$OUT/a2av_direct.json" "$OUT/a2av_hier.json" "$OUT/a2av_pair.json" <<'PY'
 import json, sys
 path = sys.argv[1]
 # The least median of three runs each, alternated: the machine's load comes and goes.
-direct, hier = (min(json.loads(l)["median_us"] for l in open(p) if l.startswith("{")) for p in sys.argv[2:4])
+direct, hier, pair = (min(json.loads(l)["median_us"] for l in open(p) if l.startswith("{")) for p in sys.argv[2:5])
 f = json.load(open(path))
-measured = (hier - direct) * 1e-6
-intra = f["profile"]["intra"]
-print(f"# alltoallv 64 B, least median of 3 runs: direct {direct:.1f} us, hier {hier:.1f} us: an intra-host round "
-      f"under load {measured * 1e6:.1f} us (calibrate's intra alpha {intra['alpha'] * 1e6:.1f} us, kept if larger)")
-intra["alpha"] = max(intra["alpha"], measured)
+intra, inter = f["profile"]["intra"], f["profile"]["inter"]
+round_ = (hier - direct) * 1e-6
+message = (direct - pair) / 3 * 1e-6
+print(f"# alltoallv 64 B, least median of 3 runs: 2x2 direct {direct:.1f} us, 2x2 hier {hier:.1f} us, 1+1 {pair:.1f} us:"
+      f" an intra-host round {round_ * 1e6:.1f} us (calibrate: alpha {intra['alpha'] * 1e6:.1f} us), a message more"
+      f" through a host's link {message * 1e6:.1f} us (calibrate: o {inter['overhead'] * 1e6:.1f} us); the larger kept")
+intra["alpha"] = max(intra["alpha"], round_)
+inter["overhead"] = max(inter["overhead"], message)
 json.dump(f, open(path, "w"), indent=1)
 print("# profile:", json.dumps(f["profile"]))
 PY
     export FERROCOLL_PROFILE="$OUT/profile.json"
     SCHED=direct,pairwise,two-level,rail,auto
     for rep in $(seq 1 "${REPEAT:-3}"); do
-        run "$BIN" bench moe --tokens 1,2,4,8,16 "${WORK[@]}" --schedule $SCHED --iters 200 --warmup 10 \
+        run "$BIN" bench moe --tokens 1,2,4,8,16 "${WORK[@]}" --schedule $SCHED --iters 200 --warmup 15 \
             --check --json >>"$OUT/sweep.json"
-        run "$BIN" bench moe --tokens 32,64,128,256 "${WORK[@]}" --schedule $SCHED --iters 40 --warmup 5 \
+        run "$BIN" bench moe --tokens 32,64,128,256 "${WORK[@]}" --schedule $SCHED --iters 40 --warmup 15 \
             --check --json >>"$OUT/sweep.json"
     done
     python3 - "$OUT/sweep.json" <<'PY'
@@ -166,6 +180,23 @@ n = len(points)
 print(f"# auto's pick within {TOL:.0%} of the fastest: dispatch {right['dispatch']}/{n}, combine {right['combine']}/{n}"
       f" ({100 * (right['dispatch'] + right['combine']) / (2 * n):.0f} % of the calls), layer {right['layer']}/{n}"
       f" ({100 * right['layer'] / n:.0f} %); the fastest itself: {strict['dispatch'] + strict['combine']}/{2 * n} calls")
+# The flat-or-hierarchical question: the faster family by layer time (its
+# best member), a tie within TOL counting either way.
+family = lambda q: "flat" if q in ("direct", "pairwise") else "hier"
+fam_ok = 0
+for t, s in points:
+    layer = {q: mean(t, s, q, "dispatch") + mean(t, s, q, "combine") for q in forced}
+    best = {f: min(v for q, v in layer.items() if family(q) == f) for f in ("flat", "hier")}
+    auto = runs[(t, s, "auto")][0]
+    picked = {family(auto["schedule"]), family(auto["combine_schedule"])}
+    fam_ok += all(best[f] <= (1 + TOL) * min(best.values()) for f in picked)
+print(f"# flat or hierarchical: auto's family the faster (or within {TOL:.0%}) in {fam_ok}/{n} ({100 * fam_ok / n:.0f} %)")
+own_ok = sum(
+    mean(t, s, "auto", "dispatch") + mean(t, s, "auto", "combine")
+    <= (1 + TOL) * min(mean(t, s, q, "dispatch") + mean(t, s, q, "combine") for q in forced)
+    for t, s in points
+)
+print(f"# auto's own layer time within {TOL:.0%} of the fastest forced schedule's: {own_ok}/{n} ({100 * own_ok / n:.0f} %)")
 print(f"# noise: auto's own time against the forced run of the same schedule, median {100 * statistics.median(noise):.1f} %,"
       f" max {100 * max(noise):.1f} %")
 PY

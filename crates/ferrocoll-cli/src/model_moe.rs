@@ -168,7 +168,7 @@ struct Report {
     padded_send_bytes: f64,
     phases: Vec<PhaseOut>,
     /// Count exchange + dispatch + combine under the schedules `auto`
-    /// chooses (the cheapest of each phase).
+    /// chooses (the cheapest of each phase, ties to the fewest rounds).
     layer_us: f64,
 }
 
@@ -332,7 +332,7 @@ fn print_table(
     }
     writeln!(
         out,
-        "# layer (counts + dispatch + combine, the cheapest schedule of each, as auto chooses): {:.3} us",
+        "# layer (counts + dispatch + combine, the schedule auto chooses for each): {:.3} us",
         r.layer_us
     )
 }

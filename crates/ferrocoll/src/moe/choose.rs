@@ -6,7 +6,8 @@
 //! `FERROCOLL_ALGO`), [`Schedule::Flat`] (that algorithm, as before the
 //! dispatcher had schedules), else the cost model: the candidate of
 //! [`super::schedule::price`] with the least predicted time on the count
-//! matrix every rank holds, the communicator's profile and topology. Every
+//! matrix every rank holds, the communicator's profile and topology (ties
+//! within 2 % to the fewest rounds, [`super::schedule::choose`]). Every
 //! input is the same on every rank, so every rank chooses alike.
 //!
 //! `FERROCOLL_DEBUG=tune` makes rank 0 print the candidates' predicted times
@@ -102,8 +103,16 @@ impl Dispatcher {
         }
         let candidates = self.candidates(rows, row_bytes);
         let (choice, why) = decided.unwrap_or_else(|| {
-            let best = schedule::cheapest(&candidates).expect("direct is always a candidate");
-            (best.schedule, "least predicted time".to_string())
+            let best = schedule::choose(&candidates).expect("direct is always a candidate");
+            let why = if Some(best) == schedule::cheapest(&candidates) {
+                "least predicted time".to_string()
+            } else {
+                format!(
+                    "fewest rounds among the predictions within {:.0} % of the least",
+                    schedule::TIE * 100.0
+                )
+            };
+            (best.schedule, why)
         });
         if tune {
             self.explain(dir, rows, row_bytes, &candidates, choice, &why);

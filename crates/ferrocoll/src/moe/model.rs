@@ -29,7 +29,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-pub use super::schedule::{cheapest, price, Candidate};
+pub use super::schedule::{cheapest, choose, price, Candidate, TIE};
 use super::{routing, Policy, HEADER};
 use crate::cost::{self, Cost, Profile, Shape};
 use crate::error::{Error, Result};
@@ -163,9 +163,9 @@ pub struct Prediction {
 
 impl Prediction {
     /// Count exchange + dispatch + combine under the schedules `auto`
-    /// chooses (the cheapest of each): one MoE layer's forward exchange.
+    /// chooses ([`choose`]): one MoE layer's forward exchange.
     pub fn layer(&self) -> Cost {
-        let best = |c: &[Candidate]| cheapest(c).map_or(Cost::ZERO, |c| c.cost);
+        let best = |c: &[Candidate]| choose(c).map_or(Cost::ZERO, |c| c.cost);
         self.counts.cost + best(&self.dispatch) + best(&self.combine)
     }
 }

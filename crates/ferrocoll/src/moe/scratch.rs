@@ -4,8 +4,9 @@
 //! receives as much; fresh buffers of that size come from the kernel as
 //! new pages, so every call paid a page fault (and the zeroing) per 4 KiB
 //! before copying anything: on the project's machine a 1-rank dispatch of
-//! that size took 61 ms, three quarters of it in the fault handler and
-//! memset (perf). Buffers that do not leave the call (the packed send
+//! that size took 61 ms, the fault handler and the kernel's page
+//! bookkeeping first in its profile (perf), and 37 ms with the buffers
+//! kept (bench/RESULTS.md, issue 18). Buffers that do not leave the call (the packed send
 //! buffer, what the all-to-all-v delivers before it is regrouped, the
 //! two-level phases' buffers) are taken from and given back to this pool
 //! instead; what the caller receives (the experts' inputs, the combined
