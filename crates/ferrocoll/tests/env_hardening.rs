@@ -164,6 +164,14 @@ fn rows() -> Vec<Row> {
             std_bad: NUMERIC_BAD,
         },
         Row {
+            var: "FERROCOLL_EAGER_BYTES",
+            parser: Library,
+            zero: true,
+            good: &["1", "32768", "18446744073709551615"],
+            bad: &["32K", "1.5"],
+            std_bad: NUMERIC_BAD,
+        },
+        Row {
             var: "FERROCOLL_SOCKET_BUFFER",
             parser: Library,
             zero: true,

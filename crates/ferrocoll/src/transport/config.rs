@@ -22,6 +22,10 @@ const DEFAULT_STREAMS: usize = 1;
 /// has one, by default.
 const SINGLE_COPY_BYTES: usize = 64 << 10;
 
+/// Data messages longer than this wait for the receiver, by default (see
+/// [`TransportConfig::eager_bytes`]).
+const EAGER_BYTES: usize = 32 << 10;
+
 /// What the process transports read from the environment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TransportConfig {
@@ -36,6 +40,14 @@ pub(crate) struct TransportConfig {
     /// single-copy path when the channel has one (`usize::MAX`: never; the
     /// variable's 0 turns it off).
     pub single_copy_bytes: usize,
+    /// `FERROCOLL_EAGER_BYTES`: a data message longer than this that goes
+    /// through a ring or socket completes only once the receiver has
+    /// matched it to a posted receive (rendezvous, as MPI's beyond its
+    /// eager limit; the bytes still stream at once). Without it a rank that
+    /// runs ahead (the non-root of a loop of reduces) had the receiver
+    /// buffer an unbounded queue of unexpected messages (`usize::MAX`:
+    /// never wait; the variable's 0 turns waiting off).
+    pub eager_bytes: usize,
     /// `FERROCOLL_SOCKET_BUFFER`: the kernel socket buffer size asked for
     /// on every TCP stream (0: the kernel's default).
     pub socket_buffer: libc::c_int,
@@ -62,6 +74,7 @@ impl Default for TransportConfig {
             spin: None,
             checksums: false,
             single_copy_bytes: SINGLE_COPY_BYTES,
+            eager_bytes: EAGER_BYTES,
             socket_buffer: SOCKET_BUFFER,
             tcp_streams: DEFAULT_STREAMS,
             socket_ifname: None,
@@ -120,6 +133,20 @@ impl TransportConfig {
                 usize::MAX,
                 "bytes",
                 "; 0 turns the single-copy path off, the default is 65536",
+            )? {
+                0 => usize::MAX,
+                b => b,
+            },
+        };
+        let eager_bytes = match get("FERROCOLL_EAGER_BYTES") {
+            None => d.eager_bytes,
+            Some(v) => match env::whole_usize(
+                "FERROCOLL_EAGER_BYTES",
+                &v,
+                0,
+                usize::MAX,
+                "bytes",
+                "; 0 never waits for the receiver, the default is 32768",
             )? {
                 0 => usize::MAX,
                 b => b,
@@ -186,6 +213,7 @@ impl TransportConfig {
             spin,
             checksums,
             single_copy_bytes,
+            eager_bytes,
             socket_buffer,
             tcp_streams,
             socket_ifname,
@@ -229,6 +257,7 @@ mod tests {
             ("FERROCOLL_SPIN_US", " 50 "),
             ("FERROCOLL_CHECKSUM", "on"),
             ("FERROCOLL_SINGLE_COPY_BYTES", "0"),
+            ("FERROCOLL_EAGER_BYTES", "0"),
             ("FERROCOLL_SOCKET_BUFFER", "65536"),
             ("FERROCOLL_TCP_STREAMS", "3"),
             ("FERROCOLL_SOCKET_IFNAME", "lo"),
@@ -237,6 +266,7 @@ mod tests {
         assert_eq!(c.spin, Some(Duration::from_micros(50)));
         assert!(c.checksums);
         assert_eq!(c.single_copy_bytes, usize::MAX);
+        assert_eq!(c.eager_bytes, usize::MAX);
         assert_eq!(c.socket_buffer, 65536);
         assert_eq!(c.tcp_streams, 3);
         assert_eq!(c.socket_ifname.as_deref(), Some("lo"));
@@ -259,6 +289,7 @@ mod tests {
             ("FERROCOLL_SPIN_US", "18446744073709551615"),
             ("FERROCOLL_CHECKSUM", "maybe"),
             ("FERROCOLL_SINGLE_COPY_BYTES", "64K"),
+            ("FERROCOLL_EAGER_BYTES", "-1"),
             ("FERROCOLL_SOCKET_BUFFER", "-1"),
             ("FERROCOLL_SOCKET_BUFFER", "4294967296"),
             ("FERROCOLL_SOCKET_IFNAME", "a very long interface name"),

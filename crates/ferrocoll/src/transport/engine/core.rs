@@ -71,8 +71,10 @@ pub(super) struct CallState {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Route {
     /// Through the stream; `flip` corrupts one payload bit after the
-    /// checksum (the fault tests' hook).
-    Stream { flip: bool },
+    /// checksum (the fault tests' hook); `rendezvous`: the send completes
+    /// only once the receiver has matched it (and the frame is written),
+    /// see `TransportConfig::eager_bytes`.
+    Stream { flip: bool, rendezvous: bool },
     /// Only its address: the receiver reads the sender's memory.
     Remote,
     /// Only where it lies in a shared buffer the receiver maps.
@@ -116,7 +118,22 @@ pub(crate) struct Core {
     pub(super) spread: HashSet<(u64, u64)>,
     /// What each peer last said of where it is: (communicator, text).
     pub(super) positions: Vec<Option<(u64, String)>>,
+    /// Buffers of delivered unexpected messages, kept for the next ones
+    /// ([`Core::unexpected_buffer`]).
+    spare: Vec<Vec<u64>>,
+    /// Tokens of our rendezvous sends handed out so far.
+    tokens: u64,
 }
+
+/// Set in every rendezvous token, so that a token never equals the
+/// address of a remote-data message (user-space addresses have bit 63
+/// clear), with which it shares the peer's list of unacknowledged sends.
+const TOKEN_BIT: u64 = 1 << 63;
+
+/// How many emptied unexpected-message buffers the engine keeps.
+const SPARE_BUFFERS: usize = 8;
+/// Largest buffer kept for reuse (bytes); larger ones are freed.
+const SPARE_MAX_BYTES: usize = 16 << 20;
 
 impl Core {
     /// The core of rank `me` of `size`, whose peers in `connected` have a
@@ -158,6 +175,63 @@ impl Core {
             aborted: Arc::new(AtomicBool::new(false)),
             spread: HashSet::new(),
             positions: vec![None; connected.len()],
+            spare: Vec::new(),
+            tokens: 0,
+        }
+    }
+
+    /// A buffer for an unexpected message of `len` bytes, reused from one
+    /// delivered earlier when there is one.
+    ///
+    /// Why: a rank that runs ahead (the non-root of a reduce, the root of a
+    /// broadcast, any rank of a loop of rooted calls) makes most of its
+    /// peer's messages unexpected. A fresh zeroed buffer per message cost a
+    /// page fault and a clear per 4 KiB, and glibc gave the memory back to
+    /// the kernel after each free: a 2-rank 128 KiB reduce over shared
+    /// memory took 80-160 us, three quarters of it in the fault handler
+    /// (perf), against 14 us predicted. The bytes of a reused buffer are
+    /// stale, not cleared: the frame's payload overwrites the first `len`
+    /// bytes before anyone reads them, and only those are delivered.
+    pub(super) fn unexpected_buffer(&mut self, len: usize) -> Vec<u64> {
+        let words = len.div_ceil(8);
+        // The smallest spare that holds it, else the largest (grown).
+        let pick = self
+            .spare
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= words)
+            .min_by_key(|(_, b)| b.capacity())
+            .or_else(|| {
+                self.spare
+                    .iter()
+                    .enumerate()
+                    .max_by_key(|(_, b)| b.capacity())
+            })
+            .map(|(i, _)| i);
+        let mut buf = match pick {
+            Some(i) => self.spare.swap_remove(i),
+            None => Vec::new(),
+        };
+        if buf.len() >= words {
+            buf.truncate(words);
+        } else {
+            buf.resize(words, 0);
+        }
+        buf
+    }
+
+    /// Keeps the buffer of a delivered unexpected message for the next one
+    /// (at most [`SPARE_BUFFERS`], each at most [`SPARE_MAX_BYTES`]).
+    pub(super) fn recycle(&mut self, buf: Vec<u64>) {
+        if buf.capacity() == 0 || buf.capacity() * 8 > SPARE_MAX_BYTES {
+            return;
+        }
+        if self.spare.len() < SPARE_BUFFERS {
+            self.spare.push(buf);
+        } else if let Some(smallest) = self.spare.iter_mut().min_by_key(|b| b.capacity()) {
+            if smallest.capacity() < buf.capacity() {
+                *smallest = buf;
+            }
         }
     }
 
@@ -329,8 +403,8 @@ impl Core {
 
     /// Queues send `s` of call `id`.
     fn queue_send(&mut self, id: usize, header: &Header, s: &Outgoing<'_>, route: Route) {
-        let flip = match route {
-            Route::Stream { flip } => flip,
+        let (flip, rendezvous) = match route {
+            Route::Stream { flip, rendezvous } => (flip, rendezvous),
             Route::Remote | Route::Shared { .. } => {
                 let frame = match route {
                     Route::Shared { offset, region } => Frame {
@@ -360,6 +434,19 @@ impl Core {
         let mut frame = Frame::data(*header, s.data.len());
         if self.checksums {
             frame.addr = CRC_PRESENT | u64::from(crc32c::crc32c(s.data));
+        }
+        if rendezvous {
+            // Done when written and when the peer has matched it, in
+            // either order: the peer answers as soon as it has read the
+            // header and found the receive, often before the last byte is
+            // written. So the wait is booked now, as one more pending send.
+            self.tokens += 1;
+            let token = TOKEN_BIT | self.tokens;
+            frame.region = token;
+            self.peers[s.peer].unacked.push((id, header.key(), token));
+            if let Some(c) = self.calls[id].as_mut() {
+                c.pending_sends += 1;
+            }
         }
         let flip = flip && !s.data.is_empty();
         // A frame to corrupt (test hook) is copied so the caller's buffer
@@ -633,6 +720,9 @@ impl Core {
                 continue;
             }
             let msg = q.remove(pos).expect("position is valid");
+            if let Some(token) = msg.ack {
+                self.queue_ack(peer, &msg.header, token);
+            }
             if let Some((addr, region)) = msg.remote {
                 if self.accept(peer, id, idx, &msg.header, msg.len) {
                     // Read at the next turn of progress.
@@ -663,6 +753,7 @@ impl Core {
                 unsafe { (*c.sink.0).deliver(idx, 0, &bytes[..msg.len]) };
                 self.finish_recv(id, idx);
             }
+            self.recycle(msg.data);
         }
     }
 

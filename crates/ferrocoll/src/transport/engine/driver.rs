@@ -474,11 +474,19 @@ impl State {
             if self.core.is_lost(p) {
                 continue;
             }
-            if let Some(chan) = self.chans[p].as_mut() {
-                if let Err(e) = chan.check_alive() {
-                    self.core.handle_lost(p, format!("rank {p}: {e}"));
-                }
+            let Some(mut chan) = self.chans[p].take() else {
+                continue;
+            };
+            if let Err(e) = chan.check_alive() {
+                // Read what the peer wrote before it went (over shared
+                // memory its last frames, such as the acknowledgement a
+                // rendezvous sender here waits for and its goodbye, stay
+                // in the ring after its process is gone): a call they
+                // complete must not fail with the peer.
+                let _ = self.pump(p, chan.as_mut(), &mut false);
+                self.core.handle_lost(p, format!("rank {p}: {e}"));
             }
+            self.chans[p] = Some(chan);
         }
     }
 
@@ -531,8 +539,20 @@ impl State {
 /// How send `s` travels over `chan` (see [`Route`]): large messages in a
 /// shared buffer to a peer that maps it go as where they are; large ones
 /// to a peer that can read our memory as their address (single copy, by
-/// the receiver); the rest through the stream.
-fn route(config: &TransportConfig, chan: Option<&dyn Channel>, s: &Outgoing<'_>) -> Route {
+/// the receiver); the rest through the stream, those longer than the
+/// eager limit as rendezvous sends.
+///
+/// Only collectives' messages rendezvous: every rank issues a collective's
+/// calls in the same order, so waiting for the receiver to reach the call
+/// cannot deadlock, while point-to-point users (torch's `isend` then
+/// `irecv` on both ranks, one progress worker each) count on a send
+/// completing before its receive is posted.
+fn route(
+    config: &TransportConfig,
+    chan: Option<&dyn Channel>,
+    collective: bool,
+    s: &Outgoing<'_>,
+) -> Route {
     let shared = (s.data.len() >= SHARED_BYTES && chan.is_some_and(|c| c.maps_shared()))
         .then(|| crate::shared::locate(s.data.as_ptr(), s.data.len()))
         .flatten();
@@ -553,7 +573,10 @@ fn route(config: &TransportConfig, chan: Option<&dyn Channel>, s: &Outgoing<'_>)
     });
     #[cfg(not(feature = "fault-injection"))]
     let flip = false;
-    Route::Stream { flip }
+    Route::Stream {
+        flip,
+        rendezvous: collective && s.data.len() > config.eager_bytes,
+    }
 }
 
 impl Transport for Engine {
@@ -592,6 +615,7 @@ impl Transport for Engine {
         let st_ref = &mut *st;
         let chans = &st_ref.chans;
         let config = &self.config;
+        let collective = header.seq & Header::P2P_BIT == 0;
         // SAFETY: `sink` and the memory of `sends` are borrowed for this
         // whole function, and the call is retired before it returns (on
         // every path below), while the engine's mutex serialises every use.
@@ -599,7 +623,7 @@ impl Transport for Engine {
             st_ref
                 .core
                 .add_call(header, sends, recvs, sink, start, deadline, |s| {
-                    route(config, chans[s.peer].as_deref(), s)
+                    route(config, chans[s.peer].as_deref(), collective, s)
                 })?
         };
         // A peer that took the bypass for this call (its message came
@@ -656,7 +680,10 @@ impl Transport for Engine {
         let id = unsafe {
             st.core
                 .add_call(header, &[], &recvs, sink, start, deadline, |_| {
-                    Route::Stream { flip: false }
+                    Route::Stream {
+                        flip: false,
+                        rendezvous: false,
+                    }
                 })?
         };
         self.active.fetch_add(1, Ordering::SeqCst);

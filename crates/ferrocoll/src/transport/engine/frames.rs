@@ -165,6 +165,9 @@ pub(super) struct Unexpected {
     pub(super) remote: Option<(u64, Option<u64>)>,
     /// Its checksum did not match: the receive that takes it fails.
     pub(super) corrupt: bool,
+    /// A rendezvous send: the token to acknowledge once a receive takes it
+    /// (the sender's call waits for that).
+    pub(super) ack: Option<u64>,
 }
 
 /// A remote-data message matched to a receive, to be read from the sender.

@@ -106,8 +106,15 @@ impl Core {
                                 Target::Discard
                             }
                         }
-                        None => Target::Unexpected(vec![0u64; frame.len.div_ceil(8)]),
+                        None => Target::Unexpected(self.unexpected_buffer(frame.len)),
                     };
+                    // A rendezvous sender waits until its message is
+                    // matched: it is, unless it waits to be (unexpected).
+                    if let Some(token) = rendezvous_token(&frame) {
+                        if !matches!(target, Target::Unexpected(_)) {
+                            self.queue_ack(peer, &frame.header, token);
+                        }
+                    }
                     self.peers[peer].rx = Rx::Body {
                         frame,
                         target,
@@ -202,6 +209,7 @@ impl Core {
                         len: frame.len,
                         data: Vec::new(),
                         corrupt: false,
+                        ack: None,
                         remote: Some((
                             frame.addr,
                             (frame.kind == FrameKind::Shared).then_some(frame.region),
@@ -224,6 +232,9 @@ impl Core {
             let msg = q.remove(at).expect("position is valid");
             if let Some((addr, _)) = msg.remote {
                 self.queue_ack(peer, &msg.header, addr);
+            }
+            if let Some(token) = msg.ack {
+                self.queue_ack(peer, &msg.header, token);
             }
             return Some((peer, msg));
         }
@@ -281,6 +292,10 @@ impl Core {
                 // A call may have posted the receive while the message was
                 // arriving.
                 let posted = self.find_posted_in_order(peer, &frame.header);
+                let token = rendezvous_token(&frame);
+                if let (Some(token), Some(_)) = (token, posted) {
+                    self.queue_ack(peer, &frame.header, token);
+                }
                 match posted {
                     Some((call, idx)) => {
                         if self.accept(peer, call, idx, &frame.header, frame.len) {
@@ -297,6 +312,7 @@ impl Core {
                             unsafe { (*c.sink.0).deliver(idx, 0, &bytes[..frame.len]) };
                             self.finish_recv(call, idx);
                         }
+                        self.recycle(data);
                     }
                     None => {
                         if !self.late_mismatch(peer, &frame.header) {
@@ -306,7 +322,11 @@ impl Core {
                                 data,
                                 remote: None,
                                 corrupt,
+                                ack: token,
                             });
+                        } else if let Some(token) = token {
+                            // Release the sender of a message nobody will take.
+                            self.queue_ack(peer, &frame.header, token);
                         }
                     }
                 }
@@ -360,4 +380,10 @@ impl Core {
         }
         self.queue_ack(peer, &r.header, r.addr);
     }
+}
+
+/// The token a rendezvous data frame asks to have acknowledged once it is
+/// matched (`TransportConfig::eager_bytes`); `None` for every other frame.
+fn rendezvous_token(frame: &Frame) -> Option<u64> {
+    (frame.kind == FrameKind::Data && frame.region != 0).then_some(frame.region)
 }

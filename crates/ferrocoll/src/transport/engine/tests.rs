@@ -73,6 +73,24 @@ unsafe fn add(
     now: Instant,
 ) -> crate::Result<usize> {
     // SAFETY: passed on to the caller.
+    unsafe { add_routed(c, h, sends, recvs, sink, now, false) }
+}
+
+/// [`add`], the sends rendezvous sends or not.
+///
+/// # Safety
+///
+/// As [`add`].
+unsafe fn add_routed(
+    c: &mut Core,
+    h: &Header,
+    sends: &[Outgoing<'_>],
+    recvs: &[Incoming],
+    sink: &mut Got,
+    now: Instant,
+    rendezvous: bool,
+) -> crate::Result<usize> {
+    // SAFETY: passed on to the caller.
     unsafe {
         c.add_call(
             h,
@@ -81,9 +99,114 @@ unsafe fn add(
             sink,
             now,
             now + Duration::from_secs(1),
-            |_| Route::Stream { flip: false },
+            |_| Route::Stream {
+                flip: false,
+                rendezvous,
+            },
         )
     }
+}
+
+/// [`add`] with rendezvous sends.
+///
+/// # Safety
+///
+/// As [`add`].
+unsafe fn add_rendezvous(
+    c: &mut Core,
+    h: &Header,
+    sends: &[Outgoing<'_>],
+    recvs: &[Incoming],
+    sink: &mut Got,
+    now: Instant,
+) -> crate::Result<usize> {
+    // SAFETY: passed on to the caller.
+    unsafe { add_routed(c, h, sends, recvs, sink, now, true) }
+}
+
+#[test]
+fn rendezvous_send_waits_until_the_receiver_takes_it() {
+    let now = Instant::now();
+    let (mut a, mut b) = (core(0, 2), core(1, 2));
+    let h = header(0, 64);
+    let data = [5u8; 256];
+    let mut none = Got::default();
+    // SAFETY: `data` and the sinks live until the calls are retired.
+    let s = unsafe {
+        add_rendezvous(
+            &mut a,
+            &h,
+            &[Outgoing {
+                peer: 1,
+                data: &data,
+            }],
+            &[],
+            &mut none,
+            now,
+        )
+    }
+    .unwrap();
+    // Written whole, but nobody has taken it: the send still waits.
+    carry(&mut a, &mut b);
+    assert!(a.poll_call(s).is_none(), "done before the receiver took it");
+    carry(&mut b, &mut a);
+    assert!(a.poll_call(s).is_none(), "acknowledged while unexpected");
+    // The receive is posted and takes the held message: the acknowledgement
+    // completes the send.
+    let mut got = Got::default();
+    let recvs = [Incoming { peer: 0, len: 256 }];
+    // SAFETY: as above.
+    let r = unsafe { add(&mut b, &h, &[], &recvs, &mut got, now) }.unwrap();
+    assert!(matches!(b.poll_call(r), Some(Ok(()))));
+    b.retire(r);
+    assert_eq!(got.0, vec![data.to_vec()]);
+    carry(&mut b, &mut a);
+    assert!(matches!(a.poll_call(s), Some(Ok(()))));
+    a.retire(s);
+}
+
+#[test]
+fn rendezvous_acknowledgement_may_overtake_the_last_bytes() {
+    let now = Instant::now();
+    let (mut a, mut b) = (core(0, 2), core(1, 2));
+    let h = header(0, 64);
+    let data = [7u8; 256];
+    let mut got = Got::default();
+    let recvs = [Incoming { peer: 0, len: 256 }];
+    // The receive is posted first, so the receiver answers on the header.
+    // SAFETY: `data` and the sinks live until the calls are retired.
+    let r = unsafe { add(&mut b, &h, &[], &recvs, &mut got, now) }.unwrap();
+    let mut none = Got::default();
+    // SAFETY: as above.
+    let s = unsafe {
+        add_rendezvous(
+            &mut a,
+            &h,
+            &[Outgoing {
+                peer: 1,
+                data: &data,
+            }],
+            &[],
+            &mut none,
+            now,
+        )
+    }
+    .unwrap();
+    // Only the header and part of the payload cross; the acknowledgement
+    // comes back before the rest is written.
+    let first = a.poll_transmit(1).unwrap().to_vec();
+    let part = 64 + 128;
+    assert!(first.len() >= part, "header and payload offered together");
+    assert_eq!(b.handle_bytes(0, &first[..part]), part);
+    a.handle_written(1, part);
+    carry(&mut b, &mut a);
+    assert!(a.poll_call(s).is_none(), "done with bytes unwritten");
+    carry(&mut a, &mut b);
+    assert!(matches!(a.poll_call(s), Some(Ok(()))));
+    assert!(matches!(b.poll_call(r), Some(Ok(()))));
+    a.retire(s);
+    b.retire(r);
+    assert_eq!(got.0, vec![data.to_vec()]);
 }
 
 #[test]

@@ -32,6 +32,12 @@ impl Engine {
             let token = self.bell.token();
             let moved = st.progress();
             if let Some(result) = st.core.poll_call(id) {
+                // Acknowledgements this call's receives queued (rendezvous
+                // senders wait for them) go out now: after its last call a
+                // rank may do nothing more with the engine.
+                if st.core.has_queued() {
+                    st.flush_now();
+                }
                 return (st, result);
             }
             if moved {

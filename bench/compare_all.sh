@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Every collective next to the peers, in one run, as busbw ratios (issue 20):
+#   allreduce, allgather, reducescatter, alltoall, bcast, reduce (f32, sum,
+#   sizes as nccl-tests counts them, `ferrocoll bench`'s --help says how)
+#   shm, 2 ranks and 4 ranks (4 on 2 cores: oversubscribed) vs Open MPI (shared memory)
+#   tcp, 2 ranks                                              vs torch.distributed gloo (TCP loopback)
+# with a verdict per target: ferrocoll's busbw >= 1.0x Open MPI at every size
+# (shm), >= 2x gloo at every size from 1 MiB (tcp).
+#
+# Iterations follow the peers' benchmarks (1000 calls below 64 KiB, 100 below
+# 4 MiB, 10 above; 5 warm-up calls), so both sides average over as many calls.
+# The peers run from bench/peer_mpi_coll.c and bench/peer_gloo_coll.py, copies
+# of ../shared/peers' with `reduce` added.
+#
+# Usage: bash bench/compare_all.sh [MAXBYTES] [FACTOR]   (default 64M 2)
+#   COLLS="allreduce bcast" limits the collectives; CONFIGS="shm:2 tcp:2" the
+#   configurations; PEER_VENV is a venv with torch (default /tmp/venv, else
+#   /tmp/peer-venv, created by ../shared/peers/run_peers.sh); RAW=DIR keeps the
+#   raw JSON lines there.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/.."
+hi=${1:-64M}
+factor=${2:-2}
+colls=${COLLS:-allreduce allgather reducescatter alltoall bcast reduce}
+configs=${CONFIGS:-shm:2 shm:4 tcp:2}
+venv=${PEER_VENV:-/tmp/venv}
+[[ -x $venv/bin/python ]] || venv=/tmp/peer-venv
+hi_bytes=$(python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))" "$hi")
+
+cargo build --release -q -p ferrocoll-cli
+fc=target/release/ferrocoll
+tmp=${RAW:-$(mktemp -d)}
+mkdir -p "$tmp"
+[[ -n ${RAW:-} ]] || trap 'rm -rf "$tmp"' EXIT
+
+need_mpi=0; need_gloo=0
+for c in $configs; do [[ $c == shm:* ]] && need_mpi=1; [[ $c == tcp:* ]] && need_gloo=1; done
+if ((need_mpi)); then
+  command -v mpicc >/dev/null || { echo "compare_all.sh: needs Open MPI (apt-get install openmpi-bin libopenmpi-dev, or run ../shared/peers/run_peers.sh once)" >&2; exit 1; }
+  mpicc -O2 -o "$tmp/mpi_coll" bench/peer_mpi_coll.c
+fi
+if ((need_gloo)); then
+  "$venv/bin/python" -c 'import torch' 2>/dev/null || { echo "compare_all.sh: needs a venv with torch in PEER_VENV (../shared/peers/run_peers.sh makes /tmp/peer-venv)" >&2; exit 1; }
+fi
+
+echo "# commit $(git rev-parse --short HEAD), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
+limit=$("$fc" bench allreduce -n 1 -b 16M -e 16M --iters 1 --warmup 0 | sed -n 's/.*on one thread \([0-9.]*\) GB\/s.*/\1/p')
+echo "# machine limit: single-thread memcpy of 16 MiB = $limit GB/s"
+
+# The size bands of the peers' iteration counts, clipped to [8, hi].
+bands() {
+  local lo=8 b
+  for b in "65536:1000" "4194304:100" "$((hi_bytes * 2)):10"; do
+    local top=${b%:*} it=${b#*:} e=$lo
+    ((lo > hi_bytes)) && break
+    while ((e * factor < top && e * factor <= hi_bytes)); do e=$((e * factor)); done
+    echo "$lo $e $it"
+    lo=$((e * factor))
+  done
+}
+
+for coll in $colls; do
+  for cfg in $configs; do
+    t=${cfg%:*}; n=${cfg#*:}
+    out="$tmp/fc_${coll}_${t}${n}"
+    : >"$out"
+    while read -r lo e it; do
+      "$fc" bench "$coll" --transport "$t" -n "$n" -b "$lo" -e "$e" -f "$factor" \
+        --iters "$it" --warmup 5 --no-check --json >>"$out"
+    done < <(bands)
+    peer="$tmp/peer_${coll}_${t}${n}"
+    if [[ $t == shm ]]; then
+      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$n" --oversubscribe \
+        "$tmp/mpi_coll" "$coll" 8 "$hi_bytes" "$factor" >"$peer" 2>"$peer.err" || { cat "$peer.err" >&2; exit 1; }
+    else
+      port=$((20000 + RANDOM % 20000)); pids=()
+      for ((r = 0; r < n; r++)); do
+        RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+          "$venv/bin/python" bench/peer_gloo_coll.py "$coll" 8 "$hi_bytes" "$factor" >>"$peer" 2>"$peer.err.$r" &
+        pids+=($!)
+      done
+      for p in "${pids[@]}"; do wait "$p" || { cat "$peer".err.* >&2; exit 1; }; done
+    fi
+  done
+done
+
+python3 - "$tmp" "$limit" "$colls" "$configs" <<'PY'
+import json, os, sys
+tmp, limit, colls, configs = sys.argv[1], float(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
+
+def load(name):
+    rows = {}
+    path = os.path.join(tmp, name)
+    if not os.path.exists(path):
+        return rows
+    for line in open(path):
+        line = line.strip()
+        if line.startswith("{"):
+            r = json.loads(line)
+            if "bytes" in r:
+                rows[r["bytes"]] = r
+    return rows
+
+verdicts = []
+for coll in colls:
+    for cfg in configs:
+        t, n = cfg.split(":")
+        fc, peer = load(f"fc_{coll}_{t}{n}"), load(f"peer_{coll}_{t}{n}")
+        name, want, start = ("ompi", 1.0, 0) if t == "shm" else ("gloo", 2.0, 1 << 20)
+        print(f"\n## {coll}, {t}, {n} ranks, vs {name}")
+        print(f"# {'bytes':>10} {'algo':>10} {'fc us':>10} {'fc busbw':>9} {name + ' us':>10} "
+              f"{name + ' busbw':>11} {'busbw x':>8} {'fc/limit':>8}")
+        misses, worst = [], None
+        for b in sorted(set(fc) & set(peer)):
+            f, p = fc[b], peer[b]
+            ratio = f["busbw"] / p["busbw"] if p["busbw"] > 0 else float("inf")
+            mark = ""
+            if b >= start:
+                if ratio < want:
+                    misses.append(b)
+                    mark = " <"
+                worst = ratio if worst is None else min(worst, ratio)
+            print(f"  {b:>10} {f['algo']:>10} {f['time_us']:>10.1f} {f['busbw']:>9.3f} {p['time_us']:>10.1f} "
+                  f"{p['busbw']:>11.3f} {ratio:>8.2f} {f['busbw'] / limit:>8.3f}{mark}")
+        where = "every size" if start == 0 else f"every size >= {start} B"
+        if worst is None:
+            verdicts.append(f"{coll:>13} {t} {n}: no measured size in the target's range")
+            continue
+        verdict = "met" if not misses else f"MISSED at {len(misses)} sizes ({', '.join(str(m) for m in misses)})"
+        verdicts.append(f"{coll:>13} {t} {n}: busbw >= {want}x {name} at {where}: {verdict}; worst {worst:.2f}x")
+
+print("\n## Targets")
+for v in verdicts:
+    print("  " + v)
+PY
