@@ -15,7 +15,8 @@ Parallelism: E experts, E/P on each of the P ranks (expert parallelism: the
 MoE layer's tokens travel to their experts by ``ferrocoll.torch.moe.dispatch``
 and back by ``combine``); every other parameter is replicated and its
 gradients are averaged over the ranks by one allreduce of all of them per step
-(data parallelism, DDP's arithmetic without DDP's bucketing). Each rank
+(data parallelism, DDP's arithmetic without DDP's bucketing; ``--ddp`` uses torch's
+DistributedDataParallel for them instead, its allreduces overlapping the backward exchanges). Each rank
 computes the loss of its own batch; every rank backpropagates ``loss / P``, so
 that an expert's gradient (which the backward exchange brings from every rank's
 tokens) and the averaged replicated gradients are both the gradient of the mean
@@ -250,11 +251,16 @@ def train(
     distributed: bool,
     log_every: int = 0,
     eval_every: int = 0,
+    ddp: bool = False,
 ) -> Dict[str, Any]:
     """Trains for ``steps`` steps, as one rank of ``cfg.ranks`` (``distributed``,
-    under a launcher) or as the single-process reference. Returns the loss of
-    every step (the mean over all ranks' batches), the parameters this process
-    holds, the pairs dropped in all, the held-out losses and the time taken."""
+    under a launcher) or as the single-process reference. With ``ddp`` the
+    replicated parameters' gradients are averaged by torch's
+    DistributedDataParallel (its bucketed allreduces overlap the backward pass,
+    MoE's backward exchanges included) instead of one allreduce after it.
+    Returns the loss of every step (the mean over all ranks' batches), the
+    parameters this process holds, the pairs dropped in all, the held-out
+    losses and the time taken."""
     own_group = False
     if distributed:
         import ferrocoll.torch  # noqa: F401  (registers the "ferrocoll" backend)
@@ -272,16 +278,32 @@ def train(
     data = Data(cfg)
     model = MoeTransformer(cfg, len(data.vocab), local)
     opt = _optimizer(cfg, list(model.parameters()))
+    forward: Any = model
+    if distributed and ddp:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # The experts are this rank's own: DDP must not average them.
+        experts = [f"experts.{name}" for name, _ in model.experts.named_parameters()]
+        DDP._set_params_and_buffers_to_ignore_for_model(model, experts)
+        forward = DDP(model, bucket_cap_mb=0.25)
     losses: List[float] = []
     val: List[Tuple[int, float]] = []
     start = time.perf_counter()
     for step in range(steps):
         x, y = data.batch(step, rank if distributed else None)
-        loss, ce = model(x, y, distributed, chunks=1 if distributed else cfg.ranks)
+        loss, ce = forward(x, y, distributed, chunks=1 if distributed else cfg.ranks)
         opt.zero_grad()
         if distributed:
-            (loss / cfg.ranks).backward()
-            _average_shared_gradients(model)
+            if ddp:
+                # DDP averages the replicated gradients; an expert's gradient
+                # is the sum of every rank's d loss_r: averaged here.
+                loss.backward()
+                for p in model.expert_parameters():
+                    if p.grad is not None:
+                        p.grad /= cfg.ranks
+            else:
+                (loss / cfg.ranks).backward()
+                _average_shared_gradients(model)
             mean = loss.detach().clone()
             dist.all_reduce(mean)
             losses.append(mean.item() / cfg.ranks)
@@ -333,10 +355,11 @@ def main() -> None:
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--capacity-factor", type=float, default=1.25)
+    ap.add_argument("--ddp", action="store_true", help="average the replicated gradients with torch's DDP")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = Config(ranks=args.ranks, capacity_factor=args.capacity_factor)
-    out = train(cfg, args.steps, not args.reference, args.log_every, args.eval_every)
+    out = train(cfg, args.steps, not args.reference, args.log_every, args.eval_every, args.ddp)
     first = sum(out["losses"][:10]) / min(10, len(out["losses"]))
     last = sum(out["losses"][-10:]) / min(10, len(out["losses"]))
     if args.reference or int(os.environ.get("RANK", "0")) == 0:

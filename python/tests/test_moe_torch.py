@@ -2,9 +2,11 @@
 torch reference (``moe.reference``), forward and gradients in float64; a
 numerical directional-derivative check of the distributed gradients (the
 gradcheck idea, in lockstep on every rank); torch's gradcheck and
-gradgradcheck on one rank; bfloat16 / float16 rows; and the example MoE
-transformer's first steps against a single-process reference of the same
-model.
+gradgradcheck on one rank; bfloat16 / float16 rows; the extension's
+dispatcher on numpy arrays; and the example MoE transformer's first steps
+against a single-process reference of the same model (its replicated
+gradients averaged by one allreduce, and by DDP, whose asynchronous
+allreduces then overlap MoE's backward exchanges on the same group).
 
 Every rank builds every rank's inputs from one seed, so the reference (in the
 test process) sees exactly what the ranks saw. Tokens per rank are uneven and
@@ -324,18 +326,19 @@ def _example() -> Any:
     return module
 
 
-def example_rank(steps: int) -> Dict[str, Any]:
+def example_rank(steps: int, ddp: bool) -> Dict[str, Any]:
     ex = _example()
-    return ex.train(ex.Config.tiny(), steps=steps, distributed=True)
+    return ex.train(ex.Config.tiny(), steps=steps, distributed=True, ddp=ddp)
 
 
-def test_example_first_steps_match_a_single_process_reference() -> None:
+@pytest.mark.parametrize("ddp", [False, True], ids=["allreduce", "ddp"])
+def test_example_first_steps_match_a_single_process_reference(ddp: bool) -> None:
     ex = _example()
     if not os.path.isdir(ex.SEEDS):
         pytest.skip(f"the seeds' text is not at {ex.SEEDS} (set FERROCOLL_SEEDS)")
     cfg = ex.Config.tiny()
     steps = 4
-    got = ranks.run(cfg.ranks, example_rank, steps)
+    got = ranks.run(cfg.ranks, example_rank, steps, ddp)
     ref = ex.train(cfg, steps=steps, distributed=False)
     for r in range(cfg.ranks):
         assert got[r]["losses"] == pytest.approx(ref["losses"], rel=1e-5), f"rank {r}"

@@ -43,8 +43,10 @@ local: ``dL/dg_tj = <dL/dy_t, Expert_{e_tj}(x_t)>`` with no exchange.
 Since each backward is itself one of these functions, double backward works.
 The backward passes are collectives: every rank must run backward through
 every dispatch and combine it ran forward (as every rank of DDP runs backward),
-in the same order, and not overlap them with asynchronous collectives on the
-same group (use another group for those).
+in the same order. They run on the thread that calls them (autograd's) and
+take their place in the group's order of calls when issued, so DDP's
+asynchronous allreduces on the same group may overlap them
+(python/examples/moe_transformer.py ``--ddp``, tested).
 """
 
 from __future__ import annotations
