@@ -19,6 +19,8 @@ use pyo3::prelude::*;
 mod arrays;
 mod errors;
 mod jobs;
+// issue 18: MoE dispatch/combine (ferrocoll.torch.moe).
+mod moe;
 mod store;
 mod worker;
 
@@ -475,6 +477,7 @@ fn _ferrocoll(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(init_with_store, m)?)?;
     m.add_function(wrap_pyfunction!(worker::_shutdown, m)?)?;
     errors::register(m)?;
+    moe::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

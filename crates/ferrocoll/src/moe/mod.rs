@@ -22,6 +22,14 @@
 //! exchange, no count exchange: the [`Handle`] knows every size) and forms
 //! y_t = Σ_j g_tj · Expert_j(x_t) over the choices that were kept.
 //!
+//! For an autograd layer (`ferrocoll.torch.moe`) two more exchanges reuse a
+//! dispatch's handle, with no count exchange: [`Dispatcher::combine_pairs`]
+//! returns each kept choice's output to its row t·k + j unsummed and
+//! unweighted (the caller weights them, and differentiates the weights),
+//! and [`Dispatcher::dispatch_pairs`], its adjoint, sends one row per
+//! (token, choice) to the slot dispatch gave that pair (the backward of
+//! combine_pairs; combine_pairs summed over the choices is dispatch's).
+//!
 //! # Schedules
 //!
 //! The rows travel by one all-to-all-v (`direct` or `pairwise`) or, on a
@@ -376,7 +384,6 @@ impl Dispatcher {
                 Some(start)
             })
             .collect();
-        let rows_out: usize = kept[me * e_all..(me + 1) * e_all].iter().sum();
         let mut seen = vec![0usize; e_all * k];
         let mut slot_of = vec![None; tokens * k];
         let mut dropped = Vec::new();
@@ -429,23 +436,69 @@ impl Dispatcher {
             self.by_expert(handle.schedules[1], &backward, row_bytes),
         ];
 
-        // 5. Pack: each kept pair's row at its slot (by destination rank,
-        // then expert), or at the slot's place in expert-major order when
-        // dispatch runs expert by expert. Every slot is written: stale
-        // contents do not matter.
+        // 5-6. The rows: each kept pair's row is token t's.
+        let inputs = self.deliver(x, &handle, |pair| pair / k)?;
+        Ok((inputs, handle))
+    }
+
+    /// Sends one row per (token, choice) pair to the expert slot that
+    /// `handle`'s dispatch gave the pair, with no count exchange: the
+    /// rows travel exactly as dispatch's did, by the same schedule, but
+    /// choice j of token t carries its own row, `pair_rows[(t·k + j)·hidden..]`
+    /// (T·k rows of `hidden`), instead of a copy of token t's.
+    ///
+    /// The adjoint of [`Dispatcher::combine_pairs`] (what the backward pass
+    /// of an MoE layer needs: the gradient of each choice's output, scaled by
+    /// its weight, goes to the expert that produced it); rows of dropped
+    /// pairs are not sent. Collective: every rank calls it with the handle
+    /// of the same dispatch. Argument errors are this rank's alone, as in
+    /// [`Dispatcher::combine`].
+    pub fn dispatch_pairs<T: Element>(
+        &self,
+        pair_rows: &[T],
+        handle: &Handle,
+    ) -> Result<ExpertInputs<T>> {
+        let what = "moe dispatch_pairs";
+        self.check_handle(handle, what)?;
+        let (h, k) = (self.spec.hidden, self.spec.topk);
+        let want = handle.tokens * k * h;
+        if pair_rows.len() != want {
+            return Err(Error::invalid(format!(
+                "{what}: pair_rows has {} elements but must have {want} ({} tokens x top-{k} \
+                 rows of hidden {h}, choice j of token t at row t*{k} + j)",
+                pair_rows.len(),
+                handle.tokens
+            )));
+        }
+        self.deliver(pair_rows, handle, |pair| pair)
+    }
+
+    /// Dispatch's steps 5 and 6 for `handle`: packs the row
+    /// `src[row_of(pair)·hidden..]` of every kept pair at its slot (by
+    /// destination rank, then expert, or at the slot's place in
+    /// expert-major order when dispatch runs expert by expert; every slot is
+    /// written, so stale contents do not matter), sends the rows, and
+    /// (unless they arrived expert by expert) moves each (source, expert)
+    /// block from source-major to expert-major order.
+    fn deliver<T: Element>(
+        &self,
+        src: &[T],
+        handle: &Handle,
+        row_of: impl Fn(usize) -> usize,
+    ) -> Result<ExpertInputs<T>> {
+        let (p, me, h) = (self.comm.size(), self.comm.rank(), self.spec.hidden);
+        let forward = handle.rank_rows();
+        let rows_out = handle.rows_sent();
         let mut send = self.state.pool.sized::<T>(rows_out * h);
         let place = handle.by_expert[0].then(|| handle.by_expert_positions());
         for (pair, slot) in handle.slot_of.iter().enumerate() {
             if let Some(slot) = *slot {
                 let at = place.as_ref().map_or(slot as usize, |p| p[slot as usize]);
-                let t = pair / k;
-                send[at * h..(at + 1) * h].copy_from_slice(&x[t * h..(t + 1) * h]);
+                let r = row_of(pair);
+                send[at * h..(at + 1) * h].copy_from_slice(&src[r * h..(r + 1) * h]);
             }
         }
 
-        // 6. The rows, then (unless they arrived expert by expert) each
-        // (source, expert) block moved from source-major to expert-major
-        // order.
         let l = self.local_experts();
         let blocks = handle.blocks();
         let total: usize = (0..p).map(|s| forward[s * p + me]).sum::<usize>() * h;
@@ -453,7 +506,7 @@ impl Dispatcher {
         // With one source or one expert per rank the arrival order is the
         // experts' order: the caller gets the buffer the rows arrive in.
         let rows = if handle.by_expert[0] {
-            self.dispatch_by_expert(handle.schedules[0], &send, &handle, &mut recv)?;
+            self.dispatch_by_expert(handle.schedules[0], &send, handle, &mut recv)?;
             self.state.pool.give(send);
             recv
         } else {
@@ -472,13 +525,12 @@ impl Dispatcher {
         for x in 0..l {
             offsets[x + 1] = offsets[x] + (0..p).map(|s| blocks[s * l + x]).sum::<usize>();
         }
-        let inputs = ExpertInputs {
+        Ok(ExpertInputs {
             rows,
             offsets,
             hidden: h,
             first_expert: me * l,
-        };
-        Ok((inputs, handle))
+        })
     }
 
     /// Returns the experts' outputs to their tokens and forms each token's
@@ -491,6 +543,54 @@ impl Dispatcher {
     /// `hidden`, in token order. Sums accumulate wide and round once (see
     /// [`Accumulate`]). Collective: every rank calls it.
     pub fn combine<T: Accumulate>(&self, expert_outputs: &[T], handle: &Handle) -> Result<Vec<T>> {
+        let (returned, place) = self.bring_back(expert_outputs, handle, "moe combine")?;
+        let terms: Vec<Option<(usize, f32)>> = handle
+            .slot_of
+            .iter()
+            .zip(&handle.weights)
+            .map(|(slot, &g)| {
+                slot.map(|s| (place.as_ref().map_or(s as usize, |p| p[s as usize]), g))
+            })
+            .collect();
+        // Every element is written by the weighted sum.
+        let pool = &self.state.pool;
+        let mut y = pool.sized(handle.tokens * self.spec.hidden);
+        T::weighted_sum(&returned, &terms, handle.topk, &mut y);
+        pool.give(returned);
+        Ok(y)
+    }
+
+    /// Returns the experts' outputs to their tokens without summing them:
+    /// T·k rows of `hidden`, row t·k + j the output of the expert of token
+    /// t's choice j, unweighted, zeros where that choice was dropped.
+    ///
+    /// The exchange is [`Dispatcher::combine`]'s (same schedule, same
+    /// layout of `expert_outputs`); the caller forms the weighted sum
+    /// itself, e.g. where the weights need a gradient (the gradient of
+    /// g_tj is the dot product of the output gradient of token t with row
+    /// t·k + j), and the adjoint is [`Dispatcher::dispatch_pairs`].
+    /// Collective: every rank calls it.
+    pub fn combine_pairs<T: Element>(
+        &self,
+        expert_outputs: &[T],
+        handle: &Handle,
+    ) -> Result<Vec<T>> {
+        let (returned, place) = self.bring_back(expert_outputs, handle, "moe combine_pairs")?;
+        let h = self.spec.hidden;
+        let mut out = vec![T::zeroed(); handle.tokens * self.spec.topk * h];
+        for (pair, slot) in handle.slot_of.iter().enumerate() {
+            if let Some(s) = *slot {
+                let at = place.as_ref().map_or(s as usize, |p| p[s as usize]);
+                out[pair * h..(pair + 1) * h].copy_from_slice(&returned[at * h..(at + 1) * h]);
+            }
+        }
+        self.state.pool.give(returned);
+        Ok(out)
+    }
+
+    /// Fails unless `handle` is of a dispatch of this dispatcher's shape on
+    /// this rank.
+    fn check_handle(&self, handle: &Handle, what: &str) -> Result<()> {
         let (p, h) = (self.comm.size(), self.spec.hidden);
         if handle.ranks != p
             || handle.rank != self.comm.rank()
@@ -499,7 +599,7 @@ impl Dispatcher {
             || handle.topk != self.spec.topk
         {
             return Err(Error::invalid(format!(
-                "moe combine: the handle is of a dispatch of rank {} of {} ranks ({} experts, \
+                "{what}: the handle is of a dispatch of rank {} of {} ranks ({} experts, \
                  hidden {}, top-{}), not of this dispatcher (rank {} of {p}, {} experts, hidden \
                  {h}, top-{}); pass the handle its own dispatch returned",
                 handle.rank,
@@ -512,10 +612,26 @@ impl Dispatcher {
                 self.spec.topk
             )));
         }
+        Ok(())
+    }
+
+    /// Combine's exchange: the experts' outputs back to this rank, one row
+    /// per slot of its dispatch, and where each slot's row lies in them
+    /// (`None`: at the slot itself; else at its place in expert-major
+    /// order, when combine ran expert by expert).
+    #[allow(clippy::type_complexity)]
+    fn bring_back<T: Element>(
+        &self,
+        expert_outputs: &[T],
+        handle: &Handle,
+        what: &str,
+    ) -> Result<(Vec<T>, Option<Vec<usize>>)> {
+        self.check_handle(handle, what)?;
+        let (p, h) = (self.comm.size(), self.spec.hidden);
         let received = handle.rows_received();
         if expert_outputs.len() != received * h {
             return Err(Error::invalid(format!(
-                "moe combine: expert_outputs has {} elements but must have {} (the {received} \
+                "{what}: expert_outputs has {} elements but must have {} (the {received} \
                  rows this rank's experts received x hidden {h}, laid out as ExpertInputs)",
                 expert_outputs.len(),
                 received * h
@@ -526,8 +642,6 @@ impl Dispatcher {
         let pool = &self.state.pool;
         let me = self.comm.rank();
         let mut returned = pool.sized((0..p).map(|d| backward[d * p + me]).sum::<usize>() * h);
-        // Where each slot's row comes back: at the slot, or at its place in
-        // expert-major order when combine runs expert by expert.
         let place = if handle.by_expert[1] {
             self.combine_by_expert(handle.schedules[1], expert_outputs, handle, &mut returned)?;
             Some(handle.by_expert_positions())
@@ -552,19 +666,7 @@ impl Dispatcher {
             pool.give(back);
             None
         };
-        let terms: Vec<Option<(usize, f32)>> = handle
-            .slot_of
-            .iter()
-            .zip(&handle.weights)
-            .map(|(slot, &g)| {
-                slot.map(|s| (place.as_ref().map_or(s as usize, |p| p[s as usize]), g))
-            })
-            .collect();
-        // Every element is written by the weighted sum.
-        let mut y = pool.sized(handle.tokens * h);
-        T::weighted_sum(&returned, &terms, handle.topk, &mut y);
-        pool.give(returned);
-        Ok(y)
+        Ok((returned, place))
     }
 
     /// This rank's arguments to dispatch, checked.
