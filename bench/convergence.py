@@ -19,11 +19,14 @@ the same data order, one after the other in one process group:
   character) after ``--steps`` steps.
 
 Reported per configuration (rank 0, a markdown table and ``--json`` lines):
-bytes this rank sent per step by the hook's communicator's own counter
-(``HookState.bytes_sent``, over every step, PowerSGD's uncompressed warm-up
-steps included), the ratio of the uncompressed configuration's bytes to
-these, the final metric, and the mean wall time of a training step (forward,
-backward with the hook's communication, optimizer).
+bytes this rank sent per step by the transports' own counters
+(``HookState.bytes_sent``: the hook communicator's, plus those of the node
+and rail communicators of the hierarchical form on 2+ hosts; over every step,
+PowerSGD's uncompressed warm-up steps included; the JSON lines also give the
+part sent uncompressed within the host, ``local_bytes_per_step``), the
+ratio of the uncompressed configuration's bytes to these, the final metric,
+and the mean wall time of a training step (forward, backward with the hook's
+communication, optimizer).
 """
 
 from __future__ import annotations
@@ -209,7 +212,7 @@ def main() -> None:
         help="digits: SGD momentum (0: plain SGD, the setting of the EF analyses)",
     )
     p.add_argument("--seeds", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "seeds"))
-    p.add_argument("--steps", type=int, default=150, help="lm: training steps")
+    p.add_argument("--steps", type=int, default=400, help="lm: training steps")
     p.add_argument("--batch-lm", type=int, default=8, help="lm: sequences per rank and step")
     p.add_argument("--ctx", type=int, default=64)
     p.add_argument("--dim", type=int, default=64)
@@ -252,6 +255,7 @@ def main() -> None:
             "hook": label,
             "error_feedback": ef,
             "bytes_per_step": per_step,
+            "local_bytes_per_step": state.local_bytes() / res["steps"],
             "ratio": ratio,
             "metric": res["metric"],
             "delta": delta,

@@ -32,6 +32,6 @@ read -r -a extra <<<"${CONVERGENCE_ARGS:-}"
 for task in "${tasks[@]}"; do
     echo "# load before: $(uptime)"
     echo "# command: ${launch[*]} $py bench/convergence.py --task $task ${extra[*]}"
-    "${launch[@]}" "$py" bench/convergence.py --task "$task" "${extra[@]}" | sed 's/^\[0\] //'
+    "${launch[@]}" "$py" bench/convergence.py --task "$task" "${extra[@]}" | sed -u 's/^\[0\] //'
     echo "# load after: $(uptime)"
 done

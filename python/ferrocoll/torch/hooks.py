@@ -162,6 +162,8 @@ class HookState:
         self._tag = _tag(next(_serial))
         self._comm: Optional[Any] = None
         self._buckets: Dict[int, _Bucket] = {}
+        #: Split-communicator bytes of compressors replaced after a rebuild.
+        self._retired = (0, 0)
         self._lock = threading.Lock()
 
     # -- what users read ------------------------------------------------------
@@ -176,8 +178,29 @@ class HookState:
 
     def bytes_sent(self) -> int:
         """Payload bytes this rank's hook calls have handed the transport so
-        far (the communicator's counter; 0 before the first bucket)."""
-        return 0 if self._comm is None else int(self._comm.bytes_sent)
+        far, by the transports' counters: the hook communicator's, plus, for
+        compressors that run the hierarchical form (ranks on 2+ hosts, 2+ per
+        host), the counters of the node and rail communicators they split off
+        (which the hook communicator's does not see). 0 before the first
+        bucket."""
+        if self._comm is None:
+            return 0
+        return int(self._comm.bytes_sent) + self._split_bytes()[0]
+
+    def local_bytes(self) -> int:
+        """The part of :meth:`bytes_sent` the hierarchical compressors sent
+        uncompressed within their host (0 in the flat form)."""
+        return self._split_bytes()[1]
+
+    def _split_bytes(self) -> Tuple[int, int]:
+        """(all, within the host) bytes of the hierarchical compressors'
+        split communicators, retired ones included."""
+        total, local = self._retired
+        for cs in self.compressors().values():
+            for c in cs:
+                t, loc = _split_of(c)
+                total, local = total + t, local + loc
+        return total, local
 
     def compressors(self) -> Dict[int, List[Any]]:
         """The compressors (:class:`ferrocoll._ferrocoll.Compressor`) of each
@@ -220,6 +243,10 @@ class HookState:
         if entry is not None and entry.signature == signature:
             return entry
         # New, or rebuilt by DDP: a fresh compressor and a zero residual.
+        if entry is not None:
+            for c in ([entry.whole] if entry.whole is not None else []) + [c for _, _, c in entry.matrices]:
+                t, loc = _split_of(c)
+                self._retired = (self._retired[0] + t, self._retired[1] + loc)
         entry = _Bucket(signature)
         comm = self.comm
         if self.powersgd_rank > 0:
@@ -313,6 +340,16 @@ class HookState:
         for off, n, c in entry.matrices:
             handles.append(c.all_reduce((base + off * size, n), "avg"))
         return handles, keep
+
+
+def _split_of(c: Any) -> Tuple[int, int]:
+    """(all, within the host) bytes a hierarchical compressor's node and rail
+    communicators counted; (0, 0) for the flat form, whose bytes the hook
+    communicator's own counter has."""
+    if not (c.algorithm() or "").startswith("hier-"):
+        return 0, 0
+    st = c.total_stats()
+    return int(st["measured_bytes"] + st["local_measured_bytes"]), int(st["local_measured_bytes"])
 
 
 def _future(handles: List[Any], out: torch.Tensor, keep: Tuple[Any, ...]) -> torch.futures.Future:
