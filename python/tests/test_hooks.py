@@ -303,3 +303,20 @@ def wrong_compressor_calls() -> List[str]:
 def test_wrong_compressor_calls_are_invalid_argument() -> None:
     (errors,) = ranks.run(1, wrong_compressor_calls)
     assert errors == ["InvalidArgument"] * 6
+
+
+def test_factories_check_their_arguments() -> None:
+    from ferrocoll.torch import hooks
+
+    with pytest.raises(ValueError):
+        hooks.powersgd(rank=0)
+    with pytest.raises(ValueError):
+        hooks.int8(start_iter=-1)
+    state, hook = hooks.randk(0.05, seed=7, error_feedback=True)
+    # EF needs Random-k's unscaled form; each bucket its own seed.
+    assert state._spec(2) == "randk:0.05:9:unscaled"
+    state, _ = hooks.randk(0.05, seed=7, error_feedback=False)
+    assert state._spec(0) == "randk:0.05:7"
+    # DDP checks these annotations against the real types.
+    assert hook.__annotations__["bucket"] is torch.distributed.GradBucket
+    assert state.bytes_sent() == 0
