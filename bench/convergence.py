@@ -22,9 +22,10 @@ Reported per configuration (rank 0, a markdown table and ``--json`` lines):
 bytes this rank sent per step by the transports' own counters
 (``HookState.bytes_sent``: the hook communicator's, plus those of the node
 and rail communicators of the hierarchical form on 2+ hosts; over every step,
-PowerSGD's uncompressed warm-up steps included; the JSON lines also give the
-part sent uncompressed within the host, ``local_bytes_per_step``), the
-ratio of the uncompressed configuration's bytes to these, the final metric,
+PowerSGD's uncompressed warm-up steps included), the part of them the
+hierarchical form sent uncompressed within the host ("within host",
+``HookState.local_bytes``; "-" for the plain allreduce, whose split by link is
+not counted), the ratio of the uncompressed configuration's bytes to these, the final metric,
 and the mean wall time of a training step (forward, backward with the hook's
 communication, optimizer).
 """
@@ -233,8 +234,10 @@ def main() -> None:
     if rank == 0:
         transport = dist.group.WORLD._comm.transport  # type: ignore[union-attr]
         print(f"# {args.task}: {world} ranks, transport {transport}, {vars(args)}", flush=True)
-        print(f"| hook | EF | bytes/step (rank 0) | ratio | {metric} | vs none | step time (ms) |")
-        print("|---|---|---|---|---|---|---|", flush=True)
+        print(
+            f"| hook | EF | bytes/step (rank 0) | within host | ratio | {metric} | vs none | step time (ms) |"
+        )
+        print("|---|---|---|---|---|---|---|---|", flush=True)
     # A short unreported run first, so that the first configuration's step
     # time does not carry the start-up (allocations, page faults, threads).
     warm = argparse.Namespace(**{**vars(args), "epochs": 1, "steps": 5})
@@ -268,8 +271,11 @@ def main() -> None:
             ef_s = "-" if ef is None else ("on" if ef else "off")
             unit = "pt" if args.task == "digits" else "%"
             digits = 2 if args.task == "digits" else 4
+            # The hierarchical form's uncompressed bytes within the host; the
+            # plain allreduce's split by link is not counted ("-").
+            local = f"{row['local_bytes_per_step']:,.0f}" if label != "none" else "-"
             print(
-                f"| {label} | {ef_s} | {per_step:,.0f} | {ratio:.1f}x | {res['metric']:.{digits}f} "
+                f"| {label} | {ef_s} | {per_step:,.0f} | {local} | {ratio:.1f}x | {res['metric']:.{digits}f} "
                 f"| {delta:+.2f} {unit} | {row['step_time_ms']:.1f} |",
                 flush=True,
             )

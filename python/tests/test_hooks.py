@@ -1,8 +1,8 @@
 """DDP comm hooks (ferrocoll.torch.hooks) and the compressed allreduce binding
 (ferrocoll.compress.Compressor).
 
-* Every hook, with and without error feedback, trains a small DDP model on 2
-  and 3 ranks: the ranks end with bitwise the same parameters (every rank
+* Every hook, with and without error feedback, trains a small DDP model on 3
+  ranks: the ranks end with bitwise the same parameters (every rank
   decodes the same bytes), training moved them, the compressed buckets moved
   fewer bytes than the uncompressed hook by the transport's own counter, and
   a bucket's compressor (its residual) is the same object from step to step
@@ -123,7 +123,9 @@ def train_every_hook(steps: int) -> Dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("n", [2, 3])
+# 3 ranks (not a power of two, uneven chunks); 2 ranks train under fp16 and
+# bf16 in the gloo comparison below. Both sizes take the file past 60 s here.
+@pytest.mark.parametrize("n", [3])
 def test_every_hook_trains(n: int) -> None:
     steps = 6
     got = ranks.run(n, train_every_hook, steps)
