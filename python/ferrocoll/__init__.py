@@ -183,6 +183,13 @@ class Communicator:
         """``thread``, ``shm``, ``tcp`` or ``shm+tcp``."""
         return self._comm.transport
 
+    @property
+    def bytes_sent(self) -> int:
+        """Payload bytes this rank has handed its transport for other ranks on
+        this communicator since it was made (its calls only; a subgroup counts
+        its own)."""
+        return self._comm.bytes_sent
+
     def __repr__(self) -> str:
         return f"ferrocoll.Communicator(rank={self.rank}, size={self.size}, transport={self.transport!r})"
 

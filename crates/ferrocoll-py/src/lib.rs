@@ -17,6 +17,7 @@ use ferrocoll::{CallOptions, Communicator, Config, DType, ReduceOp};
 use pyo3::prelude::*;
 
 mod arrays;
+mod compress;
 mod errors;
 mod jobs;
 // issue 18: MoE dispatch/combine (ferrocoll.torch.moe).
@@ -135,6 +136,13 @@ impl Comm {
     #[getter]
     fn size(&self) -> usize {
         self.inner.size()
+    }
+
+    /// Payload bytes this rank has handed its transport for other ranks on
+    /// this communicator since it was made (`Communicator::bytes_sent`).
+    #[getter]
+    fn bytes_sent(&self) -> u64 {
+        self.inner.bytes_sent()
     }
 
     /// The transport's name: `thread`, `shm`, `tcp` or `shm+tcp`.
@@ -478,6 +486,7 @@ fn _ferrocoll(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(worker::_shutdown, m)?)?;
     errors::register(m)?;
     moe::register(m)?;
+    compress::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
