@@ -20,15 +20,16 @@
 //! Each point is the fastest of `--repeat` timed batches: on a shared
 //! machine a descheduled batch only ever adds time. Prints each point's
 //! error, R², the geometric-mean error, the same for the simpler models
-//! (no copy cost, no cache regime) fitted to the same points, and writes the
-//! profile as JSON where the communicator looks for it (or `--out`).
+//! (no copy cost, no cache regime) fitted to the same points, the
+//! geometric-mean error and bias per (collective, algorithm) (kept in the
+//! profile as `algorithm_errors`), and writes the profile as JSON where the communicator looks for it (or `--out`).
 
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
 use clap::Args;
-use ferrocoll::cost::{self, Profile, ProfileFile, Shape};
+use ferrocoll::cost::{self, AlgorithmError, Profile, ProfileFile, Shape};
 use ferrocoll::{local, CallOptions, Collective, Communicator, DType, ReduceOp};
 
 use crate::error::CliError;
@@ -640,12 +641,18 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
             )?;
         }
     }
+    let algorithm_errors: Vec<AlgorithmError> = classes
+        .iter()
+        .flat_map(|(label, f)| per_algorithm(label, &f.x, &f.points))
+        .collect();
+    report_per_algorithm(&mut out, transport_name, &algorithm_errors)?;
     let file = ProfileFile {
         transport: transport_name.into(),
         profile,
         r2,
         geomean_error,
         points: all.len(),
+        algorithm_errors,
     };
     let path = match &args.out {
         Some(p) => p.clone(),
@@ -668,6 +675,66 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
         path.display(),
         path.display()
     )?;
+    Ok(())
+}
+
+/// The fit's error per (collective, algorithm) of one link class, in the
+/// order measured.
+fn per_algorithm(class: &str, x: &[f64; PARAMS], points: &[Point]) -> Vec<AlgorithmError> {
+    let mut keys: Vec<(Collective, &'static str)> = Vec::new();
+    for p in points {
+        if !keys.contains(&(p.coll, p.algo)) {
+            keys.push((p.coll, p.algo));
+        }
+    }
+    keys.into_iter()
+        .map(|(coll, algo)| {
+            let mine: Vec<Point> = points
+                .iter()
+                .filter(|p| p.coll == coll && p.algo == algo)
+                .cloned()
+                .collect();
+            let log_ratios: Vec<f64> = mine
+                .iter()
+                .map(|p| (model_time(x, p).max(1e-12) / p.seconds).ln())
+                .collect();
+            let mean = log_ratios.iter().sum::<f64>() / log_ratios.len() as f64;
+            AlgorithmError {
+                class: class.to_string(),
+                coll: coll.name().to_string(),
+                algo: algo.to_string(),
+                geomean_error: quality(x, &mine).0,
+                bias: mean.exp() - 1.0,
+                points: mine.len(),
+            }
+        })
+        .collect()
+}
+
+/// Prints the per-algorithm errors: geometric mean and bias (the model
+/// high, +, or low, -, on average).
+fn report_per_algorithm(
+    out: &mut impl Write,
+    transport: &str,
+    errors: &[AlgorithmError],
+) -> Result<(), CliError> {
+    writeln!(
+        out,
+        "# per-algorithm error of the fit ({transport}): {:<11} {:<14} {:<18} {:>9} {:>8} {:>6}",
+        "class", "coll", "algo", "geomean", "bias", "points"
+    )?;
+    for e in errors {
+        writeln!(
+            out,
+            "#   {:<11} {:<14} {:<18} {:>8.1}% {:>+7.1}% {:>6}",
+            e.class,
+            e.coll,
+            e.algo,
+            e.geomean_error * 100.0,
+            e.bias * 100.0,
+            e.points
+        )?;
+    }
     Ok(())
 }
 

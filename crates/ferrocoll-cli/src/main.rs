@@ -13,6 +13,9 @@
 //!
 //! * `calibrate`: measures the machine and fits the cost model's profile.
 //!
+//! * `tune`: times every candidate algorithm of each collective on this
+//!   launch and writes the table `auto` then trusts where it covers a call.
+//!
 //! * `run`: starts N local processes of a program, one per rank (as
 //!   torchrun / mpirun on one host), with the `FERROCOLL_*` rendezvous
 //!   environment, rank-prefixed output and stop-all-on-first-failure.
@@ -37,6 +40,7 @@ mod run;
 mod sim;
 mod store;
 mod topo;
+mod tune;
 mod verify;
 
 use std::process::ExitCode;
@@ -76,6 +80,11 @@ enum Command {
     /// Measure this machine and fit the cost model's alpha, beta and gamma;
     /// writes the profile the library then predicts with.
     Calibrate(calibrate::CalibrateArgs),
+    /// Time every candidate algorithm of each collective on this launch
+    /// (transport, ranks, topology) over a sweep of sizes and write the
+    /// table `auto` trusts before the cost model (beside the profile;
+    /// FERROCOLL_TUNE selects another or `off`).
+    Tune(tune::TuneArgs),
     /// Start N local processes of a program, one per rank (as torchrun or
     /// mpirun on one host), and stop them all when one fails.
     ///
@@ -103,6 +112,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench_overlap::main(&args),
         Command::Model(args) => model_moe::main(&args),
         Command::Calibrate(args) => calibrate::main(&args),
+        Command::Tune(args) => tune::main(&args),
         Command::Topo(args) => topo::main(&args),
         Command::Store(args) => store::main(&args),
         Command::Sim(args) => sim::main(&args),

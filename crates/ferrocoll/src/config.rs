@@ -7,6 +7,7 @@
 //! | `FERROCOLL_DEBUG` | `1`: rank 0 prints every algorithm choice and why to stderr; `tune`: also, the first time each shape is seen, every candidate's predicted time split into latency, bandwidth and compute, the winner and the runner-up | off |
 //! | `FERROCOLL_TOPO` | level sizes of the group, outermost first: `2x4` = 2 nodes of 4 ranks (read by `hier`, `torus2d`, `mesh2d`) | flat |
 //! | `FERROCOLL_PROFILE` | JSON profile from `ferrocoll calibrate` for the cost model; default: `$XDG_CONFIG_HOME/ferrocoll/<transport>.json` or `~/.config/ferrocoll/<transport>.json` if present | built-in |
+//! | `FERROCOLL_TUNE` | tuned tables from `ferrocoll tune` that `auto` trusts before the cost model where they cover a call, or `off` (model only); default: `<transport>.tune.json` beside the profile if present. A table of another machine, group size, topology or library version is ignored with a warning | default file |
 //! | `FERROCOLL_AUTO` | how `auto` chooses: `model` (least predicted time on the profile, cached per shape) or `rule` (the size thresholds of [`crate::select::auto`]) | `model` |
 //! | `FERROCOLL_SLICE_BYTES` | allreduce/broadcast/reduce larger than this run as consecutive slices of this size (cache locality); `0` never slices | 2 MiB |
 
@@ -72,6 +73,8 @@ pub struct Config {
     /// (or its calibrated file at the default path, read by the transport's
     /// communicator).
     pub profile: Option<crate::cost::Profile>,
+    /// Where `auto` finds its tuned table (`FERROCOLL_TUNE`).
+    pub tune: crate::tune::TuneSetting,
 }
 
 impl Default for Config {
@@ -85,13 +88,14 @@ impl Default for Config {
             slice_bytes: DEFAULT_SLICE_BYTES,
             topology: None,
             profile: None,
+            tune: crate::tune::TuneSetting::Default,
         }
     }
 }
 
 impl Config {
     /// Reads `FERROCOLL_ALGO`, `FERROCOLL_TIMEOUT`, `FERROCOLL_DEBUG`,
-    /// `FERROCOLL_TOPO`, `FERROCOLL_PROFILE`, `FERROCOLL_AUTO` and
+    /// `FERROCOLL_TOPO`, `FERROCOLL_PROFILE`, `FERROCOLL_TUNE`, `FERROCOLL_AUTO` and
     /// `FERROCOLL_SLICE_BYTES` (the table in the module docs). A value that
     /// cannot be used is an [`crate::Error::Config`] naming the variable and what
     /// it accepts; unset or empty variables keep their defaults.
@@ -168,6 +172,27 @@ impl Config {
                     )
                 })?;
             config.profile = Some(profile);
+        }
+        if let Some(v) = env::get(vars, "FERROCOLL_TUNE") {
+            config.tune = if ["off", "0", "none", "no", "false"]
+                .iter()
+                .any(|w| v.eq_ignore_ascii_case(w))
+            {
+                crate::tune::TuneSetting::Off
+            } else {
+                let path = std::path::PathBuf::from(&v);
+                let file = crate::tune::TuneFile::load(&path).map_err(|reason| {
+                    env::bad(
+                        "FERROCOLL_TUNE",
+                        &v,
+                        format!(
+                            "{reason}; give the path of a table `ferrocoll tune` wrote, `off` \
+                             for the cost model only, or unset it for the default file"
+                        ),
+                    )
+                })?;
+                crate::tune::TuneSetting::File(path, file)
+            };
         }
         if let Some(v) = env::get(vars, "FERROCOLL_AUTO") {
             config.auto_model = env::choice(

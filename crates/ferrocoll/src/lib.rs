@@ -60,6 +60,7 @@ pub mod select;
 pub mod shared;
 pub mod topo;
 pub mod transport;
+pub mod tune;
 mod types;
 
 /// Entry points for the fuzz targets in `fuzz/` (not a stable API).

@@ -4,20 +4,25 @@
 //! `FERROCOLL_ALGO` for that collective, then a global `FERROCOLL_ALGO` name
 //! (applied to every collective that has it), then `auto`.
 //!
-//! `auto` normally asks the cost model for the algorithm with the least
-//! predicted time ([`crate::cost::candidates`], on the communicator's profile
+//! `auto` first asks the tuned table ([`crate::tune`], what `ferrocoll
+//! tune` measured on this launch) where it covers the call's size, taking
+//! the fastest measured (interpolated log-log between measured sizes);
+//! elsewhere, or without a table (`FERROCOLL_TUNE=off`), it asks the cost
+//! model for the algorithm with the least predicted time ([`crate::cost::candidates`], on the communicator's profile
 //! and topology; `FERROCOLL_AUTO=model`, the default), remembering the answer
 //! per shape. [`auto`] here is the size rule it replaced
 //! (`FERROCOLL_AUTO=rule`), still used for alltoallv, whose cost depends on
 //! counts no single rank knows: binomial trees below [`SMALL_BYTES`] where
 //! latency dominates, rings above. bench/regret.sh measures both against the
-//! best forced algorithm (bench/RESULTS.md). `FERROCOLL_DEBUG=tune` prints
-//! the model's table the first time a shape is seen.
+//! best forced algorithm (bench/RESULTS.md). `FERROCOLL_DEBUG=tune` prints,
+//! the first time a shape is seen, which decided (table or model) and every
+//! candidate's measured and predicted times side by side.
 //!
 //! Every rank must choose alike, so choice looks only at what every rank of
 //! the call agrees on: the collective, the size as
 //! [`crate::Communicator::call_bytes`] counts it, the group, the
-//! configuration and the profile.
+//! configuration, the profile and the tuned table (rank 0's, shared at
+//! start-up).
 //!
 //! The communicator holds a `Memo` and asks through a `Chooser`, a view
 //! of the inputs it borrows for one question (this module does not import
@@ -30,6 +35,7 @@ use crate::cost::{self, Cost, Profile, Shape};
 use crate::error::{Error, Result};
 use crate::plan::{unknown_algorithm, Algorithm, Collective};
 use crate::topo::Topology;
+use crate::tune::{Lookup, TuneSetting, TuneTable};
 use crate::types::DType;
 
 /// Messages up to this many bytes use latency-optimal algorithms under `auto`.
@@ -144,13 +150,24 @@ pub fn auto(coll: Collective, bytes: usize, n: usize) -> (Algorithm, &'static st
 /// a program with ever-new sizes must not grow them forever.
 const SHAPE_CACHE_LIMIT: usize = 4096;
 
-/// What one communicator remembers about choosing: the profile, read once,
-/// the model's choice per shape and the shapes already explained.
+/// What decided an `auto` choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Decider {
+    /// The tuned table's measured times.
+    Table,
+    /// The cost model's predictions.
+    Model,
+}
+
+/// What one communicator remembers about choosing: the profile and the
+/// tuned table, read once, the choice per shape and the shapes already
+/// explained.
 #[derive(Default)]
 pub(crate) struct Memo {
     profile: OnceLock<Profile>,
-    /// The model's choice per (collective, bytes).
-    chosen: Mutex<HashMap<(Collective, usize), Algorithm>>,
+    table: OnceLock<Option<TuneTable>>,
+    /// The table's or the model's choice per (collective, bytes).
+    chosen: Mutex<HashMap<(Collective, usize), (Algorithm, Decider)>>,
     /// Shapes already explained under `FERROCOLL_DEBUG=tune`.
     explained: Mutex<HashSet<(Collective, usize)>>,
 }
@@ -165,6 +182,8 @@ pub(crate) struct Chooser<'a> {
     pub model: bool,
     /// A configured profile, which wins over the calibrated file.
     pub configured: Option<&'a Profile>,
+    /// Where the tuned table comes from.
+    pub tune: &'a TuneSetting,
     /// The transport's name, which names the calibrated file.
     pub transport: &'static str,
     /// The group's size and topology.
@@ -187,31 +206,63 @@ impl Chooser<'_> {
             return Ok((a, "forced by FERROCOLL_ALGO".into()));
         }
         if self.model && coll != Collective::AllToAllV {
-            if let Some(a) = self.model_choice(coll, bytes) {
-                return Ok((a, "auto: least predicted time (cost model)".into()));
+            match self.auto_choice(coll, bytes) {
+                Some((a, Decider::Table)) => {
+                    return Ok((a, "auto: fastest measured (tuned table)".into()))
+                }
+                Some((a, Decider::Model)) => {
+                    return Ok((a, "auto: least predicted time (cost model)".into()))
+                }
+                None => {}
             }
         }
         let (a, why) = auto(coll, bytes, self.n);
         Ok((a, format!("auto: {why}")))
     }
 
-    /// The cheapest algorithm for `bytes` on the profile and topology,
-    /// cached per shape.
-    fn model_choice(&self, coll: Collective, bytes: usize) -> Option<Algorithm> {
+    /// The fastest algorithm for `bytes` by the tuned table where it covers
+    /// the size, else the cheapest on the profile and topology; cached per
+    /// shape.
+    fn auto_choice(&self, coll: Collective, bytes: usize) -> Option<(Algorithm, Decider)> {
         if let Some(&a) = self.memo.chosen.lock().ok()?.get(&(coll, bytes)) {
             return Some(a);
         }
-        // The choice depends on bytes, not on the element type: model bytes
-        // as one-byte elements.
-        let blocks = call_bytes(coll, self.n, 1, DType::U8).max(1);
-        let shape = self.shape(coll, bytes / blocks, 1);
-        let best = cost::candidates(&shape, self.profile()).first()?.0;
+        let best = match self.measured(coll, bytes) {
+            Some(found) => (found.winner(), Decider::Table),
+            None => (
+                cost::candidates(&self.model_shape(coll, bytes), self.profile())
+                    .first()?
+                    .0,
+                Decider::Model,
+            ),
+        };
         let mut chosen = self.memo.chosen.lock().ok()?;
         if chosen.len() >= SHAPE_CACHE_LIMIT {
             chosen.clear();
         }
         chosen.insert((coll, bytes), best);
         Some(best)
+    }
+
+    /// The shape the model prices for a call of `bytes`: the choice depends
+    /// on bytes, not on the element type, so one-byte elements.
+    fn model_shape(&self, coll: Collective, bytes: usize) -> Shape {
+        let blocks = call_bytes(coll, self.n, 1, DType::U8).max(1);
+        self.shape(coll, bytes / blocks, 1)
+    }
+
+    /// The tuned table's times for `coll` at `bytes`, where it covers them.
+    fn measured(&self, coll: Collective, bytes: usize) -> Option<Lookup> {
+        self.table()?.lookup(coll, bytes)
+    }
+
+    /// The tuned table for this group ([`TuneSetting::resolve`]), resolved
+    /// once per communicator.
+    pub(crate) fn table(&self) -> Option<&TuneTable> {
+        self.memo
+            .table
+            .get_or_init(|| self.tune.resolve(self.transport, self.n, self.topology))
+            .as_ref()
     }
 
     /// The cost-model parameters: the configured profile, else a calibrated
@@ -246,8 +297,9 @@ impl Chooser<'_> {
         Ok((algo, cost::predict(algo, &shape, self.profile())))
     }
 
-    /// Prints the cost model's table for a shape to stderr the first time
-    /// it is seen (`FERROCOLL_DEBUG=tune`).
+    /// Prints, the first time a shape is seen (`FERROCOLL_DEBUG=tune`),
+    /// which decided (tuned table or cost model) and every candidate's
+    /// measured and predicted time side by side, to stderr.
     pub(crate) fn explain(&self, coll: Collective, count: usize, dtype: DType, bytes: usize) {
         let first = self
             .memo
@@ -260,25 +312,64 @@ impl Chooser<'_> {
         }
         let shape = self.shape(coll, count, dtype.size());
         let ranked = cost::candidates(&shape, self.profile());
+        let measured = self.measured(coll, bytes);
+        let decided = match (&measured, self.table()) {
+            (Some(m), _) if m.between.0 == m.between.1 => {
+                format!("decided by the tuned table (measured at {} B)", bytes)
+            }
+            (Some(m), _) => format!(
+                "decided by the tuned table (log-log between the measured {} B and {} B)",
+                m.between.0, m.between.1
+            ),
+            (None, Some(_)) => {
+                "decided by the cost model (the tuned table does not cover this size)".into()
+            }
+            (None, None) => "decided by the cost model (no tuned table for this launch)".into(),
+        };
         let mut text = format!(
-            "ferrocoll tune: {coll} {bytes} B on {} ranks, predicted (us):",
-            self.n
+            "ferrocoll tune: {coll} {bytes} B on {} ranks, {decided}; times (us):\n  {:<18} {:>10} {:>10} = latency + bandwidth + compute",
+            self.n, "algorithm", "measured", "predicted"
         );
-        for (a, c) in &ranked {
-            text.push_str(&format!(
-                "\n  {:<18} {:>10.2} = latency {:.2} + bandwidth {:.2} + compute {:.2}",
-                a.name(),
-                c.total() * 1e6,
-                c.latency * 1e6,
-                c.bandwidth * 1e6,
-                c.compute * 1e6
-            ));
+        // The decider's order: measured where the table decided.
+        let mut order: Vec<Algorithm> = match &measured {
+            Some(m) => m.times.iter().map(|t| t.0).collect(),
+            None => Vec::new(),
+        };
+        for (a, _) in &ranked {
+            if !order.contains(a) {
+                order.push(*a);
+            }
+        }
+        for a in order {
+            let m = measured
+                .as_ref()
+                .and_then(|m| m.times.iter().find(|t| t.0 == a))
+                .map_or("-".to_string(), |t| format!("{:.2}", t.1 * 1e6));
+            let p = ranked.iter().find(|r| r.0 == a).map(|r| r.1);
+            let p_text = p.map_or("-".to_string(), |c| format!("{:.2}", c.total() * 1e6));
+            let split = p.map_or(String::new(), |c| {
+                format!(
+                    " = {:.2} + {:.2} + {:.2}",
+                    c.latency * 1e6,
+                    c.bandwidth * 1e6,
+                    c.compute * 1e6
+                )
+            });
+            text.push_str(&format!("\n  {:<18} {m:>10} {p_text:>10}{split}", a.name()));
         }
         if let [(w, wc), (r, rc), ..] = ranked.as_slice() {
             text.push_str(&format!(
                 "\n  model's winner {w}, runner-up {r} ({:.2}x)",
                 rc.total() / wc.total().max(f64::MIN_POSITIVE)
             ));
+        }
+        if let Some(m) = &measured {
+            if let [(w, wt), (r, rt), ..] = m.times.as_slice() {
+                text.push_str(&format!(
+                    "\n  measured winner {w}, runner-up {r} ({:.2}x)",
+                    rt / wt.max(f64::MIN_POSITIVE)
+                ));
+            }
         }
         eprintln!("{text}");
     }
@@ -355,6 +446,7 @@ mod tests {
             forced,
             model,
             configured: Some(profile),
+            tune: &TuneSetting::Off,
             transport: "thread",
             n: topology.size(),
             topology,
@@ -400,7 +492,7 @@ mod tests {
                 .lock()
                 .unwrap()
                 .get(&(Collective::AllReduce, big)),
-            Some(&a)
+            Some(&(a, Decider::Model))
         );
         // Alltoallv, whose cost no rank knows, and FERROCOLL_AUTO=rule take
         // the size rule.
@@ -424,5 +516,144 @@ mod tests {
         assert_eq!(call_bytes(Collective::AllGather, 4, 10, DType::F32), 160);
         assert_eq!(call_bytes(Collective::AllToAllV, 4, 10, DType::F32), 0);
         assert_eq!(call_bytes(Collective::Barrier, 4, 0, DType::U8), 0);
+    }
+
+    /// A table for `key` where, at 1 KiB and 1 MiB of allreduce, the
+    /// model's own winner is the slowest candidate measured and its
+    /// runner-up the fastest: a choice that follows the table cannot be the
+    /// model's.
+    fn contrary_table(key: crate::tune::TuneKey, profile: &Profile) -> (TuneTable, [Algorithm; 2]) {
+        use crate::tune::{Measured, TunePoint};
+        let n = key.ranks;
+        let mut points = Vec::new();
+        let mut fastest = [Algorithm::Ring; 2];
+        for (i, bytes) in [1usize << 10, 1 << 20].into_iter().enumerate() {
+            let ranked = cost::candidates(&Shape::new(Collective::AllReduce, n, bytes, 1), profile);
+            assert!(ranked.len() >= 2, "{ranked:?}");
+            fastest[i] = ranked[1].0;
+            let times = ranked
+                .iter()
+                .enumerate()
+                .map(|(j, (a, _))| Measured {
+                    algo: a.name().into(),
+                    // The model's winner slowest, its runner-up fastest.
+                    median_us: match j {
+                        0 => 1000.0,
+                        1 => 10.0,
+                        _ => 100.0 + j as f64,
+                    },
+                    p10_us: 0.0,
+                    p90_us: 0.0,
+                    samples: 3,
+                })
+                .collect();
+            points.push(TunePoint {
+                coll: "allreduce".into(),
+                bytes,
+                times,
+            });
+        }
+        (TuneTable { key, points }, fastest)
+    }
+
+    #[test]
+    fn a_tuned_table_decides_where_it_covers_the_size_the_model_elsewhere() {
+        let profile = Profile::thread_default();
+        let topology = Topology::flat(4);
+        let none = AlgoChoice::default();
+        let key = crate::tune::TuneKey::current("thread", 4, &topology);
+        let (table, fastest) = contrary_table(key, &profile);
+        let tune = TuneSetting::File(
+            "t.json".into(),
+            crate::tune::TuneFile {
+                tables: vec![table],
+            },
+        );
+        let memo = Memo::default();
+        let c = Chooser {
+            tune: &tune,
+            ..chooser(None, &none, true, &profile, &topology, &memo)
+        };
+        let model_only = Memo::default();
+        let m = chooser(None, &none, true, &profile, &topology, &model_only);
+        for (i, bytes) in [1usize << 10, 1 << 20].into_iter().enumerate() {
+            let (a, why) = c.choose(Collective::AllReduce, bytes).unwrap();
+            assert_eq!(a, fastest[i], "{bytes} B: {why}");
+            assert!(why.contains("tuned table"), "{why}");
+            let (ma, mwhy) = m.choose(Collective::AllReduce, bytes).unwrap();
+            assert_ne!(ma, a, "the model and the table disagree by construction");
+            assert!(mwhy.contains("cost model"), "{mwhy}");
+        }
+        // Between the measured sizes: the log-log rule over the two
+        // points (here one candidate is fastest at both ends only when the
+        // model's runner-up is the same at both sizes).
+        let (a, why) = c.choose(Collective::AllReduce, 32 << 10).unwrap();
+        assert!(why.contains("tuned table"), "{why}");
+        let lookup = c
+            .table()
+            .unwrap()
+            .lookup(Collective::AllReduce, 32 << 10)
+            .unwrap();
+        assert_eq!(a, lookup.winner());
+        assert_eq!(lookup.between, (1 << 10, 1 << 20));
+        // Outside the measured range, and for collectives it lacks: the model.
+        for (coll, bytes) in [
+            (Collective::AllReduce, 64 << 20),
+            (Collective::AllReduce, 8),
+            (Collective::AllGather, 1 << 10),
+        ] {
+            let (a, why) = c.choose(coll, bytes).unwrap();
+            assert!(why.contains("cost model"), "{coll} {bytes}: {why}");
+            assert_eq!(a, m.choose(coll, bytes).unwrap().0);
+        }
+        // A forced algorithm still wins over the table.
+        let forced = AlgoChoice::parse("allreduce:ring").unwrap();
+        let f = Chooser {
+            forced: &forced,
+            ..chooser(None, &none, true, &profile, &topology, &memo)
+        };
+        assert_eq!(
+            f.choose(Collective::AllReduce, 1 << 10).unwrap().0,
+            Algorithm::Ring
+        );
+    }
+
+    #[test]
+    fn a_stale_table_is_ignored_for_the_model() {
+        let profile = Profile::thread_default();
+        let topology = Topology::flat(4);
+        let none = AlgoChoice::default();
+        let here = crate::tune::TuneKey::current("thread", 4, &topology);
+        let stale_keys = [
+            crate::tune::TuneKey {
+                version: "0.0.0-before".into(),
+                ..here.clone()
+            },
+            crate::tune::TuneKey {
+                machine: "another-machine".into(),
+                ..here.clone()
+            },
+            crate::tune::TuneKey {
+                ranks: 8,
+                ..here.clone()
+            },
+        ];
+        for key in stale_keys {
+            let (table, _) = contrary_table(key.clone(), &profile);
+            let tune = TuneSetting::File(
+                format!("stale-{}-{}.json", key.ranks, key.machine).into(),
+                crate::tune::TuneFile {
+                    tables: vec![table],
+                },
+            );
+            let memo = Memo::default();
+            let c = Chooser {
+                tune: &tune,
+                ..chooser(None, &none, true, &profile, &topology, &memo)
+            };
+            let (_, why) = c.choose(Collective::AllReduce, 1 << 10).unwrap();
+            assert!(why.contains("cost model"), "{key:?}: {why}");
+            assert!(c.table().is_none());
+        }
     }
 }

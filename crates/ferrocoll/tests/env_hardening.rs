@@ -691,9 +691,13 @@ fn paths_must_name_readable_files_of_the_right_form() {
         r2: 1.0,
         geomean_error: 0.0,
         points: 1,
+        algorithm_errors: Vec::new(),
     })
     .unwrap();
     let profile = TempFile::new("profile-good.json", &profile_json);
+    let tune_json = serde_json::to_vec(&ferrocoll::tune::TuneFile::default()).unwrap();
+    let tune = TempFile::new("tune-good.json", &tune_json);
+    let tune_bad = TempFile::new("tune-bad.json", b"{\"tables\": 3}");
     let profile_bad = TempFile::new("profile-bad.json", b"{ not json");
     let mut failures = Vec::new();
     for (var, value, good) in [
@@ -707,10 +711,15 @@ fn paths_must_name_readable_files_of_the_right_form() {
         ("FERROCOLL_PROFILE", "/nonexistent/ferrocoll.json", false),
         ("FERROCOLL_PROFILE", "/", false),
         ("FERROCOLL_PROFILE", "garbage", false),
+        ("FERROCOLL_TUNE", tune.path(), true),
+        ("FERROCOLL_TUNE", "off", true),
+        ("FERROCOLL_TUNE", tune_bad.path(), false),
+        ("FERROCOLL_TUNE", profile.path(), false),
+        ("FERROCOLL_TUNE", "/nonexistent/ferrocoll.tune.json", false),
     ] {
         failures.extend(judge(Parser::Library, var, value, good));
     }
-    for var in ["FERROCOLL_TOPO_FILE", "FERROCOLL_PROFILE"] {
+    for var in ["FERROCOLL_TOPO_FILE", "FERROCOLL_PROFILE", "FERROCOLL_TUNE"] {
         failures.extend(judge_empty(Parser::Library, var, ""));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

@@ -12,7 +12,7 @@ use crate::verify::{self, Sample};
 /// (empty where the library ignores the buffer: the send buffer of non-roots
 /// in bcast and scatter, the receive buffer of non-roots in reduce and
 /// gather; the sums of this rank's per-peer counts for alltoallv).
-pub(super) fn buffer_lens(
+pub(crate) fn buffer_lens(
     coll: Collective,
     n: usize,
     rank: usize,
@@ -40,7 +40,7 @@ pub(super) fn buffer_lens(
 /// This rank's per-peer counts of an alltoallv call (empty for the other
 /// collectives).
 #[derive(Clone, Debug, Default)]
-pub(super) struct PeerCounts {
+pub(crate) struct PeerCounts {
     /// Elements sent to each peer.
     pub(super) send: Vec<usize>,
     /// Elements received from each peer.

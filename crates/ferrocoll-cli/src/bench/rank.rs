@@ -155,7 +155,7 @@ fn run_rank_as<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>
 }
 
 /// One call of `coll` (out of place); `counts` are used by alltoallv only.
-fn call<T: Sample>(
+pub(crate) fn call<T: Sample>(
     comm: &Communicator,
     coll: Collective,
     send: &[T],

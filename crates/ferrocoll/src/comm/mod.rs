@@ -339,6 +339,7 @@ impl Communicator {
             forced: &config.algorithms,
             model: config.auto_model,
             configured: config.profile.as_ref(),
+            tune: &config.tune,
             transport: self.transport_name(),
             n: self.size(),
             topology: &self.shared.topology,

@@ -206,6 +206,30 @@ pub struct ProfileFile {
     pub geomean_error: f64,
     /// Number of measurements fitted.
     pub points: usize,
+    /// The fit's geometric-mean error per (link class, collective,
+    /// algorithm) over the sizes measured; empty in profiles written before
+    /// it existed.
+    #[serde(default)]
+    pub algorithm_errors: Vec<AlgorithmError>,
+}
+
+/// How well the calibrated model explains one algorithm's measurements.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AlgorithmError {
+    /// The link class fitted (`links` on one host; `intra-host` or
+    /// `inter-host` across hosts).
+    pub class: String,
+    /// The collective's name.
+    pub coll: String,
+    /// The algorithm's name.
+    pub algo: String,
+    /// exp(mean |ln(predicted/measured)|) - 1 over its points.
+    pub geomean_error: f64,
+    /// Mean of ln(predicted/measured) as a ratio, exp(mean) - 1: the sign
+    /// says whether the model is high (+) or low (-) for it.
+    pub bias: f64,
+    /// Points (sizes) measured.
+    pub points: usize,
 }
 
 /// A predicted time, split into its terms (seconds).

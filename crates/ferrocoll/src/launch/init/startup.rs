@@ -1,7 +1,7 @@
 //! The start-up once every rank reaches the store, step by step
 //! ([`init_over`]): who is where ([`Hosts`]), pinning to a core, the links
 //! ([`super::links`]), rank 0's cost-model profile for every rank, the
-//! topology, the slice size, the start-up barrier, and the engine that
+//! topology, rank 0's tuned table for every rank, the slice size, the start-up barrier, and the engine that
 //! becomes the communicator's transport.
 
 use std::sync::Arc;
@@ -25,6 +25,7 @@ use crate::transport::channel::Channel;
 use crate::transport::config::TransportConfig;
 use crate::transport::engine::Engine;
 use crate::transport::fastpath::FastTransport;
+use crate::tune::{TuneSetting, TuneTable};
 
 /// Default slice size (see [`Config::slice_bytes`]) when TCP links are used.
 pub const TCP_SLICE_BYTES: usize = 512 << 10;
@@ -101,7 +102,10 @@ pub(super) fn init_over(
         names,
         hosts.nodes > 1,
     )?);
-    config.topology = Some(topology(&config, settings, &hosts.node_of, size)?);
+    let topo = topology(&config, settings, &hosts.node_of, size)?;
+    // Likewise rank 0's tuned table, resolved for this world's key.
+    config.tune = share_tune(store.as_mut(), &config, (rank, size), transport_name, &topo)?;
+    config.topology = Some(topo);
     // Over TCP, slices of 512 KiB pipeline better than the thread
     // transport's 2 MiB (bench/RESULTS.md); an explicit setting wins.
     let slice_set = settings.slice_set;
@@ -180,6 +184,36 @@ fn share_profile(
     )?
     .remove(0);
     serde_json::from_slice(&json).map_err(|e| Error::Internal(format!("profile from rank 0: {e}")))
+}
+
+/// Rank 0's tuned table for this world ([`TuneSetting::resolve`], which
+/// warns there when a table does not fit), shared so that every rank's
+/// `auto` decides alike: [`TuneSetting::Shared`], or `Off` when rank 0 has
+/// none.
+fn share_tune(
+    store: &mut dyn Rendezvous,
+    config: &Config,
+    (rank, size): (usize, usize),
+    transport: &str,
+    topology: &Topology,
+) -> Result<TuneSetting> {
+    if rank == 0 {
+        let table = config.tune.resolve(transport, size, topology);
+        let json = serde_json::to_vec(&table).map_err(|e| Error::Internal(e.to_string()))?;
+        store.set("tune", &json)?;
+    }
+    let json = wait_for_ranks(
+        store,
+        &["tune".to_string()],
+        &[0],
+        (rank, size),
+        "sharing rank 0's tuned table",
+        config.timeout,
+    )?
+    .remove(0);
+    let table: Option<TuneTable> = serde_json::from_slice(&json)
+        .map_err(|e| Error::Internal(format!("tuned table from rank 0: {e}")))?;
+    Ok(table.map_or(TuneSetting::Off, TuneSetting::Shared))
 }
 
 /// The topology: FERROCOLL_TOPO (in `config`), else FERROCOLL_TOPO_FILE,
