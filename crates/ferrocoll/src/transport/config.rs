@@ -24,7 +24,13 @@ const SINGLE_COPY_BYTES: usize = 64 << 10;
 
 /// Data messages longer than this wait for the receiver, by default (see
 /// [`TransportConfig::eager_bytes`]).
-const EAGER_BYTES: usize = 32 << 10;
+///
+/// 8 KiB: with 32 KiB a 2-rank shm broadcast of 32 KiB took 14.6-16.9 us
+/// and a reduce of 16 KiB 8.4-11.4 us (the sender ran ahead, its peer
+/// buffered), against 1.3-1.4 and 1.6-1.7 us with 8 KiB; allreduce and
+/// allgather, whose receives are posted when the bytes come, were alike
+/// (bench/RESULTS.md, issue 20).
+const EAGER_BYTES: usize = 8 << 10;
 
 /// What the process transports read from the environment.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,7 +152,7 @@ impl TransportConfig {
                 0,
                 usize::MAX,
                 "bytes",
-                "; 0 never waits for the receiver, the default is 32768",
+                "; 0 never waits for the receiver, the default is 8192",
             )? {
                 0 => usize::MAX,
                 b => b,
