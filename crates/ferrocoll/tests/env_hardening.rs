@@ -216,6 +216,14 @@ fn rows() -> Vec<Row> {
             std_bad: WORD_BAD,
         },
         Row {
+            var: "FERROCOLL_MOE_SCHEDULE",
+            parser: Library,
+            zero: false,
+            good: &["auto", "direct", "two-level", "Rail", "2dh"],
+            bad: &["fast", "0"],
+            std_bad: WORD_BAD,
+        },
+        Row {
             var: "FERROCOLL_STORE",
             parser: Library,
             zero: false,

@@ -64,6 +64,13 @@ pub(super) fn schedule_from_env(vars: Vars<'_>) -> Result<Schedule> {
     })
 }
 
+/// Checks `FERROCOLL_MOE_SCHEDULE` through `vars` as a dispatcher would
+/// read it (for [`crate::init::check_vars`]: a bad value is reported at
+/// start-up, not at the first dispatcher).
+pub(crate) fn check_env(vars: Vars<'_>) -> Result<()> {
+    schedule_from_env(vars).map(|_| ())
+}
+
 impl Dispatcher {
     /// The schedule of one exchange of `rows` (`[s·P + d]` rows, s to d),
     /// never `Auto`; explains it under `FERROCOLL_DEBUG=tune`.

@@ -103,6 +103,7 @@
 
 mod accumulate;
 mod choose;
+pub(crate) use choose::check_env;
 mod handle;
 pub mod model;
 mod passes;

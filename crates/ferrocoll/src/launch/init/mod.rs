@@ -74,6 +74,7 @@ pub fn check_vars(get: &dyn Fn(&str) -> Option<String>) -> Result<()> {
     TransportConfig::from_lookup(get)?;
     TransportKind::from_vars(get)?;
     LaunchSettings::from_vars(get)?;
+    crate::moe::check_env(get)?;
     Ok(())
 }
 
