@@ -320,19 +320,7 @@ impl MoeDispatcher {
         handle: &MoeHandle,
         dtype: &str,
     ) -> PyResult<Rows> {
-        let dtype = parse_dtype(py, dtype)?;
-        check_buf(expert_outputs, dtype.size(), "expert_outputs")?;
-        let (d, h) = (&self.inner, &handle.inner);
-        let hidden = d.spec().hidden;
-        py.detach(move || {
-            typed!(dtype, T => {
-                // SAFETY: the caller holds `expert_outputs`, untouched, until
-                // this blocking call returns; `check_buf` passed.
-                let outs = unsafe { slice::<T>(expert_outputs) };
-                d.combine(outs, h).map(|y| Rows::new(y, hidden))
-            })
-        })
-        .map_err(|e| py_err(py, e))
+        self.bring_back(py, expert_outputs, handle, dtype, false)
     }
 
     /// Returns the experts' outputs to their tokens unsummed and
@@ -345,6 +333,21 @@ impl MoeDispatcher {
         handle: &MoeHandle,
         dtype: &str,
     ) -> PyResult<Rows> {
+        self.bring_back(py, expert_outputs, handle, dtype, true)
+    }
+}
+
+impl MoeDispatcher {
+    /// `combine` (`pairs` false) or `combine_pairs` (true): the experts'
+    /// outputs back to their tokens, `hidden` wide rows.
+    fn bring_back(
+        &self,
+        py: Python<'_>,
+        expert_outputs: (usize, usize),
+        handle: &MoeHandle,
+        dtype: &str,
+        pairs: bool,
+    ) -> PyResult<Rows> {
         let dtype = parse_dtype(py, dtype)?;
         check_buf(expert_outputs, dtype.size(), "expert_outputs")?;
         let (d, h) = (&self.inner, &handle.inner);
@@ -354,7 +357,12 @@ impl MoeDispatcher {
                 // SAFETY: the caller holds `expert_outputs`, untouched, until
                 // this blocking call returns; `check_buf` passed.
                 let outs = unsafe { slice::<T>(expert_outputs) };
-                d.combine_pairs(outs, h).map(|y| Rows::new(y, hidden))
+                let back = if pairs {
+                    d.combine_pairs(outs, h)
+                } else {
+                    d.combine(outs, h)
+                };
+                back.map(|y| Rows::new(y, hidden))
             })
         })
         .map_err(|e| py_err(py, e))
