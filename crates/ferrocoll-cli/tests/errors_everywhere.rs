@@ -276,7 +276,14 @@ fn rank_program(role: &str, comm: &Communicator) {
             std::thread::sleep(Duration::from_millis(STAY_MS));
         }
         "early_return" => {
-            comm.barrier().unwrap();
+            // The barrier itself may fail on a survivor: rank 2 leaves as
+            // soon as its own barrier is done, and a rank still finishing
+            // the barrier then learns of the loss while in it. That is a
+            // call in flight when a peer went away, and its error must name
+            // rank 2 as well, so it goes through `report` too.
+            if !report(comm, "barrier", || comm.barrier()) {
+                return;
+            }
             if r == 2 {
                 return;
             }
@@ -288,9 +295,14 @@ fn rank_program(role: &str, comm: &Communicator) {
             });
         }
         "panic" => {
-            comm.barrier().unwrap();
             if r == 1 {
+                comm.barrier().unwrap();
                 panic!("rank 1 fails on purpose");
+            }
+            // As above: a survivor may learn of rank 1's panic while still
+            // in the barrier.
+            if !report(comm, "barrier", || comm.barrier()) {
+                return;
             }
             let mut f = vec![1.0f32; 1024];
             report(comm, "allreduce", || {
