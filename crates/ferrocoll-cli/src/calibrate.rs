@@ -60,6 +60,12 @@ pub struct CalibrateArgs {
     /// Timed batches per point; the fastest counts.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     repeat: u32,
+    /// Cores that serve one host's ranks, kept in the profile
+    /// (`Profile::cores`): the model gives each rank a share of a core when
+    /// an algorithm keeps more ranks moving bytes than there are cores.
+    /// Default: the host's online CPUs; 0 leaves the term out.
+    #[arg(long)]
+    cores: Option<f64>,
 }
 
 /// The model's parameters, in the order of [`Point::coef`]: alpha, 1/beta,
@@ -142,17 +148,33 @@ fn time_calls(
     Ok(best)
 }
 
-/// Unit-parameter coefficients of the closed form.
-fn coefficients(algo: ferrocoll::Algorithm, shape: &Shape) -> Option<[f64; PARAMS]> {
+/// CPUs online on this host: the cores its ranks share (the profile's
+/// [`Profile::cores`]). Not this process's affinity, which the launcher may
+/// have narrowed to one CPU per rank.
+fn online_cpus() -> f64 {
+    // SAFETY: sysconf only reads a system setting; no memory is passed.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as f64
+    } else {
+        0.0
+    }
+}
+
+/// Unit-parameter coefficients of the closed form, on a host of `cores`
+/// cores (the per-byte coefficients carry the core share, so the fit finds
+/// the speed of a rank with a core of its own).
+fn coefficients(algo: ferrocoll::Algorithm, shape: &Shape, cores: f64) -> Option<[f64; PARAMS]> {
     let huge = 1e300;
-    let rounds = cost::predict(algo, shape, &Profile::uniform(1.0, huge, 0.0))?.latency;
-    let bytes = cost::predict(algo, shape, &Profile::uniform(0.0, 1.0, 0.0))?.bandwidth;
-    let reduced = cost::predict(algo, shape, &Profile::uniform(0.0, huge, 1.0))?.compute;
-    let mut unit_o = Profile::uniform(0.0, huge, 0.0);
+    let unit = |alpha, beta, gamma| Profile::uniform(alpha, beta, gamma).with_cores(cores);
+    let rounds = cost::predict(algo, shape, &unit(1.0, huge, 0.0))?.latency;
+    let bytes = cost::predict(algo, shape, &unit(0.0, 1.0, 0.0))?.bandwidth;
+    let reduced = cost::predict(algo, shape, &unit(0.0, huge, 1.0))?.compute;
+    let mut unit_o = unit(0.0, huge, 0.0);
     unit_o.intra.overhead = 1.0;
     unit_o.inter.overhead = 1.0;
     let messages = cost::predict(algo, shape, &unit_o)?.latency;
-    let mut unit_copy = Profile::uniform(0.0, huge, 0.0);
+    let mut unit_copy = unit(0.0, huge, 0.0);
     unit_copy.copy = 1.0;
     let copied = cost::predict(algo, shape, &unit_copy)?.compute;
     Some([rounds, bytes, reduced, messages, copied, 0.0])
@@ -425,6 +447,7 @@ fn measure(
     comm: &Communicator,
     sizes: &[usize],
     repeat: u32,
+    cores: f64,
 ) -> Result<Vec<Point>, ferrocoll::Error> {
     let n = comm.size();
     let elem = DType::F32.size();
@@ -443,7 +466,7 @@ fn measure(
                 let seconds = time_calls(comm, &c, coll, count, iters, repeat)?;
                 let mut shape = Shape::new(coll, n, count, elem);
                 shape.topology = comm.topology().clone();
-                if let Some(coef) = coefficients(algo, &shape) {
+                if let Some(coef) = coefficients(algo, &shape, cores) {
                     points.push(Point {
                         coll,
                         algo: algo.name(),
@@ -475,6 +498,7 @@ fn measure_two_classes(
     comm: &Communicator,
     sizes: &[usize],
     repeat: u32,
+    cores: f64,
 ) -> Result<Option<(Vec<Point>, Vec<Point>)>, CliError> {
     let topo = comm.topology();
     let (per_node, nodes) = (topo.local_size(), topo.nodes());
@@ -491,7 +515,7 @@ fn measure_two_classes(
         if rank == 0 {
             eprintln!("calibrate: intra-host links ({per_node} ranks of the first host)");
         }
-        intra = measure(&host, sizes, repeat)?;
+        intra = measure(&host, sizes, repeat, cores)?;
     }
     comm.barrier()?;
     let across = comm.split((local == 0).then_some(0), rank as i64)?;
@@ -500,7 +524,7 @@ fn measure_two_classes(
         if rank == 0 {
             eprintln!("calibrate: inter-host links (one rank on each of {nodes} hosts)");
         }
-        inter = measure(&across, sizes, repeat)?;
+        inter = measure(&across, sizes, repeat, cores)?;
     }
     comm.barrier()?;
     Ok((rank == 0).then_some((intra, inter)))
@@ -527,6 +551,12 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     }
     let in_job = crate::run::in_job();
     let transport = args.transport.as_str();
+    let cores = args.cores.unwrap_or_else(online_cpus);
+    if !(cores >= 0.0 && cores.is_finite()) {
+        return Err(CliError::Usage(format!(
+            "--cores {cores}: give the number of cores (0 leaves the core share out)"
+        )));
+    }
     let n = args.ranks.unwrap_or(4);
     if !in_job && n < 2 {
         return Err(CliError::Usage(
@@ -538,7 +568,7 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     }
     // (intra points, inter points): one class unless the job spans hosts.
     let (transport_name, intra, inter) = if transport == "thread" && !in_job {
-        let results = local::run(n, |comm| measure(&comm, &sizes, args.repeat))?;
+        let results = local::run(n, |comm| measure(&comm, &sizes, args.repeat, cores))?;
         let mut points = Vec::new();
         for r in results {
             let p = r?;
@@ -562,12 +592,12 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
         }
         let name = comm.transport_name();
         if comm.topology().nodes() > 1 {
-            match measure_two_classes(&comm, &sizes, args.repeat)? {
+            match measure_two_classes(&comm, &sizes, args.repeat, cores)? {
                 Some((intra, inter)) => (name, intra, inter),
                 None => return Ok(()),
             }
         } else {
-            let points = measure(&comm, &sizes, args.repeat);
+            let points = measure(&comm, &sizes, args.repeat, cores);
             if comm.rank() != 0 {
                 return points.map(|_| ()).map_err(CliError::from);
             }
@@ -604,7 +634,7 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     // The profile: one class everywhere, or intra and inter from their own
     // fits (the cache regime is the memory's, so it comes from intra).
     let first = &classes[0].1;
-    let mut profile = Profile::uniform(0.0, 1.0, gamma);
+    let mut profile = Profile::uniform(0.0, 1.0, gamma).with_cores(cores);
     profile.copy = copy;
     profile.intra = link_of(&first.x);
     profile.inter = link_of(&classes.last().expect("a class").1.x);

@@ -73,6 +73,12 @@ pub struct ModelArgs {
     /// own (as with a NIC per GPU).
     #[arg(long, default_value_t = 0.0)]
     inter_ports: f64,
+    /// Cores serving one node's ranks: when an algorithm keeps more ranks
+    /// of a node moving bytes at once, each gets a share of a core (beta
+    /// divided, gamma and the copy cost multiplied by busy/cores); 0: a
+    /// core per rank.
+    #[arg(long, default_value_t = 0.0)]
+    cores: f64,
     /// Bandwidth between nodes (defaults to --beta).
     #[arg(long, value_parser = parse_rate)]
     beta_inter: Option<f64>,
@@ -295,6 +301,7 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
         cache_bytes: args.cache.unwrap_or(0) as f64,
         beta_mem: args.beta_mem.unwrap_or(0.0),
         inter_ports: args.inter_ports,
+        cores: args.cores,
     };
     if args.compress.is_some() && (args.coll != Collective::AllReduce || args.dtype != DType::F32) {
         return Err(CliError::Usage(

@@ -202,6 +202,7 @@ fn profile_of(topo: &TopologySpec, gamma: f64) -> Profile {
         beta_mem: 0.0,
         // The simulator's links are per rank (its own model of sharing).
         inter_ports: 0.0,
+        cores: 0.0,
     }
 }
 

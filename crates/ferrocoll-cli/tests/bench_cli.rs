@@ -475,3 +475,32 @@ fn overlap_reports_four_ways_and_a_prediction() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn calibrate_keeps_the_cores_in_the_profile() {
+    let dir = std::env::temp_dir().join(format!("ferrocoll-test-cores-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out_path = dir.join("thread.json");
+    let calibrate = |cores: &str| {
+        Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+            .args(["calibrate", "-n", "2", "-e", "512", "--repeat", "1"])
+            .arg(format!("--cores={cores}"))
+            .arg("--out")
+            .arg(&out_path)
+            .output()
+            .unwrap()
+    };
+    let out = calibrate("3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    assert_eq!(file["profile"]["cores"].as_f64(), Some(3.0), "{file}");
+    let bad = calibrate("-1");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("--cores"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

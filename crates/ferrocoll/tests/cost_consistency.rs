@@ -47,6 +47,7 @@ fn profiles() -> Vec<Profile> {
             cache_bytes: 0.0,
             beta_mem: 0.0,
             inter_ports: 0.0,
+            cores: 0.0,
         };
         p.push(with_o.clone());
         with_o.inter = with_o.intra;
@@ -76,6 +77,7 @@ fn base_profiles() -> Vec<Profile> {
             cache_bytes: 0.0,
             beta_mem: 0.0,
             inter_ports: 0.0,
+            cores: 0.0,
         },
     ]
 }
@@ -303,6 +305,7 @@ fn loggp_profiles() -> Vec<(Profile, bool)> {
         cache_bytes: 0.0,
         beta_mem: 0.0,
         inter_ports: 0.0,
+        cores: 0.0,
     };
     let mut differ = same.clone();
     differ.inter.overhead = 3e-6;

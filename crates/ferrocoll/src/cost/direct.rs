@@ -405,6 +405,7 @@ mod tests {
             cache_bytes: 0.0,
             beta_mem: 0.0,
             inter_ports: 0.0,
+            cores: 0.0,
         }
     }
 
