@@ -334,6 +334,13 @@ impl Compressor {
         self.step
     }
 
+    /// Sets the step the next call runs as (Random-k's positions): the
+    /// transparent path of `FERROCOLL_COMPRESS` makes a compressor per call
+    /// and gives it the call's sequence number, which every rank shares.
+    pub(crate) fn set_step(&mut self, step: u64) {
+        self.step = step;
+    }
+
     /// Whether residuals are kept across steps.
     pub fn error_feedback(&self) -> bool {
         if let Some(h) = &self.hier {
