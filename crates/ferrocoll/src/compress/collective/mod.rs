@@ -67,7 +67,8 @@
 //! are topology-aware already. [`Compressor::new`] splits the communicator
 //! for it (so there it is a collective call).
 //!
-//! [`model`] has the closed forms of all of these for the cost model.
+//! [`model`] has the closed forms of all of these for the cost model, and
+//! [`exchanges`] lists their collectives with their sizes for the simulator.
 //!
 //! # Why compositions of collectives, not plans
 //!
@@ -101,6 +102,7 @@
 //! bitwise the same result.
 
 mod dense;
+pub mod exchanges;
 mod hier;
 mod lowrank;
 pub mod model;
