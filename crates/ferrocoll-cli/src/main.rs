@@ -38,6 +38,7 @@ mod model_compress;
 mod model_moe;
 mod run;
 mod sim;
+mod sim_compress;
 mod store;
 mod topo;
 mod tune;

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use clap::Args;
-use ferrocoll::cost::{self, LinkParams, Profile, Shape};
+use ferrocoll::cost::{self, Shape};
 use ferrocoll::Collective;
 use ferrocoll_sim::{Mode, SimAlgorithm, SimOptions, TopologySpec};
 
@@ -90,6 +90,21 @@ pub struct SimArgs {
     /// MemAvailable of /proc/meminfo.
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
+    /// Also run the allreduce compressed with CODEC, as
+    /// `ferrocoll::compress::Compressor` runs it (fp16, bf16,
+    /// int8[:BLOCK], onebit[:BLOCK], topk:K, randk:K[:SEED],
+    /// powersgd[:RANK[:ROWSxCOLS]]): its collectives' plans on the encoded
+    /// bytes, one after the other, plus the codec's compute per byte on
+    /// every rank; printed next to the uncompressed run (`--algo`). f32
+    /// allreduce only; not with --aggregate or --algo sharp.
+    #[arg(long, value_name = "CODEC")]
+    pub compress: Option<String>,
+    /// The codec's time per input byte of one encode and one decode, as a
+    /// rate (e.g. 4GB/s) or a time per byte (0.25ns); default: the built-in
+    /// single-threaded rate of the codec (bench/RESULTS.md), as `ferrocoll
+    /// model --compress` uses.
+    #[arg(long, value_parser = parse_gamma, requires = "compress")]
+    pub codec_rate: Option<f64>,
 }
 
 /// Energy per bit by link class, in picojoules (the seeds' figure: NVLink
@@ -183,29 +198,6 @@ fn parse_gamma(s: &str) -> Result<f64, String> {
     }
 }
 
-/// The cost-model profile of a modelled cluster: its rank ports as the
-/// intra-node links and its network ports as the inter-node ones (see
-/// [`TopologySpec::cost_links`]), reducing at `gamma` seconds per byte.
-fn profile_of(topo: &TopologySpec, gamma: f64) -> Profile {
-    let link = |l: ferrocoll_sim::LinkSpec| LinkParams {
-        alpha: l.lat,
-        beta: l.bw,
-        overhead: 0.0,
-    };
-    let (intra, inter) = topo.cost_links();
-    Profile {
-        intra: link(intra),
-        inter: link(inter),
-        gamma,
-        copy: 0.0,
-        cache_bytes: 0.0,
-        beta_mem: 0.0,
-        // The simulator's links are per rank (its own model of sharing).
-        inter_ports: 0.0,
-        cores: 0.0,
-    }
-}
-
 /// `3906 and 3907`, `2, 3 and 4`: the block sizes of an uneven run.
 fn block_list(sizes: &[usize]) -> String {
     let words: Vec<String> = sizes.iter().map(|s| s.to_string()).collect();
@@ -245,7 +237,7 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
     let algo = if args.algo == "auto" {
         let mut shape = Shape::new(coll, n, count, 4);
         shape.topology = topo.plan_topology();
-        let profile = profile_of(&topo, gamma);
+        let profile = ferrocoll_sim::cost_profile(&topo, gamma);
         cost::candidates(&shape, &profile)
             .first()
             .map(|(a, _)| SimAlgorithm::Plan(*a))
@@ -254,6 +246,21 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         SimAlgorithm::from_name(&args.algo)
             .ok_or_else(|| CliError::Usage(format!("unknown algorithm {:?}", args.algo)))?
     };
+    if let Some(spec) = &args.compress {
+        if coll != Collective::AllReduce || algo == SimAlgorithm::Sharp || args.aggregate {
+            return Err(CliError::Usage(format!(
+                "--compress {spec}: compressed allreduces only, without --algo sharp or \
+                 --aggregate (the compressed exchanges run rank by rank); got {coll}{}{}",
+                if algo == SimAlgorithm::Sharp {
+                    ", --algo sharp"
+                } else {
+                    ""
+                },
+                if args.aggregate { ", --aggregate" } else { "" }
+            )));
+        }
+        ferrocoll::compress::collective::validate_spec(spec, count)?;
+    }
     if algo == SimAlgorithm::Sharp {
         ferrocoll_sim::sharp::check(coll, &topo).map_err(CliError::Usage)?;
         if args.aggregate {
@@ -290,6 +297,21 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
         _ => ferrocoll_sim::simulate_algorithm(coll, algo, bytes, &topo, mode, &opts),
     }
     .map_err(CliError::Run)?;
+    let compressed = match &args.compress {
+        None => None,
+        Some(spec) => Some(
+            ferrocoll_sim::simulate_compressed(
+                spec,
+                bytes,
+                &topo,
+                mode,
+                &opts,
+                &ferrocoll_sim::cost_profile(&topo, gamma),
+                args.codec_rate,
+            )
+            .map_err(CliError::Run)?,
+        ),
+    };
     let wall = start.elapsed().as_secs_f64();
     if let Some(path) = &args.plot {
         let title = format!(
@@ -315,7 +337,7 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
             .iter()
             .map(|c| serde_json::json!({"class": c.class, "bytes": c.bytes, "utilization": c.utilization}))
             .collect();
-        let json = serde_json::json!({
+        let mut json = serde_json::json!({
             "coll": coll.name(), "ranks": n, "bytes": bytes, "algo": algo.name(), "mode": args.mode,
             "time_us": r.time_s * 1e6, "algbw": algbw, "busbw": busbw, "energy_j": energy,
             "wall_s": wall, "hottest_link": r.hottest_link, "events": r.events, "links": links,
@@ -332,6 +354,9 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
                 })),
             })),
         });
+        if let Some(c) = &compressed {
+            json["compressed"] = crate::sim_compress::json(c, &r);
+        }
         writeln!(out, "{json}")?;
         return Ok(());
     }
@@ -399,6 +424,11 @@ pub fn main(args: &SimArgs) -> Result<(), CliError> {
             )?,
         },
         None => writeln!(out, "# simulated {} events in {wall:.3} s", r.events)?,
+    }
+    if let Some(c) = &compressed {
+        for line in crate::sim_compress::lines(c, &r, algo.name(), (bytes, n)) {
+            writeln!(out, "{line}")?;
+        }
     }
     Ok(())
 }

@@ -372,3 +372,85 @@ fn aggregate_takes_counts_the_ranks_do_not_divide() {
     ]);
     assert!(even["aggregated"]["uneven"].is_null());
 }
+
+/// `sim COLL --topology SLOW --bytes BYTES --compress CODEC` and `extra`.
+fn compressed_args<'a>(
+    coll: &'a str,
+    bytes: &'a str,
+    codec: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let slow = "switch:ranks=16,bw=1GB/s,lat=5us";
+    let mut args = vec![
+        coll,
+        "--topology",
+        slow,
+        "--bytes",
+        bytes,
+        "--compress",
+        codec,
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+#[test]
+fn compress_runs_the_compressed_allreduce_next_to_the_uncompressed_one() {
+    // A slow link and a large call: compression pays; every codec runs.
+    for codec in [
+        "int8",
+        "onebit",
+        "topk:0.01",
+        "fp16",
+        "powersgd:4",
+        "randk:0.01",
+    ] {
+        let j = json(&compressed_args("allreduce", "64MiB", codec, &[]));
+        let c = &j["compressed"];
+        let (time, plain) = (
+            c["time_us"].as_f64().unwrap(),
+            j["time_us"].as_f64().unwrap(),
+        );
+        assert!(
+            time < plain && c["speedup"].as_f64().unwrap() > 1.0,
+            "{codec}: {j}"
+        );
+        assert!(c["codec_us"].as_f64().unwrap() > 0.0, "{codec}");
+        // The wire bytes the exchanges moved are those the links carried.
+        let wire: u64 = c["exchanges"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["bytes"].as_u64().unwrap())
+            .sum();
+        assert_eq!(wire, c["sent_bytes_total"].as_u64().unwrap(), "{codec}");
+        assert_eq!(c["links"][0]["bytes"].as_u64().unwrap(), wire, "{codec}");
+        assert!(wire < j["links"][0]["bytes"].as_u64().unwrap(), "{codec}");
+    }
+    // A tiny call: latency-bound, compression only adds the codec.
+    let j = json(&compressed_args(
+        "allreduce",
+        "64",
+        "int8",
+        &["--algo", "direct"],
+    ));
+    assert!(j["compressed"]["speedup"].as_f64().unwrap() < 1.0, "{j}");
+    // The table names both.
+    let out = sim(&compressed_args("allreduce", "1MiB", "int8", &[]));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("compressed with int8:128 (two-phase)"),
+        "{text}"
+    );
+    assert!(text.contains("uncompressed"), "{text}");
+    // What it cannot run is refused.
+    for bad in [
+        compressed_args("allgather", "1MiB", "int8", &[]),
+        compressed_args("allreduce", "1MiB", "zip", &[]),
+        compressed_args("allreduce", "1MiB", "int8", &["--aggregate"]),
+    ] {
+        let out = sim(&bad);
+        assert!(!out.status.success(), "{bad:?}");
+        assert!(!out.stderr.is_empty(), "{bad:?}");
+    }
+}

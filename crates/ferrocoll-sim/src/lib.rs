@@ -25,7 +25,9 @@
 //! cannot: in-network reduction ([`sharp`], [`simulate_sharp_allreduce`]),
 //! where the switches of a `switch` or `fat-tree` topology with `sharp=1`
 //! reduce an allreduce as it passes through them. [`SimAlgorithm`] names
-//! either kind for [`simulate_algorithm`].
+//! either kind for [`simulate_algorithm`]. [`compressed`] runs the
+//! compressed allreduces of `ferrocoll::compress` (their collectives'
+//! plans on encoded bytes, the codec's compute per byte on every rank).
 //!
 //! ```
 //! use ferrocoll::{Algorithm, Collective};
@@ -40,6 +42,7 @@
 
 #![warn(missing_docs)]
 
+pub mod compressed;
 pub mod engine;
 pub mod estimate;
 pub mod graph;
@@ -50,6 +53,7 @@ pub mod symmetry;
 pub mod topology;
 pub mod uneven;
 
+pub use compressed::{cost_profile, simulate_compressed, CompressedResult};
 pub use engine::{CriticalPath, Mode, SimOptions, TIMELINE_BUCKETS};
 pub use network::Network;
 pub use sharp::{simulate_sharp_allreduce, simulate_sharp_allreduce_with};
@@ -448,6 +452,32 @@ pub fn busbw_factor(coll: Collective, n: usize) -> f64 {
     }
 }
 
+/// Bytes and utilization over `t` seconds of every link class, from each
+/// link's bytes and busy time.
+pub(crate) fn class_stats(
+    net: &Network,
+    link_bytes: &[u64],
+    link_busy: &[f64],
+    t: f64,
+) -> Vec<LinkClassStats> {
+    net.classes
+        .iter()
+        .enumerate()
+        .map(|(c, name)| {
+            let ids = net.links.iter().enumerate().filter(|(_, l)| l.class == c);
+            let (bytes, busy) = ids.fold((0u64, 0.0f64), |(b, s), (i, _)| {
+                (b + link_bytes[i], s + link_busy[i])
+            });
+            let links = net.class_size(c) as f64;
+            LinkClassStats {
+                class: name.clone(),
+                bytes,
+                utilization: if t > 0.0 { busy / (t * links) } else { 0.0 },
+            }
+        })
+        .collect()
+}
+
 fn summarize(
     coll: Collective,
     n: usize,
@@ -457,23 +487,7 @@ fn summarize(
 ) -> SimResult {
     let t = trace.time_s;
     let algbw = if t > 0.0 { bytes as f64 / t } else { 0.0 };
-    let per_class = net
-        .classes
-        .iter()
-        .enumerate()
-        .map(|(c, name)| {
-            let ids = net.links.iter().enumerate().filter(|(_, l)| l.class == c);
-            let (bytes, busy) = ids.fold((0u64, 0.0f64), |(b, s), (i, _)| {
-                (b + trace.link_bytes[i], s + trace.link_busy[i])
-            });
-            let links = net.class_size(c) as f64;
-            LinkClassStats {
-                class: name.clone(),
-                bytes,
-                utilization: if t > 0.0 { busy / (t * links) } else { 0.0 },
-            }
-        })
-        .collect();
+    let per_class = class_stats(net, &trace.link_bytes, &trace.link_busy, t);
     // The first of the busiest links; busy times that differ only by
     // rounding (a message charged whole on one link and chunk by chunk on
     // the next) count as equal.

@@ -10,6 +10,7 @@
 //! | `FERROCOLL_TUNE` | tuned tables from `ferrocoll tune` that `auto` trusts before the cost model where they cover a call, or `off` (model only); default: `<transport>.tune.json` beside the profile if present. A table of another machine, group size, topology or library version is ignored with a warning | default file |
 //! | `FERROCOLL_AUTO` | how `auto` chooses: `model` (least predicted time on the profile, cached per shape) or `rule` (the size thresholds of [`crate::select::auto`]) | `model` |
 //! | `FERROCOLL_SLICE_BYTES` | allreduce/broadcast/reduce larger than this run as consecutive slices of this size (cache locality); `0` never slices | 2 MiB |
+//! | `FERROCOLL_COMPRESS` | `auto:CODEC`: f32 sum/avg allreduces run compressed where the cost model predicts a gain; `CODEC`: always; `off` ([`crate::compress::CompressSetting`]) | `off` |
 
 use std::time::Duration;
 
@@ -75,6 +76,8 @@ pub struct Config {
     pub profile: Option<crate::cost::Profile>,
     /// Where `auto` finds its tuned table (`FERROCOLL_TUNE`).
     pub tune: crate::tune::TuneSetting,
+    /// Whether eligible allreduces run compressed (`FERROCOLL_COMPRESS`).
+    pub compress: crate::compress::CompressSetting,
 }
 
 impl Default for Config {
@@ -89,14 +92,15 @@ impl Default for Config {
             topology: None,
             profile: None,
             tune: crate::tune::TuneSetting::Default,
+            compress: crate::compress::CompressSetting::Off,
         }
     }
 }
 
 impl Config {
     /// Reads `FERROCOLL_ALGO`, `FERROCOLL_TIMEOUT`, `FERROCOLL_DEBUG`,
-    /// `FERROCOLL_TOPO`, `FERROCOLL_PROFILE`, `FERROCOLL_TUNE`, `FERROCOLL_AUTO` and
-    /// `FERROCOLL_SLICE_BYTES` (the table in the module docs). A value that
+    /// `FERROCOLL_TOPO`, `FERROCOLL_PROFILE`, `FERROCOLL_TUNE`, `FERROCOLL_AUTO`,
+    /// `FERROCOLL_SLICE_BYTES` and `FERROCOLL_COMPRESS` (the table in the module docs). A value that
     /// cannot be used is an [`crate::Error::Config`] naming the variable and what
     /// it accepts; unset or empty variables keep their defaults.
     pub fn from_env() -> Result<Config> {
@@ -193,6 +197,10 @@ impl Config {
                 })?;
                 crate::tune::TuneSetting::File(path, file)
             };
+        }
+        if let Some(v) = env::get(vars, "FERROCOLL_COMPRESS") {
+            config.compress = crate::compress::CompressSetting::parse(&v)
+                .map_err(|e| env::bad("FERROCOLL_COMPRESS", &v, env::reason(e)))?;
         }
         if let Some(v) = env::get(vars, "FERROCOLL_AUTO") {
             config.auto_model = env::choice(

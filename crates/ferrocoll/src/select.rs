@@ -170,6 +170,8 @@ pub(crate) struct Memo {
     chosen: Mutex<HashMap<(Collective, usize), (Algorithm, Decider)>>,
     /// Shapes already explained under `FERROCOLL_DEBUG=tune`.
     explained: Mutex<HashSet<(Collective, usize)>>,
+    /// `FERROCOLL_COMPRESS=auto:CODEC`'s answers ([`crate::compress::auto`]).
+    pub(crate) compress: crate::compress::auto::Memo,
 }
 
 /// The inputs of a choice for one communicator handle, borrowed.

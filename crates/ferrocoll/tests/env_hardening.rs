@@ -137,6 +137,30 @@ fn rows() -> Vec<Row> {
             bad: &["1,garbage", "verbose"],
             std_bad: WORD_BAD,
         },
+        Row {
+            var: "FERROCOLL_COMPRESS",
+            parser: Library,
+            zero: true,
+            good: &[
+                "off",
+                "auto:int8",
+                "AUTO:topk:0.01",
+                "auto:onebit:128",
+                "int8:64",
+                "fp16",
+                "auto:randk:0.01:7",
+            ],
+            bad: &[
+                "auto",
+                "auto:",
+                "auto:zip",
+                "auto:int8:0",
+                "auto:topk:1.5",
+                "powersgd:4",
+                "on",
+            ],
+            std_bad: WORD_BAD,
+        },
         // FERROCOLL_PROFILE and FERROCOLL_TOPO_FILE: paths (see below).
         // ---- the transports' knobs (TransportConfig) ----
         Row {

@@ -44,6 +44,10 @@ impl Communicator {
 
     /// Every rank gets `op` over every rank's `send`, in `recv`.
     /// `send` and `recv` must have the same length on every rank.
+    ///
+    /// With `FERROCOLL_COMPRESS` (or [`crate::CallOptions::compress`]) an
+    /// f32 sum or average may run compressed, an approximation of the
+    /// result (see [`crate::compress::CompressSetting`]).
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
         if recv.len() != send.len() {
             return Err(len_error(
@@ -54,6 +58,10 @@ impl Communicator {
                 "the length of send",
             ));
         }
+        if let Some(codec) = self.compresses(T::DTYPE, send.len(), op)? {
+            let (send, recv) = (bytemuck::cast_slice(send), bytemuck::cast_slice_mut(recv));
+            return self.all_reduce_compressed(&codec, Some(send), recv, op);
+        }
         let spec = Spec::new(Collective::AllReduce, T::DTYPE, send.len()).op(op);
         self.run(spec, Memory::separate(send, recv))?;
         self.finish_avg(op, recv);
@@ -62,6 +70,9 @@ impl Communicator {
 
     /// In-place allreduce: `buf` is replaced by `op` over every rank's `buf`.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        if let Some(codec) = self.compresses(T::DTYPE, buf.len(), op)? {
+            return self.all_reduce_compressed(&codec, None, bytemuck::cast_slice_mut(buf), op);
+        }
         let spec = Spec::new(Collective::AllReduce, T::DTYPE, buf.len())
             .op(op)
             .in_place();

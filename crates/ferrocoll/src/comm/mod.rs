@@ -32,6 +32,7 @@
 
 mod api;
 mod call;
+mod compressed;
 mod handles;
 mod nonblocking;
 mod persistent;
@@ -61,6 +62,10 @@ pub struct CallOptions {
     /// Deadline for each wait; `None` uses the communicator's
     /// (`FERROCOLL_TIMEOUT`).
     pub timeout: Option<Duration>,
+    /// Whether eligible allreduces (f32, sum or avg) may run compressed
+    /// ([`crate::compress::CompressSetting`]); `None` follows
+    /// `FERROCOLL_COMPRESS`.
+    pub compress: Option<crate::compress::CompressSetting>,
 }
 
 impl CallOptions {
@@ -84,6 +89,13 @@ impl CallOptions {
             ))
         })?;
         Ok(CallOptions::algorithm(algorithm))
+    }
+
+    /// Sets whether eligible allreduces run compressed, over
+    /// `FERROCOLL_COMPRESS` (`CompressSetting::parse("auto:int8")`).
+    pub fn compress(mut self, setting: crate::compress::CompressSetting) -> CallOptions {
+        self.compress = Some(setting);
+        self
     }
 
     /// Sets the per-wait deadline. Longer than 30 days counts as 30 days

@@ -79,6 +79,7 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 
+pub mod auto;
 pub mod collective;
 mod feedback;
 mod float16;
@@ -87,6 +88,7 @@ mod onebit;
 mod powersgd;
 mod randk;
 mod rng;
+mod setting;
 mod topk;
 
 pub use collective::{CompressOptions, Compressor, WireStats};
@@ -96,6 +98,7 @@ pub use int8::Int8Block;
 pub use onebit::OneBit;
 pub use powersgd::{PowerSgd, PowerSgdConfig};
 pub use randk::RandK;
+pub use setting::CompressSetting;
 pub use topk::TopK;
 
 /// Compresses chunks of `f32` values for the wire.

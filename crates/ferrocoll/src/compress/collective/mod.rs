@@ -67,7 +67,8 @@
 //! are topology-aware already. [`Compressor::new`] splits the communicator
 //! for it (so there it is a collective call).
 //!
-//! [`model`] has the closed forms of all of these for the cost model.
+//! [`model`] has the closed forms of all of these for the cost model, and
+//! [`exchanges`] lists their collectives with their sizes for the simulator.
 //!
 //! # Why compositions of collectives, not plans
 //!
@@ -101,6 +102,7 @@
 //! bitwise the same result.
 
 mod dense;
+pub mod exchanges;
 mod hier;
 mod lowrank;
 pub mod model;
@@ -332,6 +334,13 @@ impl Compressor {
     /// Calls completed (Random-k draws new positions at each).
     pub fn step(&self) -> u64 {
         self.step
+    }
+
+    /// Sets the step the next call runs as (Random-k's positions): the
+    /// transparent path of `FERROCOLL_COMPRESS` makes a compressor per call
+    /// and gives it the call's sequence number, which every rank shares.
+    pub(crate) fn set_step(&mut self, step: u64) {
+        self.step = step;
     }
 
     /// Whether residuals are kept across steps.
