@@ -4,7 +4,8 @@
 //! of the link utilization over time. Besides ferrocoll's algorithms it
 //! runs `--algo sharp`: an allreduce reduced in the network by switches
 //! that can (`sharp=1` on a `switch` or `fat-tree` topology; see
-//! `ferrocoll_sim::sharp`).
+//! `ferrocoll_sim::sharp`). `ferrocoll sim moe` (sim_moe.rs) runs an MoE
+//! layer's exchange.
 
 use std::io::Write;
 use std::time::Instant;
@@ -107,7 +108,7 @@ fn picojoules_per_bit(class: &str) -> f64 {
 
 /// `bytes` with decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units;
 /// errors name `flag`, the option it was given to.
-fn parse_bytes(flag: &str, s: &str) -> Result<usize, String> {
+pub(crate) fn parse_bytes(flag: &str, s: &str) -> Result<usize, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
@@ -186,7 +187,7 @@ fn parse_gamma(s: &str) -> Result<f64, String> {
 /// The cost-model profile of a modelled cluster: its rank ports as the
 /// intra-node links and its network ports as the inter-node ones (see
 /// [`TopologySpec::cost_links`]), reducing at `gamma` seconds per byte.
-fn profile_of(topo: &TopologySpec, gamma: f64) -> Profile {
+pub(crate) fn profile_of(topo: &TopologySpec, gamma: f64) -> Profile {
     let link = |l: ferrocoll_sim::LinkSpec| LinkParams {
         alpha: l.lat,
         beta: l.bw,
