@@ -88,6 +88,8 @@ def from_raw(sweep, profile_path):
             own = statistics.mean(r["dispatch_us"] + r["combine_us"] for r in auto)
             ref = p["layer"][auto[0]["schedule"]]
             noise.append(abs(own - ref) / ref)
+        if auto:
+            p["recorded"] = {"dispatch": auto[0]["schedule"], "combine": auto[0]["combine_schedule"]}
     profile = json.load(open(profile_path))["profile"]
     return profile, points, (statistics.median(noise), max(noise))
 
@@ -122,8 +124,11 @@ def main():
     print(f"# {'tokens':>6} {'skew':>9} {'phase':>8} {'model pick':>10} {'measured best':>13}"
           f" {'pick slower by':>14} {'model: best slower by':>21}  verdict")
     counts = defaultdict(int)
+    same = []
     for (t, s) in sorted(points):
         predicted, auto = predict(profile, t, s, a.bin)
+        if "recorded" in points[(t, s)]:
+            same.append(points[(t, s)]["recorded"] == auto)
         for phase in ("dispatch", "combine", "layer"):
             measured = points[(t, s)].get(phase)
             if not measured:
@@ -158,6 +163,9 @@ def main():
             counts[(phase, verdict.split(" (")[0])] += 1
             print(f"  {t:>6} {s:>9} {phase:>8} {pick:>10} {best:>13} {slower:>13.1%}"
                   f" {model_gap:>20.1%}  {verdict}")
+    if same:
+        # Whether the re-pricing is what the ranks' auto did: it must be.
+        print(f"# re-priced picks equal auto's recorded ones at {sum(same)}/{len(same)} points")
     for (phase, verdict), n in sorted(counts.items()):
         print(f"# {phase:>8}: {verdict}: {n}")
 
