@@ -200,6 +200,9 @@ print(f"# auto's own layer time within {TOL:.0%} of the fastest forced schedule'
 print(f"# noise: auto's own time against the forced run of the same schedule, median {100 * statistics.median(noise):.1f} %,"
       f" max {100 * max(noise):.1f} %")
 PY
+    # auto's misses: its picks re-priced on the observed matrices with this
+    # run's profile, against the measured ordering and this run's noise.
+    python3 bench/moe_auto_check.py --sweep "$OUT/sweep.json" --profile "$OUT/profile.json"
     echo "== cluster: the large workload, ferrocoll (auto) vs gloo over the 1gbit links"
     run "$BIN" bench moe --tokens 4096 "${WORK[@]}" --iters 3 --warmup 1 --check --json >"$OUT/big_ferro.json"
     GLOO_SOCKET_IFNAME=eth0 run "$PY" bench/moe_gloo.py --tokens 4096 "${WORK[@]}" --iters 3 --warmup 1 \

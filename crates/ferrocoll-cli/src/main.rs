@@ -39,6 +39,7 @@ mod model_moe;
 mod run;
 mod sim;
 mod sim_compress;
+mod sim_moe;
 mod store;
 mod topo;
 mod tune;
@@ -103,8 +104,9 @@ enum Command {
     /// rank 0); the ranks then run with FERROCOLL_STORE=external.
     Store(store::StoreArgs),
     /// Simulate a collective's plans on a modelled cluster (switch,
-    /// two-level nodes, fat-tree): time, bandwidth, link load, energy.
-    Sim(sim::SimArgs),
+    /// two-level nodes, fat-tree): time, bandwidth, link load, energy;
+    /// `sim moe` runs an MoE layer's dispatch and combine.
+    Sim(sim_moe::SimCommand),
 }
 
 fn main() -> ExitCode {
@@ -116,7 +118,7 @@ fn main() -> ExitCode {
         Command::Tune(args) => tune::main(&args),
         Command::Topo(args) => topo::main(&args),
         Command::Store(args) => store::main(&args),
-        Command::Sim(args) => sim::main(&args),
+        Command::Sim(args) => sim_moe::main(&args),
         Command::Run(args) => match run::run(args) {
             Ok(code) => return code,
             Err(e) => Err(e),

@@ -39,21 +39,28 @@ enum ModelSub {
     Moe(MoeArgs),
 }
 
+/// The layer's shape, as `model moe` and `sim moe` take it.
+#[derive(Debug, Args)]
+pub(crate) struct LayerArgs {
+    /// Elements per token row.
+    #[arg(long, default_value_t = 2048)]
+    pub(crate) hidden: usize,
+    /// Element type of the rows.
+    #[arg(long, default_value = "bf16")]
+    pub(crate) dtype: DType,
+    /// Experts in all (a multiple of the ranks).
+    #[arg(long, default_value_t = 64)]
+    pub(crate) experts: usize,
+}
+
 /// Arguments of `ferrocoll model moe`.
 #[derive(Debug, Args)]
 pub struct MoeArgs {
     /// Tokens of all ranks together (the batch; split evenly over the ranks).
     #[arg(long, default_value_t = 4096)]
     tokens: usize,
-    /// Elements per token row.
-    #[arg(long, default_value_t = 2048)]
-    hidden: usize,
-    /// Element type of the rows.
-    #[arg(long, default_value = "bf16")]
-    dtype: DType,
-    /// Experts in all (a multiple of --ranks).
-    #[arg(long, default_value_t = 64)]
-    experts: usize,
+    #[command(flatten)]
+    layer: LayerArgs,
     /// Ranks (the expert-parallel group).
     #[arg(short = 'n', long, default_value_t = 8)]
     ranks: usize,
@@ -101,7 +108,7 @@ pub struct MoeArgs {
     json: bool,
 }
 
-fn parse_capacity(s: &str) -> Result<Policy, String> {
+pub(crate) fn parse_capacity(s: &str) -> Result<Policy, String> {
     if s.eq_ignore_ascii_case("dropless") {
         return Ok(Policy::Dropless);
     }
@@ -197,9 +204,9 @@ fn moe_main(a: &MoeArgs) -> Result<(), CliError> {
     };
     let w = Workload {
         tokens: a.tokens,
-        hidden: a.hidden,
-        elem_size: a.dtype.size(),
-        experts: a.experts,
+        hidden: a.layer.hidden,
+        elem_size: a.layer.dtype.size(),
+        experts: a.layer.experts,
         ranks: a.ranks,
         topk: a.topk,
         policy: a.capacity,
@@ -222,10 +229,10 @@ fn moe_main(a: &MoeArgs) -> Result<(), CliError> {
     let report = Report {
         tokens: a.tokens,
         tokens_per_rank: r.tokens_per_rank.clone(),
-        hidden: a.hidden,
-        dtype: a.dtype.name(),
+        hidden: a.layer.hidden,
+        dtype: a.layer.dtype.name(),
         row_bytes: r.row_bytes,
-        experts: a.experts,
+        experts: a.layer.experts,
         ranks: a.ranks,
         topk: a.topk,
         capacity_factor: match a.capacity {

@@ -4,7 +4,8 @@
 //! of the link utilization over time. Besides ferrocoll's algorithms it
 //! runs `--algo sharp`: an allreduce reduced in the network by switches
 //! that can (`sharp=1` on a `switch` or `fat-tree` topology; see
-//! `ferrocoll_sim::sharp`).
+//! `ferrocoll_sim::sharp`). `ferrocoll sim moe` (sim_moe.rs) runs an MoE
+//! layer's exchange.
 
 use std::io::Write;
 use std::time::Instant;
@@ -122,7 +123,7 @@ fn picojoules_per_bit(class: &str) -> f64 {
 
 /// `bytes` with decimal (KB, MB, GB) or binary (KiB, MiB, GiB) units;
 /// errors name `flag`, the option it was given to.
-fn parse_bytes(flag: &str, s: &str) -> Result<usize, String> {
+pub(crate) fn parse_bytes(flag: &str, s: &str) -> Result<usize, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);

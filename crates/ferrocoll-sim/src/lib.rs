@@ -263,6 +263,36 @@ pub fn simulate_jobs(
         .collect())
 }
 
+/// Runs plans made elsewhere on `topo`: `build(r)` is rank r's plan (peers
+/// are ranks of `topo`, one plan per rank), its spans counting elements of
+/// `elem_size` bytes; `coll` and `bytes` only label the result (its
+/// algorithm and bus bandwidth, as [`simulate`] counts them). For
+/// exchanges that are no single collective of the catalog, such as the MoE
+/// schedules of `ferrocoll::moe::plans`. The memory is estimated and
+/// checked first, as for [`simulate_jobs`].
+pub fn simulate_plans(
+    build: &dyn Fn(usize) -> Result<Plan, String>,
+    elem_size: usize,
+    (coll, bytes): (Collective, usize),
+    topo: &TopologySpec,
+    mode: Mode,
+    opts: &SimOptions,
+) -> Result<SimResult, String> {
+    let n = topo.ranks();
+    let ranks: Vec<usize> = (0..n).collect();
+    let groups = [engine::Group {
+        plans: engine::Plans::Built { count: n, build },
+        ranks: &ranks,
+    }];
+    let net = Network::new(topo);
+    estimate::check(
+        &estimate::estimate_groups(&groups, elem_size, &net, mode, opts)?,
+        opts,
+    )?;
+    let trace = engine::run_groups(&groups, elem_size, &net, mode, opts)?.remove(0);
+    Ok(summarize(coll, n, bytes, &net, &trace))
+}
+
 /// [`estimate::estimate_groups`] of what [`simulate_jobs`] would run: the
 /// memory and events of the full run, before it starts.
 pub fn estimate_jobs(

@@ -233,6 +233,9 @@ pub fn simulate_sharp_allreduce_with(
     let critical_path = engine::CriticalPath {
         messages: 1,
         ranks: n as u64,
+        // The reduction's result reaches every rank at once; rank 0 stands
+        // for them.
+        end_rank: 0,
         start_s,
         latency_s,
         transmission_s,

@@ -40,6 +40,11 @@ impl Engine<'_> {
         self.hist[g].add(class, start, start + busy, self.weight);
     }
 
+    /// What a message pays on `link`, its sender's port, before its bytes.
+    fn overhead_of(&self, link: u32) -> f64 {
+        self.overhead.get(link as usize).copied().unwrap_or(0.0)
+    }
+
     /// The queue of link `link` (itself, or its orbit's representative).
     pub(super) fn queue(&self, link: u32) -> usize {
         match &self.queue_of {
@@ -71,7 +76,8 @@ impl Engine<'_> {
                 }
                 let dur = bytes as f64 / bw;
                 let (first, last) = (self.queue(links[0]), self.queue(links[links.len() - 1]));
-                let end_out = now.max(self.link_free[first]) + dur;
+                // The per-message overhead holds the sender's port first.
+                let end_out = now.max(self.link_free[first]) + self.overhead_of(links[0]) + dur;
                 self.link_free[first] = end_out;
                 // A one-link path (neighbours on a ring) has one queue.
                 let end_in = if last == first {
@@ -114,7 +120,8 @@ impl Engine<'_> {
                 // operation a cache miss.
                 let q0 = self.queue(links[0]);
                 let bw = self.net.links[links[0] as usize].bw;
-                let start = now.max(self.link_free[q0]);
+                // The per-message overhead holds the port before the bytes.
+                let start = now.max(self.link_free[q0]) + self.overhead_of(links[0]);
                 self.link_free[q0] = start + bytes as f64 / bw;
                 self.account(src, links[0] as usize, start, bytes as f64 / bw, bytes);
                 if links.len() == 1 {

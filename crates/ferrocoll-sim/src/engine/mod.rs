@@ -68,6 +68,14 @@
 //! ([`SimOptions::start_delay`]), a rank that reduces slowly
 //! ([`SimOptions::compute_slowdown`], a factor on gamma), and links that
 //! run below their bandwidth or have failed ([`SimOptions::slow_links`]).
+//! A message may also cost its sender a fixed overhead
+//! ([`SimOptions::message_overhead`], LogGP's o): it holds the sender's
+//! port that long before its first byte, so a rank's k messages pay k·o one
+//! after the other (on the critical path this counts as queueing). That is
+//! the start-up that aggregating messages saves (the MoE two-level
+//! exchange's reason to exist), which latency alone does not show: the
+//! latencies of messages in flight together overlap.
+//!
 //! A failed link is checked before the run starts: if any message of the
 //! plans crosses it, the run is an error naming the link (a message that
 //! can never be delivered would otherwise hang its ranks).

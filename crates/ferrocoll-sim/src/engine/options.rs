@@ -19,7 +19,7 @@ pub enum Mode {
 /// Knobs of a simulation beyond the topology.
 ///
 /// The default is the plain run: no reduction cost, 64 KiB chunks, no
-/// scenario (every rank starts at 0 and reduces at gamma, every link at
+/// per-message overhead, no scenario (every rank starts at 0 and reduces at gamma, every link at
 /// its bandwidth), full runs checked against the memory available.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimOptions {
@@ -47,6 +47,16 @@ pub struct SimOptions {
     /// `None`: the environment variable `FERROCOLL_SIM_MEMORY` if set, else
     /// `MemAvailable` of `/proc/meminfo`, else unchecked.
     pub memory_limit: Option<u64>,
+    /// Per-message overheads: `(name, o)` makes every message whose
+    /// sender's port (its path's first link) is named or of class `name`
+    /// (`nic-up`, `nvlink-up[3]`; `*`: every link) hold that port `o`
+    /// seconds before its first byte (LogGP's per-message overhead o: the
+    /// software cost of posting a message, which a rank pays once per
+    /// message, serially, however many it has in flight). A later entry for
+    /// the same link replaces an earlier one; a name that matches no link is
+    /// an error. Empty (the default): messages are free to post. The plans'
+    /// messages only: in-network reduction ([`crate::sharp`]) ignores it.
+    pub message_overhead: Vec<(String, f64)>,
 }
 
 impl Default for SimOptions {
@@ -59,6 +69,7 @@ impl Default for SimOptions {
             compute_slowdown: Vec::new(),
             slow_links: Vec::new(),
             memory_limit: None,
+            message_overhead: Vec::new(),
         }
     }
 }
@@ -94,6 +105,37 @@ pub(super) fn per_rank(opts: &SimOptions, p: usize) -> Result<(Vec<f64>, Vec<f64
         slow[r] *= f;
     }
     Ok((delay, slow))
+}
+
+/// The per-message overhead of every link of `net` as a sender's port
+/// ([`SimOptions::message_overhead`]); empty when there is none.
+pub(super) fn overheads(net: &Network, given: &[(String, f64)]) -> Result<Vec<f64>, String> {
+    if given.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut o = vec![0.0f64; net.links.len()];
+    for (name, t) in given {
+        if !(t.is_finite() && *t >= 0.0) {
+            return Err(format!(
+                "message overhead {name}: {t} s is not a finite time of at least 0"
+            ));
+        }
+        let mut any = false;
+        for (i, link) in net.links.iter().enumerate() {
+            if name == "*" || net.classes[link.class] == *name || net.link_name(i) == *name {
+                o[i] = *t;
+                any = true;
+            }
+        }
+        if !any {
+            return Err(format!(
+                "message overhead {name}: no link or link class of that name (classes: {}; or * \
+                 for every link)",
+                net.classes.join(", ")
+            ));
+        }
+    }
+    Ok(o)
 }
 
 /// `net` with `slow` applied, and which links have failed (empty when

@@ -53,6 +53,7 @@ impl Engine<'_> {
         }) else {
             return cp;
         };
+        cp.end_rank = (x - lo) as u64;
         let mut seen = vec![false; hi - lo];
         // Invariant: round k - 1 of rank x ended at `end`.
         let mut k = self.first_round[x + 1];

@@ -41,6 +41,10 @@ pub(super) struct Engine<'a> {
     pub(super) net: Cow<'a, Network>,
     pub(super) mode: Mode,
     pub(super) chunk_bytes: u64,
+    /// Per link, the seconds a message holds it before its bytes when it
+    /// is the message's first ([`super::SimOptions::message_overhead`]);
+    /// empty when none.
+    pub(super) overhead: Vec<f64>,
     pub(super) msgs: Vec<Msg>,
     pub(super) rounds: Vec<RoundInfo>,
     /// rank -> index of its first round in `rounds`; n + 1 entries.
@@ -238,6 +242,7 @@ impl<'a> Engine<'a> {
         Ok(Engine {
             mode,
             chunk_bytes: opts.chunk_bytes,
+            overhead: super::options::overheads(&net, &opts.message_overhead)?,
             msgs,
             cur: first_round[..n].to_vec(),
             rounds,

@@ -47,6 +47,50 @@ fn one_message_costs_latency_plus_bytes_over_bandwidth() {
 }
 
 #[test]
+fn a_message_overhead_holds_the_senders_port_once_per_message() {
+    // Rank 0 sends 3 messages of 1000 B at once: with o = 5 us on the
+    // senders' ports (class `up`) they leave one after the other, each
+    // after its o; without, they only queue their bytes.
+    let plans = [
+        plan(vec![vec![send(1, 250), send(2, 250), send(3, 250)]]),
+        plan(vec![vec![recv(0, 250)]]),
+        plan(vec![vec![recv(0, 250)]]),
+        plan(vec![vec![recv(0, 250)]]),
+    ];
+    let with = SimOptions {
+        message_overhead: vec![("up".into(), 5e-6)],
+        ..SimOptions::default()
+    };
+    for mode in [Mode::Ideal, Mode::Contention] {
+        let free = run(&plans, 4, &net(4), mode, &SimOptions::default()).unwrap();
+        let dear = run(&plans, 4, &net(4), mode, &with).unwrap();
+        let expect = 1e-6 + 3.0 * 1000.0 / 1e9;
+        assert!((free.time_s - expect).abs() < 1e-12, "{mode:?} {free:?}");
+        assert!(
+            (dear.time_s - (expect + 3.0 * 5e-6)).abs() < 1e-12,
+            "{mode:?} {dear:?}"
+        );
+        // The receivers' ports (class `down`) pay nothing: o on `down`
+        // alone leaves the time as it was.
+        let down = SimOptions {
+            message_overhead: vec![("down".into(), 5e-6)],
+            ..SimOptions::default()
+        };
+        let t = run(&plans, 4, &net(4), mode, &down).unwrap();
+        assert!((t.time_s - expect).abs() < 1e-12, "{mode:?} {t:?}");
+    }
+    let bad = SimOptions {
+        message_overhead: vec![("nic-up".into(), 5e-6)],
+        ..SimOptions::default()
+    };
+    let e = run(&plans, 4, &net(4), Mode::Ideal, &bad).unwrap_err();
+    assert!(
+        e.contains("no link or link class") && e.contains("up, down"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_one_link_path_is_charged_once() {
     // Neighbours on a physical ring share one link: no separate ports.
     let ring = TopologySpec::parse("ring:ranks=4,bw=1GB/s,lat=1us").unwrap();

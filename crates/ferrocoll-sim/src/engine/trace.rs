@@ -43,6 +43,10 @@ pub struct CriticalPath {
     pub messages: u64,
     /// Distinct ranks the path visits.
     pub ranks: u64,
+    /// The rank the path ends at: the first of the ranks that finished
+    /// last (a group rank; in the aggregated mode its class's
+    /// representative).
+    pub end_rank: u64,
     /// Seconds before the path's first rank started (a straggler's delay).
     pub start_s: f64,
     /// Seconds of link latency.

@@ -200,13 +200,7 @@ impl Handle {
     /// Rows every rank sent every rank in dispatch: `[s·P + d]`, rank s to
     /// rank d (after drops), row-major.
     pub fn rank_rows(&self) -> Vec<usize> {
-        let (p, l) = (self.ranks, self.local());
-        (0..p * p)
-            .map(|q| {
-                let (s, d) = (q / p, q % p);
-                self.kept[s * self.experts + d * l..][..l].iter().sum()
-            })
-            .collect()
+        super::routing::rank_rows(&self.kept, self.ranks, self.experts)
     }
 
     /// For every slot of this rank's send buffer (by destination rank, then

@@ -107,6 +107,7 @@ pub(crate) use choose::check_env;
 mod handle;
 pub mod model;
 mod passes;
+pub mod plans;
 #[doc(hidden)]
 pub mod reference;
 mod routing;
@@ -362,15 +363,7 @@ impl Dispatcher {
             .collect();
 
         // 2. The decision, the same on every rank.
-        let capacity = match self.spec.policy {
-            Policy::Drop { capacity_factor } => Some(routing::capacity(
-                routed.iter().sum(),
-                e_all,
-                capacity_factor,
-            )),
-            Policy::Dropless => None,
-        };
-        let kept_ejk = routing::keep_in_priority_order(&routed, p, e_all, k, capacity);
+        let (capacity, kept_ejk) = routing::decide(&routed, p, e_all, k, self.spec.policy);
         let kept: Vec<usize> = kept_ejk.chunks_exact(k).map(|c| c.iter().sum()).collect();
 
         // 3. This rank's pairs: kept ones get a row of the send buffer, in

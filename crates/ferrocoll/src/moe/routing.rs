@@ -67,6 +67,41 @@ where
     kept
 }
 
+/// The dispatcher's decision on the count matrix `routed` (see
+/// [`keep_in_priority_order`] for the layout) of `ranks` ranks under
+/// `policy`: every expert's capacity (`None`: dropless) and the pairs kept
+/// per (source rank, expert, choice).
+pub(crate) fn decide(
+    routed: &[usize],
+    ranks: usize,
+    experts: usize,
+    topk: usize,
+    policy: super::Policy,
+) -> (Option<usize>, Vec<usize>) {
+    let capacity = match policy {
+        super::Policy::Drop { capacity_factor } => {
+            Some(capacity(routed.iter().sum(), experts, capacity_factor))
+        }
+        super::Policy::Dropless => None,
+    };
+    (
+        capacity,
+        keep_in_priority_order(routed, ranks, experts, topk, capacity),
+    )
+}
+
+/// Rows every rank sends every rank, `[s·P + d]`, from the rows kept per
+/// (source rank, expert) `kept[s·E + e]` (experts contiguous per rank).
+pub(crate) fn rank_rows(kept: &[usize], ranks: usize, experts: usize) -> Vec<usize> {
+    let l = experts / ranks;
+    (0..ranks * ranks)
+        .map(|q| {
+            let (s, d) = (q / ranks, q % ranks);
+            kept[s * experts + d * l..][..l].iter().sum()
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
