@@ -274,6 +274,21 @@ impl Link<'_> {
         result
     }
 
+    /// How long a call waits before it probes the peers it waits on.
+    pub(crate) fn probe_after(&self) -> Duration {
+        PROBE_AFTER
+    }
+
+    /// The bypass call `header` has waited [`Link::probe_after`]: probes
+    /// `peers`, which it still waits on, as an engine call would (see
+    /// `desync.rs`); a peer that runs another call at that point reports
+    /// the mismatch to every rank.
+    pub(crate) fn probe(&self, header: &Header, peers: &[usize]) {
+        let mut st = self.engine.lock();
+        st.core.probe_bypass(header, peers);
+        st.flush_now();
+    }
+
     /// Fails the bypass call `header` for `fault`, telling the peer where
     /// the engine would.
     pub(crate) fn fail(&self, header: &Header, fault: Fault) -> Error {
