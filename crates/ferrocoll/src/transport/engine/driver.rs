@@ -269,6 +269,10 @@ impl Link<'_> {
         }
         let result = st.core.bypass_checkup(header, awaited);
         if result.is_err() {
+            // The checkup may have named the origin of a failure (a peer
+            // gone while this call needs it): the launcher learns it too,
+            // as from the engine's own progress.
+            st.tell_launcher();
             st.flush_now();
         }
         result
