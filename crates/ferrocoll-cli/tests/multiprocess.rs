@@ -698,12 +698,21 @@ fn small(comm: &Communicator) {
         fast && host.size() > 1,
         "rank {rank}: the host communicator's fast path"
     );
-    // Too large, or not a collective the fast path has.
-    assert!(!comm.uses_fast_path(Collective::AllReduce, 25, DType::F32));
+    // Past a slot's payload, up to an eager buffer (16 KiB on 2-4 ranks):
+    // still fast; too large, or not a collective the fast path has: not.
+    assert_eq!(
+        comm.uses_fast_path(Collective::AllReduce, 4096, DType::F32),
+        fast && nodes == 1
+    );
+    assert!(!comm.uses_fast_path(Collective::AllReduce, 4097, DType::F32));
     assert!(!comm.uses_fast_path(Collective::AllToAll, 1, DType::F32));
     for c in [comm, &host] {
-        // Up to the 96 bytes of one slot.
+        // Up to the 96 bytes of one slot, and past it through the eager
+        // buffers up to their 16 KiB.
         small_calls_of::<f32>(c, 24);
+        small_calls_of::<f32>(c, 4096);
+        small_calls_of::<i8>(c, 16 << 10);
+        small_calls_of::<u64>(c, 1000);
         small_calls_of::<f64>(c, 12);
         small_calls_of::<f16>(c, 48);
         small_calls_of::<bf16>(c, 5);

@@ -118,6 +118,26 @@ impl<'a> Memory<'a> {
         unsafe { std::slice::from_raw_parts_mut(self.output, self.output_len) }
     }
 
+    /// Both views at once, when the input and the output do not overlap
+    /// (out of place, or in place with disjoint ranges); `None` when they
+    /// do. Borrows `self` mutably, so no other view exists meanwhile.
+    pub(crate) fn apart(&mut self) -> Option<(&[u8], &mut [u8])> {
+        let (i, o) = (self.input as usize, self.output as usize);
+        let disjoint = self.input_len == 0
+            || self.output_len == 0
+            || i + self.input_len <= o
+            || o + self.output_len <= i;
+        // SAFETY: the type's invariant makes both ranges valid for 'a (the
+        // output for writes too); they do not overlap (checked above), and
+        // `&mut self` excludes every other view while these live.
+        disjoint.then(|| unsafe {
+            (
+                std::slice::from_raw_parts(self.input, self.input_len),
+                std::slice::from_raw_parts_mut(self.output, self.output_len),
+            )
+        })
+    }
+
     /// Bytes `offset..offset + len` of both buffers (a buffer this rank does
     /// not use, of length 0, stays empty), borrowing `self` for as long as
     /// the part is used.

@@ -371,8 +371,10 @@ impl Communicator {
     /// than an algorithm's plan: every rank of this communicator is on one
     /// host with shared memory (`FERROCOLL_SHM_FAST` not `off`, checksums
     /// off), the group has 2 to 16 ranks, the collective is an allreduce,
-    /// broadcast, reduce, allgather or barrier moving at most 96 bytes per
-    /// rank, and no algorithm is forced for it.
+    /// broadcast, reduce, allgather or barrier moving at most 16 KiB per
+    /// rank on 2-4 ranks (`3 * 16 KiB / (n - 1)` on `n` ranks, 96 bytes at
+    /// least: per-pair eager buffers in shared memory carry it), and no
+    /// algorithm is forced for it.
     pub fn uses_fast_path(&self, coll: Collective, count: usize, dtype: DType) -> bool {
         self.small_path(coll, count, dtype).is_some()
     }

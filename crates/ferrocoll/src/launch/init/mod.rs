@@ -38,7 +38,7 @@ mod kind;
 mod links;
 mod startup;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -9,7 +9,11 @@ use crate::ReduceOp;
 
 /// `n` ranks as threads, each with its own engine (TCP or shared memory)
 /// as if they were processes.
-fn world<R: Send>(n: usize, kind: TransportKind, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
+pub(crate) fn world<R: Send>(
+    n: usize,
+    kind: TransportKind,
+    f: impl Fn(Communicator) -> R + Sync,
+) -> Vec<R> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

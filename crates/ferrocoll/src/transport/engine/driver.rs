@@ -269,9 +269,28 @@ impl Link<'_> {
         }
         let result = st.core.bypass_checkup(header, awaited);
         if result.is_err() {
+            // The checkup may have named the origin of a failure (a peer
+            // gone while this call needs it): the launcher learns it too,
+            // as from the engine's own progress.
+            st.tell_launcher();
             st.flush_now();
         }
         result
+    }
+
+    /// How long a call waits before it probes the peers it waits on.
+    pub(crate) fn probe_after(&self) -> Duration {
+        PROBE_AFTER
+    }
+
+    /// The bypass call `header` has waited [`Link::probe_after`]: probes
+    /// `peers`, which it still waits on, as an engine call would (see
+    /// `desync.rs`); a peer that runs another call at that point reports
+    /// the mismatch to every rank.
+    pub(crate) fn probe(&self, header: &Header, peers: &[usize]) {
+        let mut st = self.engine.lock();
+        st.core.probe_bypass(header, peers);
+        st.flush_now();
     }
 
     /// Fails the bypass call `header` for `fault`, telling the peer where

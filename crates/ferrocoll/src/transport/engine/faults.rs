@@ -336,8 +336,11 @@ impl Core {
         let bye = control_frame(FrameKind::Bye, 0);
         for peer in &mut self.peers {
             if peer.lost.is_none() && peer.connected {
-                peer.sendq
-                    .push_back(Outbound::header_only(None, bye.clone(), None));
+                // A notice: a peer busy on the fast path reads its rings
+                // only when alerted, and a call of its that waits on this
+                // rank must fail naming it, before this rank's leaving
+                // makes others leave (they would be blamed instead).
+                peer.sendq.push_back(Outbound::notice(bye.clone()));
             }
         }
     }
@@ -394,7 +397,13 @@ impl Core {
             }));
         }
         if let Some(&p) = awaited.iter().find(|&&p| self.peers[p].lost.is_some()) {
-            return Err(Error::PeerLost { rank: p });
+            // As `lose` does for an engine call that waits on it: a peer
+            // gone (even with a goodbye) while a call still needs it is the
+            // origin of the failure, and every rank is told so before this
+            // rank's own exit makes it look like the culprit.
+            let origin = self.culprit.or(self.origin).unwrap_or(p);
+            self.crashed(origin);
+            return Err(Error::PeerLost { rank: origin });
         }
         Ok(())
     }

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::transport::shm::{
-    futex_wait, Segment, ShmNode, BLOCK, NOTICES, SLOTS, SLOT_HEADER, SLOT_PAYLOAD,
+    futex_wait, Segment, ShmNode, BLOCK, EAGER_BUFFERS, EAGER_BYTES, NOTICES, SLOTS, SLOT_HEADER,
+    SLOT_PAYLOAD,
 };
 
 /// The mailboxes of one rank (see the layout in [`crate::transport::shm`]):
@@ -18,12 +19,13 @@ use crate::transport::shm::{
 /// protocol on top is [`super`]'s; this type only knows where the
 /// words are and how to touch them.
 ///
-/// Every header word and the `ack` are only accessed atomically. A slot's
-/// payload is plain memory, handed over like ring data: the sender writes it
-/// before storing the slot's stamp with `Release`; the receiver reads it
-/// after loading the stamp with `Acquire` and before storing `ack` past it
-/// with `Release`; the sender writes the slot again only after loading such
-/// an `ack` with `Acquire`.
+/// Every header word and the `ack` are only accessed atomically. A
+/// payload (in its slot, or in an eager buffer of the pair) is plain
+/// memory, handed over like ring data: the sender writes it before storing
+/// the slot's stamp with `Release`; the receiver reads it (in place, or
+/// copying it out) after loading the stamp with `Acquire` and before
+/// storing `ack` past it with `Release`; the sender writes the slot or the
+/// buffer again only after loading such an `ack` with `Acquire`.
 pub(crate) struct Mailboxes {
     /// Our segment: mailbox `i` holds what local rank `i` sends us.
     own: Arc<Segment>,
@@ -33,18 +35,16 @@ pub(crate) struct Mailboxes {
     me: usize,
 }
 
-/// A message read out of a slot.
-#[derive(Clone, Copy)]
-pub(crate) struct SlotMessage {
+/// The header of a message in a slot: which call it belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SlotHeader {
     /// Communicator id.
     pub comm: u64,
     /// Call sequence number.
     pub seq: u64,
-    /// The sender's call signature, packed (see `fastpath::pack`).
+    /// The sender's call signature, packed (see `fastpath::pack`); the
+    /// payload's length follows from it.
     pub sig: u64,
-    /// The first `len` bytes of the payload (`len` as the signature says,
-    /// at most [`SLOT_PAYLOAD`]); 8-byte aligned.
-    pub data: [u64; SLOT_PAYLOAD / 8],
 }
 
 impl Mailboxes {
@@ -66,57 +66,70 @@ impl Mailboxes {
         self.peers.len()
     }
 
-    /// Offset of slot `k` of mailbox `sender` in any segment.
-    fn slot_offset(seg: &Segment, sender: usize, k: usize) -> usize {
-        debug_assert!(k < SLOTS);
-        seg.mailbox_offset(sender) + BLOCK + (k % SLOTS) * BLOCK
+    /// Offset of the slot of message `stamp` of mailbox `sender` in any
+    /// segment.
+    fn slot_offset(seg: &Segment, sender: usize, stamp: u64) -> usize {
+        seg.mailbox_offset(sender) + BLOCK + (stamp % SLOTS as u64) as usize * BLOCK
+    }
+
+    /// Offset of the payload of message `stamp` from `sender`, `len` bytes
+    /// long, in any segment: in the slot when it fits there, else in the
+    /// pair's eager buffer `stamp % EAGER_BUFFERS`.
+    fn payload_offset(seg: &Segment, sender: usize, stamp: u64, len: usize) -> usize {
+        if len <= SLOT_PAYLOAD {
+            Self::slot_offset(seg, sender, stamp) + SLOT_HEADER
+        } else {
+            assert!(len <= EAGER_BYTES, "payload too large for an eager buffer");
+            seg.eager_offset(sender) + (stamp % EAGER_BUFFERS as u64) as usize * EAGER_BYTES
+        }
     }
 
     /// The stamp of the slot that holds our message number `stamp` from
     /// local rank `from` once it has arrived (stamps count from 1).
     pub(crate) fn inbound_stamp(&self, from: usize, stamp: u64) -> &AtomicU64 {
-        let off = Self::slot_offset(&self.own, from, (stamp % SLOTS as u64) as usize);
-        self.own.u64_at(off)
+        self.own.u64_at(Self::slot_offset(&self.own, from, stamp))
     }
 
-    /// Reads message `stamp` from local rank `from`, which the caller has
-    /// seen arrive (its stamp loaded with `Acquire` equal to `stamp`), then
-    /// marks it consumed. `payload_len` extracts the payload length from the
-    /// packed signature (clamped to [`SLOT_PAYLOAD`]).
-    pub(crate) fn take(
-        &self,
-        from: usize,
-        stamp: u64,
-        payload_len: impl Fn(u64) -> usize,
-    ) -> SlotMessage {
+    /// The header of message `stamp` from local rank `from`, which the
+    /// caller has seen arrive (its stamp loaded with `Acquire` equal to
+    /// `stamp`) and not consumed yet.
+    pub(crate) fn peek(&self, from: usize, stamp: u64) -> SlotHeader {
         let seg = &*self.own;
-        let off = Self::slot_offset(seg, from, (stamp % SLOTS as u64) as usize);
-        let comm = seg.u64_at(off + 8).load(Ordering::Relaxed);
-        let seq = seg.u64_at(off + 16).load(Ordering::Relaxed);
-        let sig = seg.u64_at(off + 24).load(Ordering::Relaxed);
-        let len = payload_len(sig).min(SLOT_PAYLOAD);
-        let mut data = [0u64; SLOT_PAYLOAD / 8];
-        // SAFETY: `off + SLOT_HEADER + len <= off + BLOCK` is inside the
-        // mapping (the slot lies inside the segment's mailbox area). The
-        // sender wrote these bytes before its `Release` store of the stamp,
-        // which the caller loaded with `Acquire`, and does not write them
-        // again before we store `ack` below (see the type's documentation).
-        // `data` is a local array of at least `len` bytes.
-        unsafe {
-            ptr::copy_nonoverlapping(
-                seg.bytes_at(off + SLOT_HEADER, len),
-                data.as_mut_ptr().cast::<u8>(),
-                len,
-            );
+        let off = Self::slot_offset(seg, from, stamp);
+        SlotHeader {
+            comm: seg.u64_at(off + 8).load(Ordering::Relaxed),
+            seq: seg.u64_at(off + 16).load(Ordering::Relaxed),
+            sig: seg.u64_at(off + 24).load(Ordering::Relaxed),
         }
+    }
+
+    /// The `len` payload bytes of message `stamp` from local rank `from`,
+    /// in place in our segment (8-byte aligned, as the reduction kernels
+    /// want).
+    ///
+    /// # Safety
+    ///
+    /// The caller has seen the message arrive, as for [`Mailboxes::peek`],
+    /// `len` is the length its signature gives (at most [`EAGER_BYTES`]),
+    /// and the slice is not used after the caller's
+    /// [`Mailboxes::consume`] of the message: until then the sender does
+    /// not write these bytes (see the type's documentation).
+    pub(crate) unsafe fn payload(&self, from: usize, stamp: u64, len: usize) -> &[u8] {
+        let off = Self::payload_offset(&self.own, from, stamp, len);
+        // SAFETY: `bytes_at` checked that the range is inside the mapping,
+        // which lives as long as `self`. The sender wrote the bytes before
+        // its `Release` store of the stamp, which the caller loaded with
+        // `Acquire`, and writes them again only after our `ack` moves past
+        // the message, which the caller's contract puts after the last use.
+        unsafe { std::slice::from_raw_parts(self.own.bytes_at(off, len), len) }
+    }
+
+    /// Marks message `stamp` from local rank `from` consumed (every earlier
+    /// one was): its slot and eager buffer are the sender's again.
+    pub(crate) fn consume(&self, from: usize, stamp: u64) {
+        let seg = &*self.own;
         seg.u64_at(seg.mailbox_offset(from))
             .store(stamp, Ordering::Release);
-        SlotMessage {
-            comm,
-            seq,
-            sig,
-            data,
-        }
     }
 
     /// How many of our messages local rank `to` has consumed.
@@ -127,28 +140,30 @@ impl Mailboxes {
     }
 
     /// Writes our message number `stamp` to local rank `to` and publishes
-    /// it. The caller has checked that `to` consumed message `stamp -
-    /// SLOTS` ([`Mailboxes::acked_by`]), so the slot is free.
-    pub(crate) fn put(&self, to: usize, stamp: u64, comm: u64, seq: u64, sig: u64, payload: &[u8]) {
-        assert!(
-            payload.len() <= SLOT_PAYLOAD,
-            "payload too large for a slot"
-        );
+    /// it: the header in the slot, the payload beside it when it fits
+    /// ([`SLOT_PAYLOAD`]), else in the pair's eager buffer `stamp %
+    /// EAGER_BUFFERS`. The caller has checked that `to` consumed message
+    /// `stamp - SLOTS` ([`Mailboxes::acked_by`]), and `stamp -
+    /// EAGER_BUFFERS` for a payload that needs an eager buffer, so the
+    /// slot and the buffer are free.
+    pub(crate) fn put(&self, to: usize, stamp: u64, head: SlotHeader, payload: &[u8]) {
         let seg = &*self.peers[to];
-        let off = Self::slot_offset(seg, self.me, (stamp % SLOTS as u64) as usize);
-        seg.u64_at(off + 8).store(comm, Ordering::Relaxed);
-        seg.u64_at(off + 16).store(seq, Ordering::Relaxed);
-        seg.u64_at(off + 24).store(sig, Ordering::Relaxed);
-        // SAFETY: the destination `off + SLOT_HEADER .. + payload.len()` is
-        // inside the slot (asserted length) and so inside the mapping. The
-        // receiver consumed the slot's previous message (the caller checked
-        // its `ack` with `Acquire`) and does not read the slot again until
-        // the `Release` store of the stamp below. The source is the
-        // caller's memory, disjoint from the shared mapping.
+        let off = Self::slot_offset(seg, self.me, stamp);
+        let at = Self::payload_offset(seg, self.me, stamp, payload.len());
+        seg.u64_at(off + 8).store(head.comm, Ordering::Relaxed);
+        seg.u64_at(off + 16).store(head.seq, Ordering::Relaxed);
+        seg.u64_at(off + 24).store(head.sig, Ordering::Relaxed);
+        // SAFETY: `bytes_at` checked that the destination is inside the
+        // mapping (`payload_offset` asserted the length fits its slot or
+        // buffer). The receiver consumed the previous message of that slot
+        // and of that buffer (the caller checked its `ack` with `Acquire`)
+        // and does not read them again until the `Release` store of the
+        // stamp below. The source is the caller's memory, disjoint from the
+        // shared mapping.
         unsafe {
             ptr::copy_nonoverlapping(
                 payload.as_ptr(),
-                seg.bytes_at(off + SLOT_HEADER, payload.len()),
+                seg.bytes_at(at, payload.len()),
                 payload.len(),
             );
         }
@@ -224,26 +239,53 @@ mod tests {
     fn shm_mailboxes_carry_stamped_messages_and_wake_sleepers() {
         let (a, b) = pair("mbox", MIN_RING_BYTES);
         let (ma, mb) = (Mailboxes::of(&a).unwrap(), Mailboxes::of(&b).unwrap());
-        let len = |_sig: u64| 12;
+        let head = |stamp: u64| SlotHeader {
+            comm: 7,
+            seq: 100 + stamp,
+            sig: 0xAB,
+        };
         // Nothing yet: message 1 has not arrived.
         assert_ne!(mb.inbound_stamp(0, 1).load(Ordering::Acquire), 1);
         assert_eq!(ma.acked_by(1), 0);
         // Fill every slot, then take them in order; the ack follows.
         for stamp in 1..=SLOTS as u64 {
             let payload = [stamp as u8; 12];
-            ma.put(1, stamp, 7, 100 + stamp, 0xAB, &payload);
+            ma.put(1, stamp, head(stamp), &payload);
         }
         for stamp in 1..=SLOTS as u64 {
             assert_eq!(mb.inbound_stamp(0, stamp).load(Ordering::Acquire), stamp);
-            let msg = mb.take(0, stamp, len);
-            assert_eq!((msg.comm, msg.seq, msg.sig), (7, 100 + stamp, 0xAB));
-            let bytes: &[u8] = bytemuck::cast_slice(&msg.data);
-            assert_eq!(&bytes[..12], &[stamp as u8; 12]);
+            assert_eq!(mb.peek(0, stamp), head(stamp));
+            // SAFETY: arrived, 12 bytes long, not used after `consume`.
+            let bytes = unsafe { mb.payload(0, stamp, 12) };
+            assert_eq!(bytes, &[stamp as u8; 12]);
+            mb.consume(0, stamp);
             assert_eq!(ma.acked_by(1), stamp);
         }
         // A slot reused: its old stamp is not the new one's.
         let next = SLOTS as u64 + 1;
         assert_ne!(mb.inbound_stamp(0, next).load(Ordering::Acquire), next);
+        // Payloads longer than a slot's go through the eager buffers, one
+        // per stamp modulo EAGER_BUFFERS: every buffer in use at once keeps
+        // its own bytes, and a payload exactly one buffer long fits.
+        let eager: Vec<Vec<u8>> = (0..EAGER_BUFFERS)
+            .map(|k| {
+                let len = [SLOT_PAYLOAD + 1, EAGER_BYTES, 4096, 1000][k % 4];
+                (0..len).map(|i| (i * 7 + k) as u8).collect()
+            })
+            .collect();
+        for (k, bytes) in eager.iter().enumerate() {
+            ma.put(1, next + k as u64, head(k as u64), bytes);
+        }
+        for (k, bytes) in eager.iter().enumerate() {
+            let stamp = next + k as u64;
+            assert_eq!(mb.inbound_stamp(0, stamp).load(Ordering::Acquire), stamp);
+            // SAFETY: arrived, its length, not used after `consume`.
+            let got = unsafe { mb.payload(0, stamp, bytes.len()) };
+            assert_eq!(got, &bytes[..], "eager message {k}");
+            assert_eq!(got.as_ptr() as usize % 8, 0, "aligned for the kernels");
+            mb.consume(0, stamp);
+        }
+        let next = next + EAGER_BUFFERS as u64;
         // A sleeper wakes when a message is put and the sender wakes it.
         let waiter = thread::spawn(move || {
             let start = Instant::now();
@@ -256,7 +298,7 @@ mod tests {
             )
         });
         thread::sleep(Duration::from_millis(100));
-        ma.put(1, next, 7, 0, 0, &[]);
+        ma.put(1, next, head(0), &[]);
         std::sync::atomic::fence(Ordering::SeqCst);
         ma.wake(1);
         let (slept, stamp) = waiter.join().unwrap();

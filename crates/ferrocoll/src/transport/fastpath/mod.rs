@@ -19,14 +19,48 @@
 //! a *stamp* (the message's number on that pair, counting from 1), the
 //! communicator id and call sequence number, the call's signature packed in
 //! one word ([`pack()`]), and up to [`SLOT_PAYLOAD`] payload bytes (an 8-byte
-//! message fits the stamp's own cache line). The sender writes the slot and
+//! message fits the stamp's own cache line). A longer payload, up to
+//! [`EAGER_BYTES`] (16 KiB), goes into one of the pair's [`EAGER_BUFFERS`]
+//! (4) *eager buffers*, beside the mailboxes in the receiver's segment:
+//! buffer `stamp % EAGER_BUFFERS`; the slot still carries the stamp, the
+//! key and the signature, from which the receiver derives the payload's
+//! length (count x element size), so that a length mismatch is a
+//! signature mismatch. The sender writes the payload and the slot and
 //! stores the stamp with `Release`; the receiver, which knows the number of
 //! the next message from each peer, polls that slot's stamp with `Acquire`,
-//! copies the payload out and stores `ack` with `Release`. A sender reuses a
-//! slot only once `ack` shows its previous message was taken, so it may run
-//! up to [`SLOTS`] messages ahead of a receiver. In the common case a call
-//! costs one cache-line transfer each way and no system call, no
-//! allocation, no clock read.
+//! reads the payload in place (the reduction reads the peer's slot or
+//! eager buffer directly, [`FastPath::exchange`]) and then stores `ack`
+//! with `Release`. Messages are consumed in order per pair, so `ack` (the
+//! last consumed stamp) frees every slot and buffer below it.
+//!
+//! **Flow control, one invariant for both**: message `s` uses slot `s %
+//! SLOTS` and, when long, eager buffer `s % EAGER_BUFFERS`; the sender
+//! writes it only once `ack >= s - SLOTS` (short) or `ack >= s -
+//! EAGER_BUFFERS` (long). The previous user of that slot or buffer had a
+//! stamp at most `s - SLOTS` or `s - EAGER_BUFFERS`, so it was consumed;
+//! and as `EAGER_BUFFERS <= SLOTS`, the one `ack` covers both. A sender may
+//! so run up to [`SLOTS`] short or [`EAGER_BUFFERS`] long messages ahead of
+//! a receiver. In the common case a call costs one cache-line transfer
+//! each way (plus the payload's lines) and no system call, no allocation,
+//! no clock read.
+//!
+//! **Reading in place.** A call leaves the messages it found at the heads
+//! of their mailboxes there until all of its messages are in; then it
+//! *holds* those heads (a bit per peer: no other call of this rank takes
+//! them or looks past them), reads them, and consumes them. It holds only
+//! once it waits for nothing more, so two calls (two communicators on two
+//! threads) can never each hold what the other waits behind. A call that
+//! needs a message lying behind another call's unheld message takes that
+//! one out, copying its payload into the stash, as before.
+//!
+//! **Size rule.** A call qualifies when its per-rank bytes (allgather: per
+//! block) are at most `small::max_message(n)`: one eager buffer per pair
+//! (so a call has one message per pair in flight), and at most 48 KiB
+//! from all peers together (`3 * EAGER_BYTES / (n - 1)`: 16 KiB on 2-4
+//! ranks, 12 KiB on 5, 7 KiB on 8, 3.2 KiB on 16); beyond that the plans,
+//! which move less than a whole contribution per peer, do better. The
+//! eager buffers cost 64 KiB per ordered pair: 4 MiB on a host of 8
+//! ranks (layout in [`super::shm`]).
 //!
 //! The collectives on top (`crate::fast`) exchange whole contributions in
 //! one step: every rank writes to every rank it must inform and reads from
@@ -58,7 +92,13 @@
 //!   message where it does not belong: the fast waiter checks the engine's
 //!   unexpected frames for its key, and the engine, when it waits or ends a
 //!   call, checks the mailboxes for messages of its calls.
-//! * **Notices.** Mismatch, lost-rank and abort notices still travel as
+//! * **Silent mismatch.** A fast call that has waited as long as an engine
+//!   call waits before probing (100 ms) probes the peers it still waits
+//!   to hear from with its header ([`Link::probe`]), and a peer's engine
+//!   compares it with its call at that point, a fast call waiting there
+//!   included: a reduce to root 0 against a broadcast from root 0 on two
+//!   ranks (both only receive) fails on both at once.
+//! * **Notices.** Mismatch, lost-rank, abort and goodbye notices still travel as
 //!   frames through the rings. A rank busy with fast calls does not read its
 //!   rings, so the sender of such a notice also bumps a `notices` counter in
 //!   the receiver's segment (`Channel::alert`); every fast call compares it
@@ -90,29 +130,31 @@
 mod mailbox;
 mod pack;
 pub(crate) mod small;
+#[cfg(test)]
+mod tests;
 mod transport;
 
 pub(crate) use transport::FastTransport;
 
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use super::engine::{Bypass, Fault, Ledger, LedgerLock, Link, Stray, Verdict};
-use super::shm::{SLOTS, SLOT_PAYLOAD};
+use super::shm::{EAGER_BUFFERS, EAGER_BYTES, SLOTS, SLOT_PAYLOAD};
 use super::Header;
 use crate::error::{Error, Result};
-pub(crate) use mailbox::{Mailboxes, SlotMessage};
-use pack::packed_len;
-use pack::{describe, message_len, pack};
+pub(crate) use mailbox::Mailboxes;
+use mailbox::SlotHeader;
+use pack::{describe, message_len, pack, packed_len};
 
 /// Largest group the fast path serves: every rank reads one slot per peer,
 /// so the cost grows with the group; beyond this the plans' trees and
 /// butterflies do better.
 pub(crate) const FAST_MAX_RANKS: usize = 16;
 
-/// A received payload (8-byte aligned, as the reduction kernels want).
-pub(crate) type Payload = [u64; SLOT_PAYLOAD / 8];
+/// Spare stash buffers kept for reuse (beyond them a buffer is freed).
+const SPARE_KEPT: usize = 32;
 
 /// Polls before the first clock read, and between clock reads while
 /// spinning.
@@ -123,11 +165,26 @@ const CLOCK_EVERY: u32 = 64;
 /// so the sender must look again soon by itself.
 const SPACE_SLICE: Duration = Duration::from_millis(1);
 
-/// A mailbox message taken for a call that was not the one reading.
+/// A mailbox message taken out of its slot (and eager buffer) for a call
+/// that was not the one reading: its payload copied out.
 struct Stashed {
     /// Sender (transport rank).
     peer: usize,
-    msg: SlotMessage,
+    head: SlotHeader,
+    /// The payload (8-byte aligned, as the reduction kernels want); its
+    /// length is `packed_len(head.sig)`.
+    data: Vec<u64>,
+}
+
+/// Where a fast call finds the message of one peer it receives from.
+pub(crate) enum Got {
+    /// Not found yet.
+    Waiting,
+    /// At the head of the peer's mailbox, message `stamp`, held for this
+    /// call: read in place, consumed when the call is done with it.
+    InPlace(u64),
+    /// Taken out of the mailbox earlier (stashed by another call).
+    Owned(Vec<u64>),
 }
 
 /// The fast path's books and the engine's ledger, under one lock (so a
@@ -142,6 +199,8 @@ struct Books {
     acked: Vec<u64>,
     /// Messages taken out of their mailbox for another call.
     stash: Vec<Stashed>,
+    /// Buffers of stashed messages, kept for the next stash.
+    spare: Vec<Vec<u64>>,
 }
 
 impl Books {
@@ -154,8 +213,15 @@ impl Books {
         let at = self
             .stash
             .iter()
-            .position(|s| peer.map_or(true, |p| s.peer == p) && (s.msg.comm, s.msg.seq) == key)?;
+            .position(|s| peer.map_or(true, |p| s.peer == p) && (s.head.comm, s.head.seq) == key)?;
         Some(self.stash.remove(at))
+    }
+
+    /// Keeps `data` (a stashed message's buffer) for reuse.
+    fn recycle(&mut self, data: Vec<u64>) {
+        if self.spare.len() < SPARE_KEPT && data.capacity() > 0 {
+            self.spare.push(data);
+        }
     }
 }
 
@@ -194,6 +260,33 @@ impl Problem {
     }
 }
 
+/// What a fast call received, for it to read ([`FastPath::exchange`]).
+pub(crate) struct Parts<'a> {
+    fast: &'a FastPath,
+    from: &'a [usize],
+    got: &'a [Got],
+    len: usize,
+}
+
+impl Parts<'_> {
+    /// The payload from the `i`-th rank the call receives from.
+    pub(crate) fn get(&self, i: usize) -> &[u8] {
+        match &self.got[i] {
+            // SAFETY: the pass that returned `Done` saw this message arrive
+            // with this call's signature (so `len` is its length) and holds
+            // it: no call consumes it before `FastPath::release`, which
+            // `exchange` calls after `read`, and so after the last use of
+            // this borrow of `self`.
+            Got::InPlace(stamp) => unsafe {
+                let lp = self.fast.local(self.from[i]);
+                self.fast.boxes.payload(lp, *stamp, self.len)
+            },
+            Got::Owned(data) => &bytemuck::cast_slice::<u64, u8>(data)[..self.len],
+            Got::Waiting => unreachable!("a done call has every message"),
+        }
+    }
+}
+
 /// The fast path of one rank: its mailboxes and the ranks they reach.
 pub(crate) struct FastPath {
     boxes: Mailboxes,
@@ -212,6 +305,14 @@ pub(crate) struct FastPath {
     stash_gen: AtomicU64,
     /// The `notices` count last acted on.
     notices_seen: AtomicU64,
+    /// Bit `lp`: the message at the head of local rank `lp`'s mailbox is
+    /// held by a call that reads it in place; no other call takes it or
+    /// looks past it until that call consumes it. Changed only under the
+    /// books' lock.
+    held: AtomicU32,
+    /// A call found a held head in its way: the holder, when it consumes,
+    /// makes waiters look again (`stash_gen`, the doorbell).
+    blocked: AtomicBool,
     /// The books and the engine's ledger (see [`Books`]).
     books: Mutex<Books>,
 }
@@ -267,11 +368,14 @@ impl FastPath {
             next_in: (0..n).map(|_| AtomicU64::new(1)).collect(),
             sent_out: (0..n).map(|_| AtomicU64::new(0)).collect(),
             stash_gen: AtomicU64::new(0),
+            held: AtomicU32::new(0),
+            blocked: AtomicBool::new(false),
             books: Mutex::new(Books {
                 ledger: Ledger::new(),
                 sent: vec![0; n],
                 acked: vec![0; n],
                 stash: Vec::new(),
+                spare: Vec::new(),
             }),
         }
     }
@@ -302,6 +406,8 @@ impl FastPath {
     /// Whether every rank of `group` (transport ranks) is reachable
     /// through the mailboxes, and the group is small enough.
     pub(crate) fn serves(&self, group: &[usize]) -> bool {
+        // `held` has a bit per local rank.
+        const _: () = assert!(FAST_MAX_RANKS <= 32);
         (2..=FAST_MAX_RANKS).contains(&group.len())
             && group
                 .iter()
@@ -328,24 +434,58 @@ impl FastPath {
     /// Lock-free: whether a message has arrived from any local rank that no
     /// call has taken yet.
     pub(crate) fn anything_new(&self) -> bool {
-        (0..self.world_of.len()).any(|lp| {
-            let n = self.next_in[lp].load(Ordering::Relaxed);
-            self.boxes.inbound_stamp(lp, n).load(Ordering::Acquire) == n
-        })
+        (0..self.world_of.len()).any(|lp| self.arrived(lp))
     }
 
-    /// The next message from local peer `lp` when it has arrived, taken
-    /// out of its slot (the slot freed and a sender waiting for it woken:
-    /// no fence, it sleeps in short slices, see SPACE_SLICE).
-    fn take_next(&self, lp: usize) -> Option<SlotMessage> {
+    /// Lock-free: whether the next message from local rank `lp` has
+    /// arrived and is not held by a call reading it in place.
+    fn arrived(&self, lp: usize) -> bool {
+        let n = self.next_in[lp].load(Ordering::Relaxed);
+        self.held.load(Ordering::Relaxed) & (1 << lp) == 0
+            && self.boxes.inbound_stamp(lp, n).load(Ordering::Acquire) == n
+    }
+
+    /// The stamp and header of the next message from local peer `lp` when
+    /// it has arrived and no other call holds it (under the books' lock).
+    fn head(&self, lp: usize) -> Option<(u64, SlotHeader)> {
+        if self.held.load(Ordering::Relaxed) & (1 << lp) != 0 {
+            self.blocked.store(true, Ordering::Relaxed);
+            return None;
+        }
         let n = self.next_in[lp].load(Ordering::Relaxed);
         if self.boxes.inbound_stamp(lp, n).load(Ordering::Acquire) != n {
             return None;
         }
-        let msg = self.boxes.take(lp, n, packed_len);
-        self.next_in[lp].store(n + 1, Ordering::Relaxed);
+        Some((n, self.boxes.peek(lp, n)))
+    }
+
+    /// Marks message `stamp`, the head of local peer `lp`'s mailbox,
+    /// consumed (the slot and eager buffer freed, and a sender waiting for
+    /// them woken: no fence, it sleeps in short slices, see SPACE_SLICE).
+    fn consume(&self, lp: usize, stamp: u64) {
+        self.boxes.consume(lp, stamp);
+        self.next_in[lp].store(stamp + 1, Ordering::Relaxed);
         self.boxes.wake(lp);
-        Some(msg)
+    }
+
+    /// Takes the head message `(stamp, head)` of local peer `lp` out of its
+    /// mailbox into the stash, its payload copied (under the books' lock).
+    fn stash_head(&self, books: &mut Books, lp: usize, (stamp, head): (u64, SlotHeader)) {
+        let len = packed_len(head.sig).min(EAGER_BYTES);
+        let mut data = books.spare.pop().unwrap_or_default();
+        data.clear();
+        data.resize(len.div_ceil(8), 0);
+        // SAFETY: the message has arrived (`head` saw its stamp) and is not
+        // consumed until below, after the copy; `len` is what its signature
+        // gives, clamped to an eager buffer.
+        let bytes = unsafe { self.boxes.payload(lp, stamp, len) };
+        bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..len].copy_from_slice(bytes);
+        self.consume(lp, stamp);
+        books.stash.push(Stashed {
+            peer: self.world_of[lp],
+            head,
+            data,
+        });
     }
 
     /// Moves every message that has arrived into the stash and returns the
@@ -355,11 +495,8 @@ impl FastPath {
     fn drain(&self, ledger: &mut Books, ours: &dyn Fn((u64, u64)) -> bool) -> Vec<Stray> {
         let mut stashed = false;
         for lp in 0..self.world_of.len() {
-            while let Some(msg) = self.take_next(lp) {
-                ledger.stash.push(Stashed {
-                    peer: self.world_of[lp],
-                    msg,
-                });
+            while let Some(next) = self.head(lp) {
+                self.stash_head(ledger, lp, next);
                 stashed = true;
             }
         }
@@ -372,14 +509,15 @@ impl FastPath {
         let mut i = 0;
         while i < ledger.stash.len() {
             let s = &ledger.stash[i];
-            let key = (s.msg.comm, s.msg.seq);
+            let key = (s.head.comm, s.head.seq);
             if ours(key) || ledger.ledger.finished_with(key).is_some() {
                 let s = ledger.stash.remove(i);
                 found.push(Stray {
                     peer: s.peer,
                     key,
-                    remote: describe(s.msg.sig),
+                    remote: describe(s.head.sig),
                 });
+                ledger.recycle(s.data);
             } else {
                 i += 1;
             }
@@ -388,24 +526,31 @@ impl FastPath {
     }
 
     /// Sends `payload` to every rank of `to` and receives one message from
-    /// every rank of `from` into `got` (same order), for the call `header`
-    /// (transport ranks; `to` and `from` on this host, without this rank).
-    /// Every message is [`message_len`] bytes (`payload` too, unless `to`
-    /// is empty). Waits at most `timeout` from when waiting starts.
+    /// every rank of `from`, for the call `header` (transport ranks; `to`
+    /// and `from` on this host, without this rank), then runs `read` on
+    /// what arrived: `read(parts)` where `parts.get(i)` is the payload from
+    /// `from[i]`, in place in shared memory where it can be (the message
+    /// is consumed, and its slot and eager buffer freed, once `read`
+    /// returns). Every message is [`message_len`] bytes (`payload` too,
+    /// unless `to` is empty). `got` is the caller's room for where each
+    /// message lies (at least `from.len()` entries, all `Got::Waiting`).
+    /// Waits at most `timeout` from when waiting starts.
     // The arguments are those of `Transport::exchange`, plus the engine's link.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn exchange(
+    pub(crate) fn exchange<R>(
         &self,
         link: &Link<'_>,
         header: &Header,
         payload: &[u8],
         to: &[usize],
         from: &[usize],
-        got: &mut [Payload],
+        got: &mut [Got],
         timeout: Duration,
-    ) -> Result<()> {
+        read: impl FnOnce(&Parts<'_>) -> R,
+    ) -> Result<R> {
         assert!(to.len() < 32 && from.len() < 32 && got.len() >= from.len());
-        assert!(to.is_empty() || payload.len() == message_len(&header.sig));
+        let len = message_len(&header.sig);
+        assert!(len <= EAGER_BYTES && (to.is_empty() || payload.len() == len));
         let sig = pack(&header.sig).expect("fast-path calls pack");
         if link.is_aborted() {
             return Err(Error::Aborted);
@@ -414,25 +559,65 @@ impl FastPath {
             self.checkup(link, header, from, false)?;
         }
         let mut wait = Wait::new(link, timeout);
-        let result = self.run_passes(link, header, sig, payload, (to, from, got), &mut wait);
+        let passes = (payload, to, from, &mut *got);
+        let result = self.run_passes(link, header, sig, passes, &mut wait);
         if wait.registered {
             self.books().ledger.bypass_done(header.key());
         }
-        result
+        result?;
+        let got = &mut got[..from.len()];
+        let out = read(&Parts {
+            fast: self,
+            from,
+            got,
+            len,
+        });
+        self.release(from, got);
+        Ok(out)
     }
 
-    /// The passes of [`FastPath::exchange`] until the call is done or fails.
+    /// Consumes the held messages of a call done reading them (see
+    /// [`FastPath::exchange`]), keeps the buffers of stashed ones, and
+    /// leaves `got` all `Got::Waiting`.
+    fn release(&self, from: &[usize], got: &mut [Got]) {
+        let mut books = self.books();
+        let mut held = 0u32;
+        for (i, g) in got.iter_mut().enumerate() {
+            match std::mem::replace(g, Got::Waiting) {
+                Got::InPlace(stamp) => {
+                    let lp = self.local(from[i]);
+                    self.consume(lp, stamp);
+                    held |= 1 << lp;
+                }
+                Got::Owned(data) => books.recycle(data),
+                Got::Waiting => {}
+            }
+        }
+        self.held.fetch_and(!held, Ordering::Relaxed);
+        if held != 0 && self.blocked.swap(false, Ordering::Relaxed) {
+            // Another call found a held head in its way and may sleep.
+            self.stash_gen.fetch_add(1, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            self.boxes.wake_self();
+        }
+    }
+
+    /// The passes of [`FastPath::exchange`] until the call has every
+    /// message (held or owned, in `got`) or fails.
     fn run_passes(
         &self,
         link: &Link<'_>,
         header: &Header,
         sig: u64,
-        payload: &[u8],
-        (to, from, got): (&[usize], &[usize], &mut [Payload]),
+        (payload, to, from, got): (&[u8], &[usize], &[usize], &mut [Got]),
         wait: &mut Wait,
     ) -> Result<()> {
         let mut to_send = all_bits(to.len());
         let mut to_recv = all_bits(from.len());
+        // Bit i: the message from `from[i]` was at the head of its mailbox
+        // in the last pass (not taken: it is read in place once all are).
+        let mut present = 0u32;
+        let eager = payload.len() > SLOT_PAYLOAD;
         let mut first = true;
         loop {
             let (pass, gen) = {
@@ -443,7 +628,7 @@ impl FastPath {
                     sig,
                     payload,
                     (to, &mut to_send),
-                    (from, &mut to_recv, got),
+                    (from, &mut to_recv, &mut present, got),
                     first,
                 );
                 (pass, self.stash_gen.load(Ordering::Relaxed))
@@ -454,17 +639,22 @@ impl FastPath {
                 Pass::Failed(problem) => return Err(link.fail(header, problem.fault())),
                 Pass::Waiting => {}
             }
-            wait.until_ready(self, link, header, (to, to_send), (from, to_recv), gen)?;
+            let sends = (to, to_send, eager);
+            wait.until_ready(self, link, header, sends, (from, to_recv & !present), gen)?;
         }
         // A notice that crossed this call (the peer found a mismatch).
         if self.notices_changed() {
-            self.checkup(link, header, &[], false)?;
+            if let Err(e) = self.checkup(link, header, &[], false) {
+                self.release(from, got);
+                return Err(e);
+            }
         }
         Ok(())
     }
 
-    /// One pass under the ledger: write what can be written, read what has
-    /// arrived, and finish the call if nothing is left.
+    /// One pass under the ledger: write what can be written, find what has
+    /// arrived, and, once every message is there, hold those at the heads
+    /// of their mailboxes for the call to read in place and finish it.
     #[allow(clippy::too_many_arguments)]
     fn pass(
         &self,
@@ -473,7 +663,7 @@ impl FastPath {
         sig: u64,
         payload: &[u8],
         (to, to_send): (&[usize], &mut u32),
-        (from, to_recv, got): (&[usize], &mut u32, &mut [Payload]),
+        (from, to_recv, present, got): (&[usize], &mut u32, &mut u32, &mut [Got]),
         first: bool,
     ) -> Pass {
         let key = header.key();
@@ -491,24 +681,39 @@ impl FastPath {
         // 8-byte call takes, bench/latency.sh).
         let mut stashed = false;
         if first && !ledger.ledger.bypass_finished_last() {
-            match self.take_arrived(ledger, key, sig, (from, to_recv, got)) {
+            match self.take_arrived(ledger, key, sig, (from, to_recv, present, got)) {
                 Ok(s) => stashed = s,
                 Err(problem) => return Pass::Failed(problem),
             }
         }
         if *to_send != 0 {
+            // A payload longer than a slot's goes into eager buffer `stamp %
+            // EAGER_BUFFERS` of the pair, last used by message `stamp -
+            // EAGER_BUFFERS` or earlier; the one `ack` (consumed messages,
+            // in order) covers slots and buffers alike, since
+            // EAGER_BUFFERS <= SLOTS: a sender may be SLOTS messages ahead
+            // of its receiver, EAGER_BUFFERS when it needs a buffer.
+            let ahead = if payload.len() > SLOT_PAYLOAD {
+                EAGER_BUFFERS
+            } else {
+                SLOTS
+            } as u64;
+            let head = SlotHeader {
+                comm: header.comm,
+                seq: header.seq,
+                sig,
+            };
             let mut wrote = 0u32;
             for i in bits(*to_send) {
                 let lp = self.local(to[i]);
                 let stamp = ledger.sent[lp] + 1;
-                if stamp > ledger.acked[lp] + SLOTS as u64 {
+                if stamp > ledger.acked[lp] + ahead {
                     ledger.acked[lp] = self.boxes.acked_by(lp);
-                    if stamp > ledger.acked[lp] + SLOTS as u64 {
-                        continue; // full: the receiver is SLOTS messages behind
+                    if stamp > ledger.acked[lp] + ahead {
+                        continue; // full: the receiver is that far behind
                     }
                 }
-                self.boxes
-                    .put(lp, stamp, header.comm, header.seq, sig, payload);
+                self.boxes.put(lp, stamp, head, payload);
                 ledger.sent[lp] = stamp;
                 self.sent_out[lp].store(stamp, Ordering::Relaxed);
                 wrote |= 1 << i;
@@ -522,7 +727,7 @@ impl FastPath {
                 }
             }
         }
-        match self.take_arrived(ledger, key, sig, (from, to_recv, got)) {
+        match self.take_arrived(ledger, key, sig, (from, to_recv, present, got)) {
             Ok(s) => stashed |= s,
             Err(problem) => return Pass::Failed(problem),
         }
@@ -532,26 +737,41 @@ impl FastPath {
             fence(Ordering::SeqCst);
             self.boxes.wake_self();
         }
-        if *to_send != 0 || *to_recv != 0 {
+        if *to_send != 0 || *to_recv & !*present != 0 {
             return Pass::Waiting;
         }
-        // Done. A message for this call from a rank it expects nothing from
-        // means that rank called something else here.
+        // Every message is here. One for this call from a rank it expects
+        // nothing from means that rank called something else here.
         if let Some(s) = ledger.take_stashed(None, key) {
             return Pass::Failed(Problem::Mismatch {
                 peer: s.peer,
-                theirs: s.msg.sig,
+                theirs: s.head.sig,
             });
         }
         if let Some(verdict) = ledger.ledger.take_verdict(key) {
             return Pass::Failed(Problem::Reported(verdict));
         }
+        // Hold the heads this call reads in place: no other call takes
+        // them or looks past them until `release`. Holding only now, with
+        // every message of the call here, means a holder never waits, so
+        // holds cannot form a cycle between two calls.
+        let mut held = 0u32;
+        for i in bits(*present) {
+            let lp = self.local(from[i]);
+            got[i] = Got::InPlace(self.next_in[lp].load(Ordering::Relaxed));
+            held |= 1 << lp;
+        }
+        self.held.fetch_or(held, Ordering::Relaxed);
+        *to_recv = 0;
         ledger.ledger.finish_on_bypass(header);
         Pass::Done
     }
 
-    /// Takes what arrived for the receives still in `to_recv`: the
-    /// messages of this call (into `got`), stashing those of other calls.
+    /// Looks at what arrived for the receives still in `to_recv`: a
+    /// message of this call taken out earlier (by another call) moves into
+    /// `got` and leaves `to_recv`; one at the head of its mailbox sets its
+    /// bit in `present` (recomputed on every pass: another call may stash
+    /// it meanwhile); messages of other calls in front of it are stashed.
     /// Returns whether it stashed any, or the problem that fails the call (a
     /// message of this call with another signature, or one of a call this
     /// rank finished).
@@ -560,46 +780,46 @@ impl FastPath {
         ledger: &mut Books,
         key: (u64, u64),
         sig: u64,
-        (from, to_recv, got): (&[usize], &mut u32, &mut [Payload]),
+        (from, to_recv, present, got): (&[usize], &mut u32, &mut u32, &mut [Got]),
     ) -> std::result::Result<bool, Problem> {
         let mut stashed = false;
+        *present = 0;
         for i in bits(*to_recv) {
             let peer = from[i];
             let lp = self.local(peer);
             if let Some(s) = ledger.take_stashed(Some(peer), key) {
-                if s.msg.sig != sig {
+                if s.head.sig != sig {
                     return Err(Problem::Mismatch {
                         peer,
-                        theirs: s.msg.sig,
+                        theirs: s.head.sig,
                     });
                 }
-                got[i] = s.msg.data;
+                got[i] = Got::Owned(s.data);
                 *to_recv &= !(1 << i);
                 continue;
             }
-            while let Some(msg) = self.take_next(lp) {
-                let theirs = (msg.comm, msg.seq);
+            while let Some((stamp, head)) = self.head(lp) {
+                let theirs = (head.comm, head.seq);
                 if theirs == key {
-                    if msg.sig != sig {
+                    if head.sig != sig {
                         return Err(Problem::Mismatch {
                             peer,
-                            theirs: msg.sig,
+                            theirs: head.sig,
                         });
                     }
-                    got[i] = msg.data;
-                    *to_recv &= !(1 << i);
+                    *present |= 1 << i;
                     break;
                 }
                 if ledger.ledger.finished_with(theirs).is_some() {
                     return Err(Problem::Late {
                         peer,
                         key: theirs,
-                        theirs: msg.sig,
+                        theirs: head.sig,
                     });
                 }
                 // For another call (another communicator, a non-blocking
                 // call, the next call of a peer that is ahead).
-                ledger.stash.push(Stashed { peer, msg });
+                self.stash_head(ledger, lp, (stamp, head));
                 stashed = true;
             }
         }
@@ -608,25 +828,21 @@ impl FastPath {
 
     /// Lock-free: whether another pass may get further (a message arrived
     /// from a rank in `from`, a message was stashed, or a full mailbox to a
-    /// rank in `to` has room).
+    /// rank in `to` has room: for `eager` messages, a free eager buffer).
     fn ready(
         &self,
-        (to, to_send): (&[usize], u32),
+        (to, to_send, eager): (&[usize], u32, bool),
         (from, to_recv): (&[usize], u32),
         gen: u64,
     ) -> bool {
         if self.stash_gen.load(Ordering::Relaxed) != gen {
             return true;
         }
-        let arrived = bits(to_recv).any(|i| {
-            let lp = self.local(from[i]);
-            let n = self.next_in[lp].load(Ordering::Relaxed);
-            self.boxes.inbound_stamp(lp, n).load(Ordering::Acquire) == n
-        });
-        arrived
+        let ahead = if eager { EAGER_BUFFERS } else { SLOTS } as u64;
+        bits(to_recv).any(|i| self.arrived(self.local(from[i])))
             || bits(to_send).any(|i| {
                 let lp = self.local(to[i]);
-                self.boxes.acked_by(lp) + SLOTS as u64 > self.sent_out[lp].load(Ordering::Relaxed)
+                self.boxes.acked_by(lp) + ahead > self.sent_out[lp].load(Ordering::Relaxed)
             })
     }
 }
@@ -643,6 +859,8 @@ struct Wait {
     /// The call is listed in the ledger as waiting long (for the positions
     /// a peer's probe asks for), and must be taken off when it ends.
     registered: bool,
+    /// The call has probed the peers it waits on.
+    probed: bool,
 }
 
 impl Wait {
@@ -654,6 +872,7 @@ impl Wait {
             polls: 0,
             start: None,
             registered: false,
+            probed: false,
         }
     }
 
@@ -664,7 +883,7 @@ impl Wait {
         fast: &FastPath,
         link: &Link<'_>,
         header: &Header,
-        sends: (&[usize], u32),
+        sends: (&[usize], u32, bool),
         recvs: (&[usize], u32),
         gen: u64,
     ) -> Result<()> {
@@ -717,6 +936,15 @@ impl Wait {
                 fast.books().ledger.bypass_waits(*header);
                 self.registered = true;
             }
+            if !self.probed && now.duration_since(start) >= link.probe_after() {
+                // Long for any message: ask the peers this call waits to
+                // hear from (a mismatch where no message would show it,
+                // such as a reduce against a broadcast with the same root
+                // on two ranks: both only receive; see engine/desync.rs).
+                self.probed = true;
+                let hearing: Vec<usize> = bits(recvs.1).map(|i| recvs.0[i]).collect();
+                link.probe(header, &hearing);
+            }
             let waiting: Vec<usize> = awaited().collect();
             if let Err(e) = fast.checkup(link, header, &waiting, true) {
                 // A peer may have written what this call waits for and
@@ -754,17 +982,5 @@ impl Bypass for FastPath {
 
     fn strays(&self, ours: &dyn Fn((u64, u64)) -> bool) -> Vec<Stray> {
         self.drain(&mut self.books(), ours)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bit_iteration() {
-        assert_eq!(bits(0b1011).collect::<Vec<_>>(), vec![0, 1, 3]);
-        assert_eq!(all_bits(3), 0b111);
-        assert_eq!(bits(all_bits(0)).count(), 0);
     }
 }

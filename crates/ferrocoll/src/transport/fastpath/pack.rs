@@ -24,22 +24,22 @@ pub(crate) fn message_len(sig: &Signature) -> usize {
 }
 
 /// Packs a signature into one word: count (16 bits), root (8, 0xFF for
-/// none), collective (8), element type (8), operator (8, 0xFF for none),
-/// message length (8, [`message_len`]) and a mark. `None` when it does not
-/// fit, which no fast-path call does (their counts, roots and lengths are
-/// bounded by [`SLOT_PAYLOAD`](crate::transport::shm::SLOT_PAYLOAD) and
+/// none), collective (8), element type (8), operator (8, 0xFF for none)
+/// and a mark. The message length is not stored: it is count x element
+/// size ([`packed_len`]), so a receiver checks the length of a payload in
+/// an eager buffer as it checks the rest of the signature. `None` when it
+/// does not fit, which no fast-path call does (their counts and roots are
+/// bounded by [`EAGER_BYTES`](crate::transport::shm::EAGER_BYTES) and
 /// [`FAST_MAX_RANKS`](super::FAST_MAX_RANKS)).
 pub(crate) fn pack(sig: &Signature) -> Option<u64> {
     let CallKind::Collective(coll) = sig.kind else {
         return None;
     };
     let count = u16::try_from(sig.count).ok()?;
-    let len = message_len(sig);
     let root = match sig.root {
         Some(r) => u8::try_from(r).ok().filter(|r| *r != 0xFF)?,
         None => 0xFF,
     };
-    let len = u8::try_from(len).ok()?;
     let op = sig.op.map_or(0xFF, |op| index_of(&ReduceOp::ALL, &op));
     Some(
         u64::from(count)
@@ -47,7 +47,6 @@ pub(crate) fn pack(sig: &Signature) -> Option<u64> {
             | index_of(&Collective::ALL, &coll) << 24
             | index_of(&DType::ALL, &sig.dtype) << 32
             | op << 40
-            | u64::from(len) << 48
             | PACK_MARK,
     )
 }
@@ -73,9 +72,10 @@ pub(crate) fn unpack(word: u64) -> Option<Signature> {
     })
 }
 
-/// The payload length in a packed signature.
+/// The payload length of a message with packed signature `word`: count x
+/// element size (0 for a word that does not unpack).
 pub(super) fn packed_len(word: u64) -> usize {
-    ((word >> 48) & 0xFF) as usize
+    unpack(word).map_or(0, |sig| message_len(&sig))
 }
 
 /// A packed signature for error messages.
@@ -106,6 +106,12 @@ mod tests {
                         let word = pack(&sig).unwrap();
                         assert_eq!(unpack(word), Some(sig));
                         assert_eq!(packed_len(word), 24 * dtype.size());
+                        // The largest eager payload's count packs too.
+                        let big = Signature {
+                            count: crate::transport::shm::EAGER_BYTES,
+                            ..sig
+                        };
+                        assert_eq!(unpack(pack(&big).unwrap()), Some(big));
                     }
                 }
             }
@@ -119,6 +125,7 @@ mod tests {
         };
         assert_eq!(pack(&p2p), None);
         assert_eq!(unpack(0), None);
+        assert_eq!(packed_len(0), 0);
         assert!(describe(0).contains("unreadable"));
     }
 }

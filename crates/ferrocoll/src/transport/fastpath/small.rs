@@ -1,7 +1,8 @@
 //! Small collectives on the shared-memory fast path.
 //!
 //! When every rank of a communicator is on this host and a call moves at
-//! most one mailbox slot per rank ([`SLOT_PAYLOAD`] bytes), it skips plans,
+//! most [`max_message`] bytes per rank (a mailbox slot's payload, or an
+//! eager buffer's beside it), it skips plans,
 //! the executor and the progress engine: each rank writes its contribution
 //! straight into the mailboxes of the ranks that need it and reads the ones
 //! it needs ([`super`], which describes the protocol
@@ -13,15 +14,30 @@
 //! from all to the root. Reductions run in rank order on every rank, so all
 //! ranks get bit-identical results, equal to a sequential reduction.
 
-use super::{FastPath, Payload, FAST_MAX_RANKS};
+use std::cell::Cell;
+
+use super::{FastPath, Got, Parts, FAST_MAX_RANKS};
 use crate::error::{Error, Result};
 use crate::exec::Memory;
 use crate::kernels;
 use crate::plan::Collective;
 use crate::transport::engine::Link;
-use crate::transport::shm::SLOT_PAYLOAD;
+use crate::transport::shm::{EAGER_BYTES, SLOT_PAYLOAD};
 use crate::transport::SmallCall;
 use crate::types::DType;
+
+/// Most bytes all peers' messages of one fast call may bring a rank
+/// together: a one-step allreduce on `n` ranks reads `n - 1` whole
+/// contributions, and beyond this (which stays in the L1/L2 caches) the
+/// plans, which move `2(n-1)/n` of one, do better.
+const MAX_CALL_BYTES: usize = 3 * EAGER_BYTES;
+
+thread_local! {
+    /// This thread's copy of its contribution for calls in place (the
+    /// output overlaps the input): kept between calls, so that a call
+    /// allocates nothing once the thread has made one of that size.
+    static SCRATCH: Cell<Vec<u64>> = const { Cell::new(Vec::new()) };
+}
 
 /// Whether the fast path implements `coll` at all.
 pub(crate) fn handles(coll: Collective) -> bool {
@@ -35,15 +51,24 @@ pub(crate) fn handles(coll: Collective) -> bool {
     )
 }
 
+/// The most bytes per rank (allgather: per block) a fast call among `n`
+/// ranks may carry: one slot's payload at least, one eager buffer at most
+/// (one message per pair and call), and at most [`MAX_CALL_BYTES`] from
+/// all peers together: 16 KiB on 2-4 ranks, 12 KiB on 5, 7 KiB on 8,
+/// 3.2 KiB on 16.
+pub(crate) fn max_message(n: usize) -> usize {
+    (MAX_CALL_BYTES / n.saturating_sub(1).max(1)).clamp(SLOT_PAYLOAD, EAGER_BYTES)
+}
+
 /// Whether a call of `count` elements of `dtype` (allgather: per rank)
-/// among `n` ranks fits the fast path. It depends only on what every rank
-/// of the call agrees on, so all ranks decide alike.
+/// among `n` ranks fits the fast path ([`max_message`]). It depends only
+/// on what every rank of the call agrees on, so all ranks decide alike.
 pub(crate) fn eligible(coll: Collective, count: usize, dtype: DType, n: usize) -> bool {
     handles(coll)
         && (2..=FAST_MAX_RANKS).contains(&n)
         && count
             .checked_mul(dtype.size())
-            .is_some_and(|bytes| bytes <= SLOT_PAYLOAD)
+            .is_some_and(|bytes| bytes <= max_message(n))
 }
 
 /// Runs `call` on `mem` over `fast`, whose lengths must be those the
@@ -54,8 +79,8 @@ pub(crate) fn run(
     call: &SmallCall<'_>,
     mem: &mut Memory<'_>,
 ) -> Result<()> {
-    // Room for the peers' messages on the stack, sized for small groups
-    // when the group is small (it is cleared on every call).
+    // Room for where the peers' messages lie, on the stack, sized for
+    // small groups when the group is small.
     if call.group.len() <= 4 {
         run_with::<3>(fast, link, call, mem)
     } else {
@@ -72,26 +97,35 @@ fn run_with<const PEERS: usize>(
 ) -> Result<()> {
     let (n, me, root) = (call.group.len(), call.rank, call.root);
     let len = call.count * call.dtype.size();
-    debug_assert!(len <= SLOT_PAYLOAD && (2..=PEERS + 1).contains(&n));
+    debug_assert!(len <= EAGER_BYTES && (2..=PEERS + 1).contains(&n));
 
-    // What this rank contributes, copied out first: in place, the output
-    // overlaps it.
     let sends = match call.coll {
         Collective::Barrier => false,
         Collective::Broadcast => me == root,
         _ => true,
     };
-    let mut mine: Payload = [0; SLOT_PAYLOAD / 8];
     let mine_len = if sends { len } else { 0 };
-    let input = mem.input();
-    if input.len() < mine_len {
+    let out_len = match call.coll {
+        Collective::AllReduce => len,
+        Collective::Reduce if me == root => len,
+        Collective::Broadcast => len,
+        Collective::AllGather => n * len,
+        _ => 0,
+    };
+    if mem.input().len() < mine_len {
         return Err(Error::Internal(format!(
             "fast {}: input of {} bytes, {mine_len} needed",
             call.coll,
-            input.len()
+            mem.input().len()
         )));
     }
-    bytemuck::cast_slice_mut::<u64, u8>(&mut mine)[..mine_len].copy_from_slice(&input[..mine_len]);
+    if mem.output().len() < out_len {
+        return Err(Error::Internal(format!(
+            "fast {}: output of {} bytes, {out_len} needed",
+            call.coll,
+            mem.output().len()
+        )));
+    }
 
     let mut others = [0usize; PEERS];
     for (slot, &w) in others.iter_mut().zip(
@@ -113,65 +147,68 @@ fn run_with<const PEERS: usize>(
         Collective::Reduce => (&root_rank, none),
         _ => (others, others),
     };
-    let mut got: [Payload; PEERS] = [[0u64; SLOT_PAYLOAD / 8]; PEERS];
-    let mine_bytes: &[u8] = &bytemuck::cast_slice::<u64, u8>(&mine)[..mine_len];
-    fast.exchange(
+    let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+
+    // This rank's contribution is read until the output is written, after
+    // every message arrived: in place (the output overlaps it) it is
+    // copied out first, into this thread's scratch.
+    let mut scratch = SCRATCH.take();
+    let apart = mem.apart().is_some();
+    let (mine, out): (&[u8], &mut [u8]) = if apart {
+        let (input, output) = mem.apart().expect("checked just above");
+        (&input[..mine_len], &mut output[..out_len])
+    } else {
+        scratch.clear();
+        scratch.resize(mine_len.div_ceil(8), 0);
+        let copy = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut scratch)[..mine_len];
+        copy.copy_from_slice(&mem.input()[..mine_len]);
+        (&*copy, &mut mem.output()[..out_len])
+    };
+    let result = fast.exchange(
         link,
         &call.header,
-        mine_bytes,
+        mine,
         to,
         from,
         &mut got,
         call.timeout,
-    )?;
+        |parts| write_output(call, mine, parts, out),
+    );
+    SCRATCH.set(scratch);
+    result
+}
 
+/// Writes this rank's output of `call` from its contribution `mine` and
+/// `parts.get(i)`, the message from the `i`-th rank it receives from (in group
+/// order, without this rank). Reductions run in rank order on every rank,
+/// so every rank computes the same bits.
+fn write_output<'p>(call: &SmallCall<'_>, mine: &'p [u8], parts: &'p Parts<'_>, out: &mut [u8]) {
+    let part = |i: usize| parts.get(i);
+    let (n, me, root) = (call.group.len(), call.rank, call.root);
     // Group rank r's contribution (when received from all).
-    let part = |r: usize| -> &[u8] {
-        let words = if r == me {
-            &mine
-        } else {
-            &got[if r < me { r } else { r - 1 }]
-        };
-        &bytemuck::cast_slice::<u64, u8>(words)[..len]
+    let of = |r: usize| -> &[u8] {
+        match r.cmp(&me) {
+            std::cmp::Ordering::Equal => mine,
+            std::cmp::Ordering::Less => part(r),
+            std::cmp::Ordering::Greater => part(r - 1),
+        }
     };
-    let out_len = match call.coll {
-        Collective::AllReduce => len,
-        Collective::Reduce if me == root => len,
-        Collective::Broadcast => len,
-        Collective::AllGather => n * len,
-        _ => 0,
-    };
-    if out_len == 0 {
-        return Ok(());
-    }
-    // The input is no longer read (copied into `mine`), so the output view
-    // may overlap it (in place); `Memory` lets it exist only now.
-    let output = mem.output();
-    if output.len() < out_len {
-        return Err(Error::Internal(format!(
-            "fast {}: output of {} bytes, {out_len} needed",
-            call.coll,
-            output.len()
-        )));
-    }
-    let out = &mut output[..out_len];
     match call.coll {
-        Collective::AllReduce | Collective::Reduce => {
-            out.copy_from_slice(part(0));
-            for r in 1..n {
-                kernels::accumulate(call.dtype, call.op, out, part(r));
+        Collective::AllReduce | Collective::Reduce if !out.is_empty() => {
+            kernels::combine(call.dtype, call.op, out, of(0), of(1));
+            for r in 2..n {
+                kernels::accumulate(call.dtype, call.op, out, of(r));
             }
         }
-        Collective::Broadcast if me == root => out.copy_from_slice(part(me)),
-        Collective::Broadcast => out.copy_from_slice(&bytemuck::cast_slice(&got[0])[..len]),
+        Collective::Broadcast if me == root => out.copy_from_slice(mine),
+        Collective::Broadcast => out.copy_from_slice(part(0)),
         Collective::AllGather => {
-            for (r, block) in out.chunks_exact_mut(len).enumerate() {
-                block.copy_from_slice(part(r));
+            for (r, block) in out.chunks_exact_mut(mine.len().max(1)).enumerate() {
+                block.copy_from_slice(of(r));
             }
         }
         _ => {}
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -183,7 +220,18 @@ mod tests {
         assert!(eligible(Collective::AllReduce, 2, DType::F32, 2));
         assert!(eligible(Collective::Barrier, 0, DType::U8, 16));
         assert!(eligible(Collective::AllGather, 12, DType::F64, 4));
-        assert!(!eligible(Collective::AllGather, 13, DType::F64, 4));
+        // Up to one eager buffer per pair, and 48 KiB from all peers.
+        assert_eq!(max_message(2), EAGER_BYTES);
+        assert_eq!(max_message(4), EAGER_BYTES);
+        assert_eq!(max_message(8), 3 * EAGER_BYTES / 7);
+        assert_eq!(max_message(16), 3 * EAGER_BYTES / 15);
+        assert_eq!(max_message(1000), SLOT_PAYLOAD);
+        assert!(eligible(Collective::AllGather, 2048, DType::F64, 4));
+        assert!(!eligible(Collective::AllGather, 2049, DType::F64, 4));
+        assert!(eligible(Collective::Reduce, 4096, DType::F32, 2));
+        assert!(!eligible(Collective::Reduce, 4097, DType::F32, 2));
+        assert!(eligible(Collective::AllReduce, 3276, DType::U8, 16));
+        assert!(!eligible(Collective::AllReduce, 3277, DType::U8, 16));
         assert!(!eligible(Collective::AllReduce, 2, DType::F32, 1));
         assert!(!eligible(Collective::AllReduce, 2, DType::F32, 17));
         assert!(!eligible(Collective::AllToAll, 1, DType::U8, 2));

@@ -13,7 +13,8 @@
 //! written words share a line pair).
 //!
 //! ```text
-//! 0        header: magic u64 | version u32 | pid u32 | local_size u64 | ring_bytes u64
+//! 0        header: magic u64 | version u32 | pid u32 | local_size u64 | ring_bytes u64 |
+//!            eager_offset u64 (E below)
 //! B        doorbell: rings u32 (futex word) | sleepers u32
 //! 2B       notices u64: control notices peers have written into our rings
 //! 3B       mailbox 0 (tiny messages from local rank 0 to the owner)
@@ -21,14 +22,23 @@
 //!            +0   ack u64: messages consumed (written by the owner only)
 //!            +B   SLOTS slots of B bytes: stamp u64 | comm u64 | seq u64 |
 //!                 signature u64 | payload (up to 96 bytes)
-//! M        ring 0   (bytes from local rank 0 to the owner), M = 3B + local_size * (1 + SLOTS) * B
+//! E        eager buffers of local rank 0 (payloads of its fast-path messages
+//!          longer than a slot carries), E = 3B + local_size * (1 + SLOTS) * B
+//! ...      those of local rank i at E + i * EAGER_BUFFERS * EAGER_BYTES:
+//!            EAGER_BUFFERS buffers of EAGER_BYTES (4 x 16 KiB), written by
+//!            rank i only, read by the owner (protocol in `fastpath/`)
+//! M        ring 0   (bytes from local rank 0 to the owner), M = E + local_size * 64 KiB
 //! ...      ring i at M + i * (2B + ring_bytes):
 //!            +0   head u64: total bytes written (written by the sender only)
 //!            +B   tail u64: total bytes consumed (written by the receiver only)
 //!            +2B  ring_bytes of data (64-byte aligned)
 //! ```
 //!
-//! The mailboxes carry the small-collective fast path; their protocol, and
+//! The eager buffers cost 64 KiB per ordered pair of local ranks (the
+//! unused pair of a rank with itself included): 512 KiB in each segment
+//! and 4 MiB on a host of 8 ranks, beside the rings' 32 MiB budget.
+//!
+//! The mailboxes and eager buffers carry the small-collective fast path; their protocol, and
 //! the type that reads and writes them, live in `transport/fastpath/`
 //! (`mailbox.rs`), which reaches the words through `Segment`'s accessors.
 //!
@@ -127,7 +137,9 @@ pub(crate) use futex::futex_wait;
 pub(crate) use node::ShmNode;
 pub(crate) use process::cma_read;
 use segment::{context, validate_job, NAME_PREFIX, SHM_DIR};
-pub(crate) use segment::{Segment, BLOCK, NOTICES, SLOTS, SLOT_HEADER, SLOT_PAYLOAD};
+pub(crate) use segment::{
+    Segment, BLOCK, EAGER_BUFFERS, EAGER_BYTES, NOTICES, SLOTS, SLOT_HEADER, SLOT_PAYLOAD,
+};
 // Only the tests outside this module (the mailboxes') make segments of their own.
 #[cfg(test)]
 pub(crate) use segment::MIN_RING_BYTES;

@@ -219,7 +219,11 @@ impl ShmNode {
         }
         let their_size = seg.u64_at(HDR_LOCAL_SIZE).load(Ordering::Relaxed);
         let their_ring = seg.u64_at(HDR_RING_BYTES).load(Ordering::Relaxed);
-        if their_size != local_size as u64 || their_ring != ring_bytes as u64 {
+        let their_eager = seg.u64_at(HDR_EAGER_OFFSET).load(Ordering::Relaxed);
+        if their_size != local_size as u64
+            || their_ring != ring_bytes as u64
+            || their_eager != seg.eager_offset(0) as u64
+        {
             return Err(invalid_data(format!(
                 "{} has {their_size} rings of {their_ring} bytes, expected {local_size} of {ring_bytes}",
                 what()
@@ -247,6 +251,11 @@ impl ShmNode {
             Advice::PopulateWrite,
             seg.mailbox_offset(self.local_rank),
             MAILBOX_BYTES,
+        );
+        let _ = seg.map.advise_range(
+            Advice::PopulateWrite,
+            seg.eager_offset(self.local_rank),
+            EAGER_PAIR_BYTES,
         );
         self.peers[local_peer] = Some(Arc::new(seg));
         Ok(())

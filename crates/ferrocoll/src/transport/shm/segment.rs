@@ -20,7 +20,7 @@ pub(super) const NAME_PREFIX: &str = "ferrocoll-";
 /// First word of every segment header.
 pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"FERROSHM");
 /// Layout version, bumped on any change to the segment layout.
-pub(super) const VERSION: u32 = 2;
+pub(super) const VERSION: u32 = 3;
 /// Spacing of independently written words: two cache lines.
 pub(crate) const BLOCK: usize = 128;
 
@@ -34,8 +34,10 @@ pub(super) const HDR_PID: usize = 12;
 pub(super) const HDR_LOCAL_SIZE: usize = 16;
 /// Header: bytes of data per ring (u64).
 pub(super) const HDR_RING_BYTES: usize = 24;
+/// Header: offset of the eager buffers (u64, see [`Segment::eager_offset`]).
+pub(super) const HDR_EAGER_OFFSET: usize = 32;
 /// Header length as read back by a stale-file check.
-pub(super) const HDR_LEN: usize = 32;
+pub(super) const HDR_LEN: usize = 40;
 /// Doorbell: the futex word counting rings (u32).
 pub(super) const BELL_RINGS: usize = BLOCK;
 /// Doorbell: number of threads inside [`Doorbell::wait`](crate::transport::channel::Doorbell::wait) (u32).
@@ -55,6 +57,17 @@ pub(super) const MAILBOX_BYTES: usize = (1 + SLOTS) * BLOCK;
 pub(crate) const SLOT_HEADER: usize = 32;
 /// Most payload bytes one slot carries.
 pub(crate) const SLOT_PAYLOAD: usize = BLOCK - SLOT_HEADER;
+/// Eager buffers per ordered pair of local ranks: a fast-path message
+/// longer than a slot's payload carries its payload in buffer
+/// `stamp % EAGER_BUFFERS` of its pair. At most [`SLOTS`], so that the
+/// slots' flow control (`ack`) covers the buffers too (see `fastpath`).
+pub(crate) const EAGER_BUFFERS: usize = 4;
+/// Bytes of one eager buffer: the most payload one fast-path message
+/// carries.
+pub(crate) const EAGER_BYTES: usize = 16 << 10;
+/// Bytes of the eager buffers of one sender in a receiver's segment.
+pub(super) const EAGER_PAIR_BYTES: usize = EAGER_BUFFERS * EAGER_BYTES;
+const _: () = assert!(EAGER_BUFFERS <= SLOTS && EAGER_BYTES % BLOCK == 0);
 /// Ring: `head` offset within the ring.
 pub(super) const RING_HEAD: usize = 0;
 /// Ring: `tail` offset within the ring.
@@ -97,11 +110,19 @@ pub(super) fn validate_job(job: &str) -> io::Result<()> {
     }
 }
 
-/// Offset of ring 0 in a segment of `local_size` mailboxes.
-pub(super) fn rings_start(local_size: usize) -> Option<usize> {
+/// Offset of the eager buffers in a segment of `local_size` mailboxes:
+/// right after the mailboxes (a multiple of [`BLOCK`]).
+pub(super) fn eager_start(local_size: usize) -> Option<usize> {
     MAILBOX_BYTES
         .checked_mul(local_size)?
         .checked_add(MAILBOXES_START)
+}
+
+/// Offset of ring 0 in a segment of `local_size` mailboxes.
+pub(super) fn rings_start(local_size: usize) -> Option<usize> {
+    EAGER_PAIR_BYTES
+        .checked_mul(local_size)?
+        .checked_add(eager_start(local_size)?)
 }
 
 /// Segment length for `local_size` mailboxes and rings of `ring_bytes`, if
@@ -158,7 +179,15 @@ impl Segment {
     /// Offset of ring `i` (bytes from local rank `i`).
     pub(super) fn ring_offset(&self, i: usize) -> usize {
         assert!(i < self.local_size);
-        MAILBOXES_START + self.local_size * MAILBOX_BYTES + i * (RING_DATA + self.ring_bytes)
+        rings_start(self.local_size).expect("the segment's geometry fits")
+            + i * (RING_DATA + self.ring_bytes)
+    }
+
+    /// Offset of the first of the [`EAGER_BUFFERS`] eager buffers that
+    /// local rank `i` writes into (payloads of its fast-path messages).
+    pub(crate) fn eager_offset(&self, i: usize) -> usize {
+        assert!(i < self.local_size);
+        eager_start(self.local_size).expect("the segment's geometry fits") + i * EAGER_PAIR_BYTES
     }
 
     /// Offset of mailbox `i` (tiny messages from local rank `i`).
@@ -216,6 +245,8 @@ impl Segment {
             .store(self.local_size as u64, Ordering::Relaxed);
         self.u64_at(HDR_RING_BYTES)
             .store(self.ring_bytes as u64, Ordering::Relaxed);
+        self.u64_at(HDR_EAGER_OFFSET)
+            .store(self.eager_offset(0) as u64, Ordering::Relaxed);
         self.u64_at(HDR_MAGIC).store(MAGIC, Ordering::Release);
     }
 }

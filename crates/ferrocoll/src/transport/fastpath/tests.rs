@@ -1,0 +1,194 @@
+//! The fast path end to end: ranks as threads over shared memory (each
+//! with its own segment and engine, as processes would have), every
+//! collective it has against a naive reference at the size boundaries of
+//! the eager buffers, several calls in flight, two communicators at once.
+
+use std::thread;
+
+use super::small::max_message;
+use super::{all_bits, bits};
+use crate::launch::init::tests::world;
+use crate::transport::shm::SLOT_PAYLOAD;
+use crate::{bf16, f16, Collective, Communicator, DType, Element, ReduceOp, TransportKind};
+
+/// Element types built from small integers (exact in every type).
+trait Small: Element + Copy {
+    fn of(v: u32) -> Self;
+}
+macro_rules! small {
+    ($($t:ty => $e:expr),* $(,)?) => {$(
+        impl Small for $t {
+            fn of(v: u32) -> Self {
+                let f: fn(u32) -> $t = $e;
+                f(v)
+            }
+        }
+    )*};
+}
+small!(
+    f32 => |v| v as f32, f64 => |v| v as f64, f16 => |v| f16::from_f32(v as f32),
+    bf16 => |v| bf16::from_f32(v as f32), i8 => |v| v as i8, i32 => |v| v as i32,
+    i64 => |v| v as i64, u8 => |v| v as u8, u32 => |v| v, u64 => |v| v as u64,
+);
+
+/// Rank `r`'s element `i`: 1..=3, so that sums of 8 ranks fit every type.
+fn value(r: usize, i: usize) -> u32 {
+    ((r * 5 + i * 3) % 3 + 1) as u32
+}
+
+/// The counts of `T` to try among `n` ranks: empty, uneven, both sides of
+/// a slot's payload, 97 bytes, and the last count on the fast path and the
+/// first past it (which must take the plans).
+fn counts(n: usize, size: usize) -> Vec<(usize, bool)> {
+    let max = max_message(n) / size;
+    let mut c = vec![
+        (0, true),
+        (3, true),
+        (SLOT_PAYLOAD / size, true),
+        (97usize.div_ceil(size), true),
+        (max, true),
+        (max + 1, false),
+    ];
+    c.dedup();
+    c
+}
+
+/// Every fast collective of `T` on `comm` at [`counts`], checked against
+/// a reference computed here, and that each size takes the path it should.
+fn collectives_of<T: Small>(comm: &Communicator) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let name = T::DTYPE;
+    for (count, fast) in counts(n, T::DTYPE.size()) {
+        for coll in [
+            Collective::AllReduce,
+            Collective::Reduce,
+            Collective::Broadcast,
+            Collective::AllGather,
+        ] {
+            assert_eq!(
+                comm.uses_fast_path(coll, count, T::DTYPE),
+                fast && n > 1,
+                "{coll} {name} count {count} on {n} ranks: fast path?"
+            );
+        }
+        let mine: Vec<T> = (0..count).map(|i| T::of(value(rank, i))).collect();
+        let column = |i: usize| (0..n).map(move |r| value(r, i));
+        for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+            let want: Vec<T> = (0..count)
+                .map(|i| {
+                    T::of(match op {
+                        ReduceOp::Sum => column(i).sum(),
+                        ReduceOp::Min => column(i).min().unwrap(),
+                        _ => column(i).max().unwrap(),
+                    })
+                })
+                .collect();
+            let what = format!("{name} {op:?} count {count} n {n} rank {rank}");
+            let mut out = vec![T::of(0); count];
+            comm.all_reduce(&mine, &mut out, op).unwrap();
+            assert_eq!(out, want, "allreduce {what}");
+            let mut buf = mine.clone();
+            comm.all_reduce_in_place(&mut buf, op).unwrap();
+            assert_eq!(buf, want, "allreduce in place {what}");
+            let root = (count + op as usize) % n;
+            let mut out = vec![T::of(0); if rank == root { count } else { 0 }];
+            comm.reduce(&mine, &mut out, op, root).unwrap();
+            if rank == root {
+                assert_eq!(out, want, "reduce to {root} {what}");
+            }
+            let mut buf = mine.clone();
+            comm.reduce_in_place(&mut buf, op, root).unwrap();
+            if rank == root {
+                assert_eq!(buf, want, "reduce in place to {root} {what}");
+            }
+        }
+        let root = count % n;
+        let theirs: Vec<T> = (0..count).map(|i| T::of(value(root + 1, i))).collect();
+        let mut buf = if rank == root {
+            theirs.clone()
+        } else {
+            vec![T::of(0); count]
+        };
+        comm.broadcast_in_place(&mut buf, root).unwrap();
+        assert_eq!(buf, theirs, "bcast {name} count {count} root {root}");
+        let block = |r: usize| (0..count).map(move |i| T::of(value(r, i + 1)));
+        let want: Vec<T> = (0..n).flat_map(block).collect();
+        let mut out = vec![T::of(0); n * count];
+        comm.all_gather(&block(rank).collect::<Vec<_>>(), &mut out)
+            .unwrap();
+        assert_eq!(out, want, "allgather {name} count {count}");
+        let mut buf = vec![T::of(0); n * count];
+        buf[rank * count..(rank + 1) * count].copy_from_slice(&block(rank).collect::<Vec<_>>());
+        comm.all_gather_in_place(&mut buf).unwrap();
+        assert_eq!(buf, want, "allgather in place {name} count {count}");
+        comm.barrier().unwrap();
+    }
+}
+
+#[test]
+fn fast_calls_at_every_eager_boundary_on_1_to_8_ranks() {
+    for n in 1..=8 {
+        world(n, TransportKind::Shm, |comm| {
+            collectives_of::<f32>(&comm);
+            collectives_of::<f64>(&comm);
+            collectives_of::<f16>(&comm);
+            collectives_of::<bf16>(&comm);
+            collectives_of::<i8>(&comm);
+            collectives_of::<i32>(&comm);
+            collectives_of::<i64>(&comm);
+            collectives_of::<u8>(&comm);
+            collectives_of::<u32>(&comm);
+            collectives_of::<u64>(&comm);
+        });
+    }
+}
+
+#[test]
+fn eager_calls_in_flight_and_on_two_communicators_at_once() {
+    for n in [2, 3, 4] {
+        world(n, TransportKind::Shm, |comm| {
+            let (rank, size) = (comm.rank(), comm.size());
+            let len = max_message(size) / 4;
+            assert!(comm.uses_fast_path(Collective::AllReduce, len, DType::F32));
+            // Non-blocking calls larger than a slot, several in flight (more
+            // than there are eager buffers per pair), waited in reverse.
+            let reqs: Vec<_> = (0..6)
+                .map(|k| comm.iall_reduce(vec![(rank + k) as f32; len], ReduceOp::Sum))
+                .collect();
+            let mut v = vec![rank as u32 + 1; len / 2];
+            comm.all_reduce_in_place(&mut v, ReduceOp::Max).unwrap();
+            assert!(v.iter().all(|x| *x == size as u32));
+            for (k, r) in reqs.into_iter().enumerate().rev() {
+                let want = (0..size).map(|r| (r + k) as f32).sum::<f32>();
+                assert!(r.wait().unwrap().iter().all(|x| *x == want), "request {k}");
+            }
+            // Two communicators, two threads, eager calls on both (each
+            // rank's threads read each other's messages out of order).
+            let twin = comm.split(Some(0), 0).unwrap().unwrap();
+            let other = thread::spawn(move || {
+                for i in 0..100u64 {
+                    let mut v = vec![i + twin.rank() as u64; 500];
+                    twin.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                    let m = twin.size() as u64;
+                    assert!(v.iter().all(|x| *x == i * m + m * (m - 1) / 2), "twin {i}");
+                }
+            });
+            for i in 0..100u64 {
+                let mut v = vec![i; 700];
+                comm.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                assert!(v.iter().all(|x| *x == i * size as u64), "world {i}");
+                let mut b = vec![rank as u64; 300];
+                comm.broadcast_in_place(&mut b, i as usize % size).unwrap();
+                assert!(b.iter().all(|x| *x == i % size as u64), "bcast {i}");
+            }
+            other.join().unwrap();
+        });
+    }
+}
+
+#[test]
+fn bit_iteration() {
+    assert_eq!(bits(0b1011).collect::<Vec<_>>(), vec![0, 1, 3]);
+    assert_eq!(all_bits(3), 0b111);
+    assert_eq!(bits(all_bits(0)).count(), 0);
+}
