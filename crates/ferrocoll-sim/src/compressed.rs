@@ -151,17 +151,13 @@ pub fn cost_profile(topo: &TopologySpec, gamma: f64) -> Profile {
         overhead: 0.0,
     };
     let (intra, inter) = topo.cost_links();
+    // Everything else off: the simulator's links are per rank (its own
+    // model of sharing), every simulated rank has a core of its own, no
+    // cache regime.
     Profile {
         intra: link(intra),
         inter: link(inter),
-        gamma,
-        copy: 0.0,
-        cache_bytes: 0.0,
-        beta_mem: 0.0,
-        // The simulator's links are per rank (its own model of sharing).
-        inter_ports: 0.0,
-        // Every simulated rank has a core of its own.
-        cores: 0.0,
+        ..Profile::uniform(0.0, 1.0, gamma)
     }
 }
 

@@ -58,25 +58,13 @@ impl Core {
             .map(|r| r.peer)
             .collect();
         peers.dedup();
-        let frame = Frame {
-            kind: FrameKind::Probe,
-            header,
-            len: 0,
-            addr: 0,
-            region: 0,
-        }
-        .encode();
-        for p in peers {
-            if self.peers[p].lost.is_none() && self.peers[p].connected {
-                push_between_frames(&mut self.peers[p].sendq, &frame);
-            }
-        }
+        self.probe_bypass(&header, &peers);
     }
 
-    /// A bypass call `header` has waited long: sends the probe an engine
-    /// call would ([`Core::probe`]) to each of `peers` it still waits on,
-    /// so that a mismatch no message reveals (both sides only receive) is
-    /// found on the bypass too.
+    /// A call `header` (an engine call's, [`Core::probe`], or a bypass
+    /// call's, which the engine does not run) has waited long: sends a
+    /// probe with its header to each of `peers` it still waits on, so that
+    /// a mismatch no message reveals (both sides only receive) is found.
     pub(super) fn probe_bypass(&mut self, header: &Header, peers: &[usize]) {
         let frame = Frame {
             kind: FrameKind::Probe,
