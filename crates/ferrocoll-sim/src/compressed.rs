@@ -310,9 +310,10 @@ fn run_exchange(
             ranks: g,
         })
         .collect();
-    estimate::check(
+    estimate::check_unaggregated(
         &estimate::estimate_groups(&engine_groups, ex.elem_size, net, mode, opts)?,
         opts,
+        "a compressed exchange runs rank by rank",
     )?;
     let traces = engine::run_groups(&engine_groups, ex.elem_size, net, mode, opts)?;
     let mut ran = Ran {

@@ -311,6 +311,15 @@ pub fn check(est: &Estimate, opts: &SimOptions) -> Result<(), String> {
     )
 }
 
+/// [`check`] for a run that has no aggregated mode (plans built elsewhere,
+/// such as the MoE schedules' uneven all-to-all-v, or the compressed
+/// exchanges, which run rank by rank): the way out is fewer ranks.
+pub fn check_unaggregated(est: &Estimate, opts: &SimOptions, why: &str) -> Result<(), String> {
+    let what = format!("a full run of {} ranks", est.footprint.ranks);
+    let instead = format!("use fewer ranks ({why}, so it has no aggregated mode)");
+    refuse(est, opts, &what, &instead)
+}
+
 /// [`check`] for the quotient run of the aggregated mode, whose `ranks`
 /// representatives stand for `of` ranks: what it could do instead is only
 /// fewer ranks (a quotient of a symmetric run is small; one of a large

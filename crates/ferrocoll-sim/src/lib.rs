@@ -285,9 +285,10 @@ pub fn simulate_plans(
         ranks: &ranks,
     }];
     let net = Network::new(topo);
-    estimate::check(
+    estimate::check_unaggregated(
         &estimate::estimate_groups(&groups, elem_size, &net, mode, opts)?,
         opts,
+        "these plans were built outside the catalog, with no symmetry known to the simulator",
     )?;
     let trace = engine::run_groups(&groups, elem_size, &net, mode, opts)?.remove(0);
     Ok(summarize(coll, n, bytes, &net, &trace))

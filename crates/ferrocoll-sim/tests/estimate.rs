@@ -186,3 +186,31 @@ fn the_aggregated_mode_sizes_its_quotient_too() {
         assert!(run(Some(1 << 30), bytes).is_ok());
     }
 }
+
+#[test]
+fn plans_built_elsewhere_are_refused_without_suggesting_the_aggregated_mode() {
+    // `simulate_plans` (the MoE schedules' path) has no aggregated mode:
+    // its refusal must not send the user to a flag it does not take.
+    let t = TopologySpec::parse("switch:ranks=64,bw=50GB/s,lat=2us").unwrap();
+    let plans = build_plans(Collective::AllReduce, Algorithm::Ring, 64, 4 << 20, &t).unwrap();
+    let build = |r: usize| Ok(plans[r].clone());
+    let opts = SimOptions {
+        memory_limit: Some(1 << 20),
+        ..SimOptions::default()
+    };
+    let run = |opts: &SimOptions| {
+        ferrocoll_sim::simulate_plans(
+            &build,
+            4,
+            (Collective::AllReduce, 16 << 20),
+            &t,
+            Mode::Contention,
+            opts,
+        )
+    };
+    let e = run(&opts).unwrap_err();
+    assert!(e.contains("would need about"), "{e}");
+    assert!(e.contains("use fewer ranks"), "{e}");
+    assert!(!e.contains("--aggregate"), "{e}");
+    assert!(run(&SimOptions::default()).is_ok());
+}
