@@ -11,7 +11,10 @@
   ``examples/latency`` from ``cargo build --release``) the Rust API: the
   Python layers' overhead per call.
 * ``ddp`` (``--ddp``): the step time of DDP on a model of ~25 M float32
-  parameters (a stack of Linear layers), ferrocoll against gloo.
+  parameters (a stack of Linear layers), ferrocoll against gloo, next to
+  what bounds it: the same step without DDP, DDP with a hook that
+  communicates nothing, and DDP's bucket allreduces alone
+  (``--ddp-bucket-view`` also times ``gradient_as_bucket_view=True``).
 
 Ranks are processes started here with torchrun's variables. Prints markdown
 tables; ``--json PATH`` also writes every number.
@@ -117,6 +120,10 @@ def _worker(mode: str, backend: str, sizes: List[int], out_path: str) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         batch = sizes[0] if sizes else 8
+        # DDP(gradient_as_bucket_view=True): gradients live in the buckets,
+        # which saves DDP's two copies per step (a user's choice, not the
+        # backend's; both backends are timed alike).
+        bucket_view = len(sizes) > 1 and bool(sizes[1])
         width = 2048
 
         def make() -> Any:
@@ -152,18 +159,36 @@ def _worker(mode: str, backend: str, sizes: List[int], out_path: str) -> None:
         # DDP whose comm hook returns at once (no communication): DDP's own
         # floor (bucket copies, hooks) with any backend.
         # (Unannotated: DDP checks a hook's annotations against its own types.)
+        bucket_bytes: Dict[int, int] = {}
+
         def no_comm(state, bucket):  # type: ignore[no-untyped-def]
+            # The buckets DDP communicates, by index (the last step's layout).
+            bucket_bytes[bucket.index()] = bucket.buffer().numel() * 4
             fut: Any = torch.futures.Future()
             fut.set_result(bucket.buffer())
             return fut
 
-        quiet = DDP(make())
+        quiet = DDP(make(), gradient_as_bucket_view=bucket_view)
         quiet.register_comm_hook(None, no_comm)
         results["ddp_no_comm"] = time_steps(quiet)
-        model = DDP(make())
+        model = DDP(make(), gradient_as_bucket_view=bucket_view)
         results["params"] = sum(p.numel() for p in model.parameters())
         results["step"] = time_steps(model)
         results["batch"] = batch
+        results["bucket_view"] = bucket_view
+
+        # The same buckets' allreduces alone, issued asynchronously in DDP's
+        # order and waited for together, with nothing computing: the CPU time
+        # the communication itself takes on these cores.
+        buffers = [torch.ones(bucket_bytes[i] // 4) for i in sorted(bucket_bytes)]
+
+        def comm_only() -> None:
+            works = [dist.all_reduce(b, async_op=True) for b in buffers]
+            for w in works:
+                w.wait()
+
+        results["buckets"] = [bucket_bytes[i] for i in sorted(bucket_bytes)]
+        results["comm_only"] = _timed(comm_only, barrier, min_time=0.1, reps=9)
     if r == 0:
         with open(out_path, "w") as f:
             json.dump(results, f)
@@ -224,6 +249,50 @@ def _launch(n: int, mode: str, backend: str, sizes: List[int]) -> Dict[str, Any]
             return json.load(f)
 
 
+def _ddp_report(everything: Dict[str, Any], n: int, batch: int, view: int, repeat: int) -> None:
+    """Times one DDP configuration on both backends and prints the comparison.
+
+    The backends take turns ``repeat`` times and each keeps its fastest run
+    (by step time), so a machine whose speed drifts reaches both alike.
+    """
+    runs: Dict[str, List[Dict[str, Any]]] = {"ferrocoll": [], "gloo": []}
+    for _ in range(repeat):
+        for backend in runs:
+            runs[backend].append(_launch(n, "ddp", backend, [batch, view]))
+    d_f = min(runs["ferrocoll"], key=lambda d: d["step"])
+    d_g = min(runs["gloo"], key=lambda d: d["step"])
+    everything[f"ddp/{batch}/{'view' if view else 'copy'}"] = runs
+    kind = "gradient_as_bucket_view=True" if view else "DDP's defaults"
+    print(
+        f"\n## DDP step, {d_f['params'] / 1e6:.1f} M float32 parameters (6 Linear 2048x2048), "
+        f"batch {batch}, 2 processes, {kind}\n"
+    )
+    step_f, step_g = d_f["step"], d_g["step"]
+    floor = d_f["ddp_no_comm"]
+    # With every core computing, a copy-based transport's communication
+    # cannot hide (its bytes are moved by those cores): the step is at least
+    # DDP's floor plus the communication's own time.
+    bound = floor + d_f["comm_only"]
+    mib = ", ".join(f"{b / (1 << 20):.1f}" for b in d_f["buckets"])
+    print("| | ferrocoll | gloo |")
+    print("|---|---:|---:|")
+    print(f"| step (ms) | {step_f * 1e3:.1f} | {step_g * 1e3:.1f} |")
+    print(f"| compute only, no DDP (ms) | {d_f['compute'] * 1e3:.1f} | {d_g['compute'] * 1e3:.1f} |")
+    print(f"| DDP, hook communicating nothing (ms) | {floor * 1e3:.1f} | {d_g['ddp_no_comm'] * 1e3:.1f} |")
+    print(
+        f"| the buckets' allreduces alone (ms) | {d_f['comm_only'] * 1e3:.1f} | "
+        f"{d_g['comm_only'] * 1e3:.1f} |"
+    )
+    steps = lambda b: ", ".join(f"{d['step'] * 1e3:.1f}" for d in runs[b])  # noqa: E731
+    print(f"\nstep times of the {repeat} runs (ms): ferrocoll {steps('ferrocoll')}; gloo {steps('gloo')}")
+    print(
+        f"buckets (MiB): {mib}; ferrocoll / gloo step time {step_f / step_g:.2f}x; DDP's "
+        f"floor alone {floor / step_g:.2f}x gloo; floor + ferrocoll's allreduces alone "
+        f"{bound * 1e3:.1f} ms = {bound / step_g:.2f}x gloo (the best a backend whose bytes "
+        f"are moved by the computing cores reaches)"
+    )
+
+
 def _rust_latency(rust: str, n: int) -> Optional[float]:
     """Median per-call time of the Rust API (examples/latency), seconds."""
     exe, example = os.path.join(rust, "ferrocoll"), os.path.join(rust, "examples", "latency")
@@ -255,6 +324,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--ddp", action="store_true", help="also time a DDP step (~25 M parameters)")
     p.add_argument("--only", help="run only these parts: sweep,latency,ddp (comma-separated)")
     p.add_argument("--ddp-batch", default="8", help="DDP step batch sizes, comma-separated (8)")
+    p.add_argument(
+        "--ddp-bucket-view",
+        action="store_true",
+        help="also time DDP(gradient_as_bucket_view=True), for both backends",
+    )
+    p.add_argument("--ddp-repeat", type=int, default=2, help="DDP runs per backend, taking turns (2)")
     p.add_argument("--rust", help="directory with ferrocoll and examples/latency (target/release)")
     p.add_argument("--json", help="write every number here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -323,21 +398,10 @@ def main(argv: Optional[List[str]] = None) -> None:
                     f"torch backend {(lat_f['torch'] - rust) * 1e6:.2f} us per call"
                 )
         if a.ddp and n == 2:
+            views = [0, 1] if a.ddp_bucket_view else [0]
             for batch in [int(b) for b in a.ddp_batch.split(",")]:
-                d_f = _launch(n, "ddp", "ferrocoll", [batch])
-                d_g = _launch(n, "ddp", "gloo", [batch])
-                everything[f"ddp/{batch}"] = {"ferrocoll": d_f, "gloo": d_g}
-                print(
-                    f"\n## DDP step, {d_f['params'] / 1e6:.1f} M float32 parameters (6 Linear 2048x2048), "
-                    f"batch {batch}, 2 processes\n"
-                )
-                print(
-                    f"ferrocoll {d_f['step'] * 1e3:.1f} ms, gloo {d_g['step'] * 1e3:.1f} ms: "
-                    f"{d_f['step'] / d_g['step']:.2f}x gloo's step time; the same step without DDP "
-                    f"(compute only) {d_f['compute'] * 1e3:.1f} ms; DDP with a comm hook that "
-                    f"communicates nothing {d_f['ddp_no_comm'] * 1e3:.1f} ms (the best any backend "
-                    f"could do: {d_f['ddp_no_comm'] / d_g['step']:.2f}x gloo)"
-                )
+                for view in views:
+                    _ddp_report(everything, n, batch, view, a.ddp_repeat)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(everything, f, indent=1)
