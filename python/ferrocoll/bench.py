@@ -146,7 +146,7 @@ def _worker(mode: str, backend: str, sizes: List[int], out_path: str) -> None:
             for _ in range(3):
                 step()
             times = []
-            for _ in range(10):
+            for _ in range(20):
                 barrier()
                 t0 = time.perf_counter()
                 step()
