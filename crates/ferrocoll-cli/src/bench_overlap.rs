@@ -30,8 +30,21 @@
 //! message, gamma per reduced byte, the copies; on one host all of it, as
 //! the bytes themselves are copied by the ranks' CPUs). When this host's ranks
 //! have no spare core for their progress workers (ranks per host >= cores),
-//! that CPU part cannot run beside the computation: it is added to it. The
-//! predicted efficiency is computed like the measured one.
+//! that CPU part cannot run beside the computation: it is added to it. Over
+//! TCP most of the communication's CPU time is the kernel's per-byte send
+//! and receive path, which LogGP's o per message does not count; the
+//! communication-only steps measure it (getrusage of the process), and the
+//! prediction charges per bucket the larger of the model's CPU part and the
+//! measured one's share. The predicted efficiency is computed like the
+//! measured one. Before the table, a line says what the model alone makes
+//! of the step: how much of the communication is CPU work and whether a
+//! core is free for it (on one host with a rank per core: none can hide).
+//!
+//! The computation is one non-inlined function wherever it runs (the
+//! calibration and each way): inlined into each place, the same loop was
+//! compiled into code of different speeds (up to 1.75x apart), so the ways
+//! computed at different rates and a step took 0.57-1.9x the time asked.
+//! `--trace` prints every step of every way on every rank.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -98,6 +111,11 @@ pub struct OverlapArgs {
     /// One JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also print every step of every way on every rank (stderr): when it
+    /// started (wall clock, so ranks on one machine compare), its
+    /// computation and its total.
+    #[arg(long)]
+    trace: bool,
 }
 
 /// Runs `ferrocoll bench ...`.
@@ -160,17 +178,24 @@ struct Kernel {
 }
 
 impl Kernel {
-    fn new() -> Kernel {
+    /// Times the kernel on every rank at once (`comm`'s barrier first):
+    /// with more ranks than cores a rank computes at its share of a core, as
+    /// it will during the steps. The timings are the median of 11 of ~5 ms
+    /// each (about 60 ms in all): a calibration of a few hundred
+    /// microseconds, taken while the other ranks were still filling their
+    /// gradient buffers, caught whatever the cores did in that instant and
+    /// left the steps 0.5-1.9x the time asked.
+    fn new(comm: &Communicator) -> Result<Kernel, CliError> {
         let mut k = Kernel {
             buf: vec![1.0; 4096],
             passes_per_sec: 1.0,
         };
-        k.passes(100);
-        // The median of 11 timings of ~5 ms each, taken while every rank
-        // does the same: with more ranks than cores a rank computes at its
-        // share of a core, as it will during the steps (the fastest timing
-        // would catch a moment with a core to itself).
-        let batch = 500;
+        comm.barrier()?;
+        // Warm-up, and a first rate to size the batches by.
+        let t = Instant::now();
+        k.passes(1000);
+        let rough = 1000.0 / t.elapsed().as_secs_f64().max(1e-9);
+        let batch = ((rough * 0.005) as usize).max(100);
         let mut rates = Vec::new();
         for _ in 0..11 {
             let t = Instant::now();
@@ -179,9 +204,12 @@ impl Kernel {
         }
         rates.sort_by(f64::total_cmp);
         k.passes_per_sec = rates[rates.len() / 2];
-        k
+        Ok(k)
     }
 
+    // Not inlined: one compiled loop for the calibration and every way (see
+    // the module documentation).
+    #[inline(never)]
     fn passes(&mut self, n: usize) {
         for _ in 0..n {
             for x in self.buf.iter_mut() {
@@ -210,18 +238,63 @@ fn efficiency(t: &Times) -> f64 {
     (t.sequential - t.overlapped) / t.compute.min(t.comm).max(1e-12)
 }
 
-/// One run of `step` on every rank: the slowest rank's time.
+/// One step of one way on one rank: which way, when it started (wall
+/// clock, seconds, for `--trace`: ranks on one machine compare), when its
+/// computation ended and when it ended (seconds from its start), and the
+/// CPU time this rank's process used meanwhile (all its threads: the
+/// progress worker's and the kernel's work in its system calls included).
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    way: usize,
+    start: f64,
+    compute: f64,
+    total: f64,
+    cpu: f64,
+}
+
+/// User plus system CPU seconds of this process so far.
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes the struct it is given and nothing else.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(u.ru_utime) + secs(u.ru_stime)
+}
+
+fn wall_clock() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One run of `step` on every rank: the slowest rank's time, and this
+/// rank's sample. `step` returns the seconds its computation took.
 fn timed_step(
     comm: &Communicator,
-    step: impl FnOnce() -> Result<(), CliError>,
-) -> Result<f64, CliError> {
+    way: usize,
+    step: impl FnOnce(Instant) -> Result<f64, CliError>,
+) -> Result<(f64, Sample), CliError> {
     comm.barrier()?;
+    let start = wall_clock();
+    let cpu0 = cpu_seconds();
     let t = Instant::now();
-    step()?;
+    let compute = step(t)?;
     let mine = [t.elapsed().as_secs_f64()];
+    let cpu = cpu_seconds() - cpu0;
     let mut slowest = [0.0f64];
     comm.all_reduce(&mine, &mut slowest, ReduceOp::Max)?;
-    Ok(slowest[0])
+    Ok((
+        slowest[0],
+        Sample {
+            way,
+            start,
+            compute,
+            total: mine[0],
+            cpu,
+        },
+    ))
 }
 
 /// What one rank measures and predicts.
@@ -240,6 +313,32 @@ struct Report {
     /// Whether the model adds the communication's CPU part to the
     /// computation (no spare core for the progress workers).
     cpu_contended: bool,
+    /// The computation asked for per step (seconds), against which the
+    /// measured one can be read.
+    compute_asked: f64,
+    /// CPUs this rank may run on, and ranks on its host.
+    cores: usize,
+    ranks_per_host: usize,
+    /// All ranks on one host: the transfer is a copy by the ranks' CPUs.
+    single_host: bool,
+    /// The calibrated profile's LogGP o (seconds per message sent or
+    /// received) and the messages of one step on the busiest rank.
+    loggp_o: f64,
+    messages: f64,
+    /// The model's CPU part of one step's communication (o per message,
+    /// gamma, copies; on one host all of it), seconds: said before any
+    /// step is run.
+    model_comm_cpu: f64,
+    /// The share of the communication the model says can hide, from the
+    /// profile alone: 1 - CPU part / total where the host has no spare
+    /// core, else 1.
+    model_hideable_fraction: f64,
+    /// CPU seconds of the communication-only steps on the busiest rank
+    /// (median; getrusage of the whole process).
+    measured_comm_cpu: f64,
+    /// What the prediction charges to the computation: per bucket, the
+    /// larger of the model's CPU part and the measured CPU time's share.
+    charged_comm_cpu: f64,
 }
 
 fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, CliError> {
@@ -266,46 +365,64 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
         .map(|&s| vec![comm.rank() as f32 + 1.0; s])
         .collect();
     let mut out: Vec<Vec<f32>> = sizes.iter().map(|&s| vec![0.0; s]).collect();
-    let mut kernel = Kernel::new();
     let mut bucketer = GradientBucketer::new(comm, &sizes, cap);
+    let mut kernel = Kernel::new(comm)?;
     let steps = args.steps.max(1);
 
     // One step of way `w`: 0 compute, 1 comm, 2 sequential, 3 overlapped.
-    let mut step = |w: usize| -> Result<(), CliError> {
+    let mut step = |w: usize, t0: Instant| -> Result<f64, CliError> {
         let layers = (0..sizes.len()).rev();
-        match w {
-            0 => layers.for_each(|i| kernel.compute(share[i])),
+        let computed = match w {
+            0 => {
+                layers.for_each(|i| kernel.compute(share[i]));
+                t0.elapsed()
+            }
             1 => {
                 for i in layers {
                     bucketer.ready(i, &grads[i])?;
                 }
+                std::time::Duration::ZERO
             }
             2 => {
                 layers.clone().for_each(|i| kernel.compute(share[i]));
+                let c = t0.elapsed();
                 for i in layers {
                     bucketer.ready(i, &grads[i])?;
                 }
+                c
             }
             _ => {
                 for i in layers {
                     kernel.compute(share[i]);
                     bucketer.ready(i, &grads[i])?;
                 }
+                t0.elapsed()
             }
-        }
+        };
         if w > 0 {
             let mut views: Vec<&mut [f32]> = out.iter_mut().map(|v| v.as_mut_slice()).collect();
             bucketer.finish(&mut views)?;
         }
-        Ok(())
+        Ok(computed.as_secs_f64())
     };
     // The ways take turns, step by step, so that a change of the machine's
-    // speed (other load, clock) reaches all four alike.
+    // speed (other load, clock) reaches all four alike; and each round
+    // starts one way later than the last, so that no way always comes
+    // right after the same other one (a way that always followed the
+    // communication-only step measured differently from one that always
+    // followed a computing one).
     let mut times: [Vec<f64>; 4] = Default::default();
-    for _ in 0..steps {
-        for (w, t) in times.iter_mut().enumerate() {
-            t.push(timed_step(comm, || step(w))?);
+    let mut samples: Vec<Sample> = Vec::new();
+    for round in 0..steps {
+        for j in 0..4 {
+            let w = (round + j) % 4;
+            let (slowest, sample) = timed_step(comm, w, |t0| step(w, t0))?;
+            times[w].push(slowest);
+            samples.push(sample);
         }
+    }
+    if args.trace {
+        trace(comm, &samples, kernel.passes_per_sec)?;
     }
     let [compute, comm_only, sequential, overlapped] = times.map(|mut t| {
         t.sort_by(f64::total_cmp);
@@ -347,14 +464,20 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
         t += share[i] * scale;
         ready_at[i] = t;
     }
-    let (mut worker_free, mut cpu_total, mut comm_total) = (0.0f64, 0.0f64, 0.0f64);
+    // Each bucket's predicted time and the model's CPU part of it.
+    let (mut model_cpu, mut comm_total, mut messages, mut o) = (0.0f64, 0.0f64, 0.0f64, 0.0f64);
+    let mut per_bucket = Vec::with_capacity(buckets.len());
     for b in &buckets {
         let ready = b.params.iter().map(|&p| ready_at[p]).fold(0.0, f64::max);
         let (algo, _) = comm.choose(Collective::AllReduce, b.len * 4)?;
         let mut shape = Shape::new(Collective::AllReduce, n, b.len, 4);
         shape.topology = comm.topology().clone();
         let (time, cpu) = match cost::overlap(algo, &shape, &profile) {
-            Some(o) => (o.total, o.cpu),
+            Some(ov) => {
+                o = ov.loggp.overhead;
+                messages += cost::busiest(algo, &shape, &profile).map_or(0.0, |b| b.messages);
+                (ov.total, ov.cpu)
+            }
             None => (
                 cost::predict(algo, &shape, &profile).map_or(0.0, |c| c.total()),
                 0.0,
@@ -364,9 +487,38 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
         // through shared memory or between threads): what LogGP calls the
         // wire is CPU time there too, so all of it is the CPU's.
         let cpu = if single_host { time } else { cpu };
-        worker_free = worker_free.max(ready) + time;
-        cpu_total += cpu;
+        model_cpu += cpu;
         comm_total += time;
+        per_bucket.push((ready, time, cpu));
+    }
+    // The CPU time the communication-only steps took on the busiest rank
+    // (median of its steps; every thread of the process: the bucketer's
+    // copies, the progress worker, the kernel's send and receive path in
+    // its system calls). Over TCP that is mostly the kernel's per-byte work,
+    // which LogGP's o per message does not count; where the host has no
+    // spare core it comes out of the computation all the same, so the
+    // prediction charges the larger of the two (the model's where it says
+    // more, as on one host, where it says all).
+    let mut cpus: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.way == 1)
+        .map(|s| s.cpu)
+        .collect();
+    cpus.sort_by(f64::total_cmp);
+    let in_process = comm.transport_name() == "thread";
+    let mine = [cpus[cpus.len() / 2] / if in_process { n as f64 } else { 1.0 }];
+    let mut measured_cpu = [0.0f64];
+    comm.all_reduce(&mine, &mut measured_cpu, ReduceOp::Max)?;
+    let measured_cpu = measured_cpu[0];
+    let scale_cpu = if cpu_contended && measured_cpu > model_cpu && comm_total > 0.0 {
+        measured_cpu / comm_total
+    } else {
+        0.0
+    };
+    let (mut worker_free, mut cpu_total) = (0.0f64, 0.0f64);
+    for &(ready, time, cpu) in &per_bucket {
+        worker_free = worker_free.max(ready) + time;
+        cpu_total += cpu.max(time * scale_cpu).min(time);
     }
     let seq_pred = compute_pred + comm_total;
     let ovl_pred = if cpu_contended {
@@ -391,12 +543,72 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
         transport: comm.transport_name(),
         buckets: buckets.len(),
         cap_bytes,
+        compute_asked: compute_s,
         efficiency: efficiency(&measured),
         measured,
         predicted_efficiency: efficiency(&predicted),
         predicted,
         cpu_contended,
+        cores,
+        ranks_per_host: per_host,
+        single_host,
+        loggp_o: o,
+        messages,
+        model_comm_cpu: model_cpu,
+        model_hideable_fraction: if comm_total <= 0.0 {
+            0.0
+        } else if cpu_contended {
+            (1.0 - model_cpu / comm_total).max(0.0)
+        } else {
+            1.0
+        },
+        measured_comm_cpu: measured_cpu,
+        charged_comm_cpu: cpu_total,
     }))
+}
+
+/// `--trace`: every rank's samples to rank 0, printed on stderr one step
+/// of one way per line, ranks side by side; starts relative to rank 0's
+/// first step.
+fn trace(comm: &Communicator, samples: &[Sample], rate: f64) -> Result<(), CliError> {
+    let mine: Vec<f64> = [rate]
+        .into_iter()
+        .chain(
+            samples
+                .iter()
+                .flat_map(|s| [s.start, s.compute, s.total, s.cpu]),
+        )
+        .collect();
+    let mut all = vec![0.0f64; mine.len() * comm.size()];
+    comm.all_gather(&mine, &mut all)?;
+    if comm.rank() != 0 {
+        return Ok(());
+    }
+    let per = mine.len();
+    let t0 = all[1];
+    let mut err = io::stderr().lock();
+    let rates: Vec<String> = all.chunks(per).map(|r| format!("{:.0}", r[0])).collect();
+    writeln!(err, "# trace: kernel passes/s per rank {}", rates.join(" "))?;
+    writeln!(
+        err,
+        "# trace: round way, then per rank: start_ms (from rank 0's first) compute_ms total_ms cpu_ms"
+    )?;
+    let names = ["compute", "comm", "seq", "overlap"];
+    for (k, sample) in samples.iter().enumerate() {
+        let mut line = format!("{:>3} {:<8}", k / 4, names[sample.way]);
+        for r in all.chunks(per) {
+            let s = &r[1 + 4 * k..5 + 4 * k];
+            line += &format!(
+                " | {:>9.2} {:>8.2} {:>8.2} {:>8.2}",
+                (s[0] - t0) * 1e3,
+                s[1] * 1e3,
+                s[2] * 1e3,
+                s[3] * 1e3
+            );
+        }
+        writeln!(err, "{line}")?;
+    }
+    Ok(())
 }
 
 fn overlap_main(args: &OverlapArgs) -> Result<(), CliError> {
@@ -435,6 +647,7 @@ fn overlap_main(args: &OverlapArgs) -> Result<(), CliError> {
         "# ferrocoll bench overlap: {} ({} parameters, {} buckets, cap {} B), {} ranks, transport {}",
         r.model, r.parameters, r.buckets, r.cap_bytes, r.ranks, r.transport
     )?;
+    writeln!(out, "{}", model_says(&r))?;
     writeln!(
         out,
         "# {:<10} {:>12} {:>12} {:>12} {:>12} {:>10}",
@@ -456,16 +669,63 @@ fn overlap_main(args: &OverlapArgs) -> Result<(), CliError> {
     }
     writeln!(
         out,
-        "# efficiency = (seq - overlap) / min(compute, comm); predicted from the cost model's allreduce \
-         times per bucket{}",
+        "# efficiency = (seq - overlap) / min(compute, comm); computation asked {:.2} ms per step; \
+         the communication-only steps took {:.2} ms of CPU (getrusage, busiest rank){}",
+        r.compute_asked * 1e3,
+        r.measured_comm_cpu * 1e3,
         if r.cpu_contended {
-            " with their CPU part (o, gamma, copies) added to the computation: this host's ranks \
-             leave no core for their progress workers"
+            format!(
+                "; the prediction adds {:.2} ms of CPU to the computation (per bucket the larger \
+                 of the model's part and the measured one's share)",
+                r.charged_comm_cpu * 1e3
+            )
         } else {
-            ""
+            String::new()
         }
     )?;
     Ok(())
+}
+
+/// What the cost model says about this step before any step is run: how
+/// much of the communication is CPU work (LogGP's o per message, gamma,
+/// copies; on one host the transfer itself) and whether a core is free for
+/// it.
+fn model_says(r: &Report) -> String {
+    let comm = r.predicted.comm * 1e3;
+    let cpu = r.model_comm_cpu * 1e3;
+    let what = format!(
+        "# model (calibrated profile, before any step): the {} allreduces take {comm:.2} ms, \
+         {cpu:.2} ms of it CPU work (o = {:.2} us x {:.0} messages, gamma, copies{})",
+        r.buckets,
+        r.loggp_o * 1e6,
+        r.messages,
+        if r.single_host {
+            "; on one host the transfer is a copy by the ranks' CPUs, so all of it"
+        } else {
+            ""
+        }
+    );
+    if r.cpu_contended {
+        format!(
+            "{what}; {} rank(s) on {} core(s) leave no core for the progress workers: \
+             the CPU part cannot hide behind computation on the same cores, at most {:.0}% \
+             of the communication can{}",
+            r.ranks_per_host,
+            r.cores,
+            r.model_hideable_fraction * 100.0,
+            if r.model_hideable_fraction < 0.05 {
+                " (CPU-bound communication does not hide behind CPU-bound computation)"
+            } else {
+                ""
+            }
+        )
+    } else {
+        format!(
+            "{what}; {} rank(s) on {} core(s): the progress workers have cores of their own, \
+             all of it can hide",
+            r.ranks_per_host, r.cores
+        )
+    }
 }
 
 #[cfg(test)]
