@@ -297,6 +297,46 @@ fn timed_step(
     ))
 }
 
+/// The CPUs this thread may run on, as a bit mask of CPUs 0-63 (0 if the
+/// kernel does not say).
+fn cpu_mask() -> u64 {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity writes exactly one
+    // cpu_set_t of the size passed, for the calling thread (pid 0).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return 0;
+        }
+        (0..64)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .fold(0, |m, c| m | 1 << c)
+    }
+}
+
+/// The cores of this rank's host: the CPUs any of its ranks may run on.
+/// Not this rank's own affinity: a rank that ferrocoll pinned to one CPU
+/// (`FERROCOLL_BIND`, as on one host with a rank per core) shares the host
+/// with the others, whose CPUs count; a host confined by taskset
+/// (`bench/cluster.sh up --pin`) counts only its own. Ranks of a host are
+/// consecutive (the topology's innermost level).
+fn host_cores(comm: &Communicator) -> Result<usize, CliError> {
+    let mine = [cpu_mask()];
+    let mut all = vec![0u64; comm.size()];
+    comm.all_gather(&mine, &mut all)?;
+    let local = comm.topology().local_size().max(1);
+    let host = comm.rank() / local;
+    let union = all
+        .iter()
+        .skip(host * local)
+        .take(local)
+        .fold(0u64, |m, &x| m | x);
+    Ok(if union == 0 {
+        std::thread::available_parallelism().map_or(1, |c| c.get())
+    } else {
+        union.count_ones() as usize
+    })
+}
+
 /// What one rank measures and predicts.
 #[derive(Serialize)]
 struct Report {
@@ -339,6 +379,9 @@ struct Report {
     /// What the prediction charges to the computation: per bucket, the
     /// larger of the model's CPU part and the measured CPU time's share.
     charged_comm_cpu: f64,
+    /// CPU time over wall time of the compute-only steps (median, lowest
+    /// rank): below 1, other processes took the CPU.
+    compute_cpu_share: f64,
 }
 
 fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, CliError> {
@@ -450,7 +493,7 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
     let profile = comm.profile();
     let buckets = bucketer.buckets().to_vec();
     let n = comm.size();
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let cores = host_cores(comm)?;
     let per_host = comm.topology().local_size();
     let cpu_contended = per_host >= cores;
     let single_host = comm.topology().nodes() <= 1;
@@ -510,6 +553,20 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
     let mut measured_cpu = [0.0f64];
     comm.all_reduce(&mine, &mut measured_cpu, ReduceOp::Max)?;
     let measured_cpu = measured_cpu[0];
+    // The share of a core the computation got: CPU time over wall time of
+    // the compute-only steps (median, the lowest rank). Below 1 other
+    // processes took the CPU meanwhile, and the four ways' medians then
+    // compare steps run at different speeds of the machine.
+    let mut shares: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.way == 0 && s.total > 0.0)
+        .map(|s| s.cpu / s.total / if in_process { n as f64 } else { 1.0 })
+        .collect();
+    shares.sort_by(f64::total_cmp);
+    let mine = [shares.get(shares.len() / 2).copied().unwrap_or(1.0)];
+    let mut compute_cpu_share = [0.0f64];
+    comm.all_reduce(&mine, &mut compute_cpu_share, ReduceOp::Min)?;
+    let compute_cpu_share = compute_cpu_share[0];
     let scale_cpu = if cpu_contended && measured_cpu > model_cpu && comm_total > 0.0 {
         measured_cpu / comm_total
     } else {
@@ -564,6 +621,7 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
         },
         measured_comm_cpu: measured_cpu,
         charged_comm_cpu: cpu_total,
+        compute_cpu_share,
     }))
 }
 
@@ -681,6 +739,17 @@ fn overlap_main(args: &OverlapArgs) -> Result<(), CliError> {
             )
         } else {
             String::new()
+        }
+    )?;
+    writeln!(
+        out,
+        "# the compute-only steps ran on {:.0}% of a core (CPU time / wall time, median, lowest rank){}",
+        r.compute_cpu_share * 100.0,
+        if r.compute_cpu_share < 0.95 {
+            ": other processes took the CPU meanwhile, and the ways' medians compare steps run at \
+             different speeds of the machine"
+        } else {
+            ""
         }
     )?;
     Ok(())
