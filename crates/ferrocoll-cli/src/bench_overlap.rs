@@ -382,6 +382,9 @@ struct Report {
     /// CPU time over wall time of the compute-only steps (median, lowest
     /// rank): below 1, other processes took the CPU.
     compute_cpu_share: f64,
+    /// Each way's CPU time per step (median, busiest rank; getrusage of
+    /// the process, divided by the ranks for in-process ranks).
+    cpu: Times,
 }
 
 fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, CliError> {
@@ -534,25 +537,36 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
         comm_total += time;
         per_bucket.push((ready, time, cpu));
     }
-    // The CPU time the communication-only steps took on the busiest rank
-    // (median of its steps; every thread of the process: the bucketer's
-    // copies, the progress worker, the kernel's send and receive path in
-    // its system calls). Over TCP that is mostly the kernel's per-byte work,
-    // which LogGP's o per message does not count; where the host has no
-    // spare core it comes out of the computation all the same, so the
-    // prediction charges the larger of the two (the model's where it says
-    // more, as on one host, where it says all).
-    let mut cpus: Vec<f64> = samples
-        .iter()
-        .filter(|s| s.way == 1)
-        .map(|s| s.cpu)
-        .collect();
-    cpus.sort_by(f64::total_cmp);
+    // Every way's CPU time per step on the busiest rank (median of its
+    // steps; every thread of the process: the bucketer's copies, the
+    // progress worker, the kernel's send and receive path in its system
+    // calls). The overlapped step's minus the compute-only one's is what the
+    // communication took from the computation's core.
     let in_process = comm.transport_name() == "thread";
-    let mine = [cpus[cpus.len() / 2] / if in_process { n as f64 } else { 1.0 }];
-    let mut measured_cpu = [0.0f64];
-    comm.all_reduce(&mine, &mut measured_cpu, ReduceOp::Max)?;
-    let measured_cpu = measured_cpu[0];
+    let mut way_cpu = [0.0f64; 4];
+    for (w, c) in way_cpu.iter_mut().enumerate() {
+        let mut v: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.way == w)
+            .map(|s| s.cpu / if in_process { n as f64 } else { 1.0 })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        *c = v[v.len() / 2];
+    }
+    let mut busiest_cpu = [0.0f64; 4];
+    comm.all_reduce(&way_cpu, &mut busiest_cpu, ReduceOp::Max)?;
+    let cpu_times = Times {
+        compute: busiest_cpu[0],
+        comm: busiest_cpu[1],
+        sequential: busiest_cpu[2],
+        overlapped: busiest_cpu[3],
+    };
+    // The communication-only steps' CPU time: over TCP mostly the kernel's
+    // per-byte work, which LogGP's o per message does not count; where the
+    // host has no spare core it comes out of the computation all the same,
+    // so the prediction charges the larger of the two (the model's where it
+    // says more, as on one host, where it says all).
+    let measured_cpu = cpu_times.comm;
     // The share of a core the computation got: CPU time over wall time of
     // the compute-only steps (median, the lowest rank). Below 1 other
     // processes took the CPU meanwhile, and the four ways' medians then
@@ -622,6 +636,7 @@ fn run_rank(comm: &Communicator, args: &OverlapArgs) -> Result<Option<Report>, C
         measured_comm_cpu: measured_cpu,
         charged_comm_cpu: cpu_total,
         compute_cpu_share,
+        cpu: cpu_times,
     }))
 }
 
@@ -727,7 +742,17 @@ fn overlap_main(args: &OverlapArgs) -> Result<(), CliError> {
     }
     writeln!(
         out,
-        "# efficiency = (seq - overlap) / min(compute, comm); computation asked {:.2} ms per step; \
+        "  {:<10} {:>12.2} {:>12.2} {:>12.2} {:>12.2}",
+        "cpu",
+        r.cpu.compute * 1e3,
+        r.cpu.comm * 1e3,
+        r.cpu.sequential * 1e3,
+        r.cpu.overlapped * 1e3
+    )?;
+    writeln!(
+        out,
+        "# efficiency = (seq - overlap) / min(compute, comm); cpu: CPU time of each way's step (median, \
+         busiest rank); computation asked {:.2} ms per step; \
          the communication-only steps took {:.2} ms of CPU (getrusage, busiest rank){}",
         r.compute_asked * 1e3,
         r.measured_comm_cpu * 1e3,
