@@ -474,6 +474,9 @@ fn overlap_reports_four_ways_and_a_prediction() {
             assert_eq!(v["model_hideable_fraction"], 0.0, "{text}");
         }
         assert!(v["measured_comm_cpu"].as_f64().unwrap() >= 0.0, "{text}");
+        // The computation's CPU time is counted (getrusage), every way's.
+        assert!(v["cpu"]["compute"].as_f64().unwrap() > 0.0, "{text}");
+        assert!(v["compute_cpu_share"].as_f64().unwrap() > 0.0, "{text}");
     }
     // --trace: a line per step of every way, the four ways each round.
     let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
