@@ -42,9 +42,12 @@
 //!
 //! The computation is one non-inlined function wherever it runs (the
 //! calibration and each way): inlined into each place, the same loop was
-//! compiled into code of different speeds (up to 1.75x apart), so the ways
-//! computed at different rates and a step took 0.57-1.9x the time asked.
-//! `--trace` prints every step of every way on every rank.
+//! compiled into code of different speeds (the sequential step's copy ran
+//! 1.4-1.5x the compute-only one's on one rank, bench/RESULTS.md, issue 16
+//! item 4), so the ways computed at different rates and a step took
+//! 0.6-1.9x the time asked. `--trace` prints every step of every way on
+//! every rank; the `cpu` row and the compute steps' share of a core say
+//! when other processes or a slower CPU disturbed a run.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -113,7 +116,7 @@ pub struct OverlapArgs {
     json: bool,
     /// Also print every step of every way on every rank (stderr): when it
     /// started (wall clock, so ranks on one machine compare), its
-    /// computation and its total.
+    /// computation, its total and its CPU time.
     #[arg(long)]
     trace: bool,
 }
@@ -180,11 +183,10 @@ struct Kernel {
 impl Kernel {
     /// Times the kernel on every rank at once (`comm`'s barrier first):
     /// with more ranks than cores a rank computes at its share of a core, as
-    /// it will during the steps. The timings are the median of 11 of ~5 ms
-    /// each (about 60 ms in all): a calibration of a few hundred
-    /// microseconds, taken while the other ranks were still filling their
-    /// gradient buffers, caught whatever the cores did in that instant and
-    /// left the steps 0.5-1.9x the time asked.
+    /// it will during the steps. The rate is the median of 11 timings of
+    /// ~5 ms each (about 60 ms in all): the earlier calibration, 11 timings
+    /// of ~0.16 ms taken while other ranks were still filling their
+    /// gradient buffers, caught whatever the cores did in that instant.
     fn new(comm: &Communicator) -> Result<Kernel, CliError> {
         let mut k = Kernel {
             buf: vec![1.0; 4096],
