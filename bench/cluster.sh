@@ -6,7 +6,7 @@
 # given rate in both directions (uplink on the host's side, downlink on the
 # switch's side). Root only.
 #
-#   bench/cluster.sh up    [--name N] [--hosts H] [--rate R] [--subnet S]
+#   bench/cluster.sh up    [--name N] [--hosts H] [--rate R] [--subnet S] [--pin]
 #   bench/cluster.sh down  [--name N]
 #   bench/cluster.sh exec  HOST CMD [ARGS...]   # run CMD inside HOST
 #   bench/cluster.sh hosts [--name N]           # the host names, one per line
@@ -17,6 +17,14 @@
 # with addresses 198.18.S.1, 198.18.S.2, ... (198.18.0.0/15 is reserved for
 # benchmarking, RFC 2544); every host resolves every other host's name (its
 # own /etc/hosts). R is a tc rate (1gbit, 500mbit, 5gbit) or "none".
+#
+# --pin gives host i the CPU i (modulo this machine's CPUs): `exec` runs
+# its commands under taskset, so every rank, progress worker and system
+# call of a host computes on that host's core, as on a real machine,
+# instead of the "hosts" taking turns on all of this machine's cores (where
+# one host's communication takes CPU time from another host's
+# computation, which no model of separate hosts can see). Without it the
+# hosts share every CPU.
 #
 # `exec` is the agent `ferrocoll run --hosts` uses:
 #   ferrocoll run --hosts fch0:2,fch1:2 --agent "bench/cluster.sh exec" -- prog
@@ -81,8 +89,10 @@ parse_common() {
     HOSTS=2
     RATE=1gbit
     SUBNET=0
+    PIN=0
     while [ $# -gt 0 ]; do
         case "$1" in
+        --pin) PIN=1; shift ;;
         --name) NAME=$2; shift 2 ;;
         --hosts) HOSTS=$2; shift 2 ;;
         --rate) RATE=$2; shift 2 ;;
@@ -104,6 +114,7 @@ cmd_up() {
     # Anything that fails from here on removes what was made.
     trap 'echo "cluster.sh: setting up cluster $NAME failed; removing it" >&2; cmd_down --name "$NAME"' ERR
     echo "$RATE" >"$STATE/$NAME/rate"
+    [ "$PIN" = 1 ] && touch "$STATE/$NAME/pin"
     local sw="${NAME}sw"
     ip netns add "$sw"
     echo "$sw" >"$STATE/$NAME/switch"
@@ -177,8 +188,16 @@ cmd_exec() {
     # The hosts share this machine's CPUs: a rank pinned to "its" core
     # (FERROCOLL_BIND=auto pins when a host's ranks fit its cores) would
     # share that core with the ranks the other hosts pin there too.
+    local pin=()
+    if [ -e "$d/pin" ]; then
+        # Host i (its line in the list, from 0) computes on CPU i.
+        local i ncpu
+        i=$(($(grep -n -x "$h" "$d/list" | cut -d: -f1) - 1))
+        ncpu=$(nproc --all)
+        pin=(taskset -c $((i % ncpu)))
+    fi
     exec nsenter --net="/run/netns/$h" --mount="$d/$h.mnt" --wd="$PWD" -- \
-        env FERROCOLL_HOST_ID="$h" FERROCOLL_BIND="${FERROCOLL_BIND:-none}" "$@"
+        "${pin[@]}" env FERROCOLL_HOST_ID="$h" FERROCOLL_BIND="${FERROCOLL_BIND:-none}" "$@"
 }
 
 cmd_hosts() {

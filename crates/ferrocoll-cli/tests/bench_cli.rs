@@ -466,7 +466,44 @@ fn overlap_reports_four_ways_and_a_prediction() {
         }
         // The prediction starts from the measured computation.
         assert_eq!(v["predicted"]["compute"], v["measured"]["compute"]);
+        // What the model says before any step: in-process ranks are on
+        // one host, where the transfer is the CPUs' copy, so with no core
+        // spare none of it can hide.
+        assert_eq!(v["single_host"], true, "{text}");
+        if v["cpu_contended"] == true {
+            assert_eq!(v["model_hideable_fraction"], 0.0, "{text}");
+        }
+        assert!(v["measured_comm_cpu"].as_f64().unwrap() >= 0.0, "{text}");
+        // The computation's CPU time is counted (getrusage), every way's.
+        assert!(v["cpu"]["compute"].as_f64().unwrap() > 0.0, "{text}");
+        assert!(v["compute_cpu_share"].as_f64().unwrap() > 0.0, "{text}");
     }
+    // --trace: a line per step of every way, the four ways each round.
+    let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
+        .args(["bench", "overlap", "--model", model.to_str().unwrap()])
+        .args([
+            "--compute-ms",
+            "2",
+            "--steps",
+            "2",
+            "--cap",
+            "64K",
+            "--trace",
+        ])
+        .args(["-n", "2"])
+        .env("FERROCOLL_TIMEOUT", "30")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    for way in ["compute", "comm", "seq", "overlap"] {
+        let lines = err
+            .lines()
+            .filter(|l| l.contains(&format!(" {way} ")))
+            .count();
+        assert_eq!(lines, 2, "{way}: {err}");
+    }
+    assert!(String::from_utf8_lossy(&out.stdout).contains("# model (calibrated profile"));
     let out = Command::new(env!("CARGO_BIN_EXE_ferrocoll"))
         .args(["bench", "overlap", "--model", "/nonexistent/model.txt"])
         .output()
