@@ -12,6 +12,10 @@
 //! Sockets are non-blocking with `TCP_NODELAY` and 4 MiB buffers; the engine
 //! (`engine.rs`) writes and reads them as far as they go and sleeps in
 //! `poll(2)`, so a ring step sends and receives at once (full duplex).
+//! A frame whose receive stores its payload unchanged (a copy, not a
+//! reduction) or keeps it as unexpected is read from the socket straight
+//! into that memory ([`Channel::recv_into`]); the rest goes through the
+//! channel's staging buffer, which takes many small frames in one read.
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
@@ -100,11 +104,35 @@ impl TcpChannel {
     }
 }
 
+/// The error of a stream the peer closed.
+fn closed() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the connection was closed (the process exited or failed)",
+    )
+}
+
 fn would_block(e: &io::Error) -> bool {
     matches!(
         e.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
     )
+}
+
+impl TcpChannel {
+    /// `n` bytes were read from the stream being read: over several
+    /// streams, the next one takes over at the end of its stripe (one
+    /// stream reads on, whatever the count).
+    fn advance_recv(&mut self, n: usize) {
+        if self.streams.len() == 1 {
+            return;
+        }
+        self.recv_left -= n;
+        if self.recv_left == 0 {
+            self.recv_at = (self.recv_at + 1) % self.streams.len();
+            self.recv_left = STRIPE_BYTES;
+        }
+    }
 }
 
 impl Channel for TcpChannel {
@@ -155,11 +183,7 @@ impl Channel for TcpChannel {
                 Ok(0) => self.eof = true,
                 Ok(n) => {
                     self.end += n;
-                    self.recv_left -= n;
-                    if self.recv_left == 0 {
-                        self.recv_at = (self.recv_at + 1) % self.streams.len();
-                        self.recv_left = STRIPE_BYTES;
-                    }
+                    self.advance_recv(n);
                 }
                 Err(e) if would_block(&e) => {}
                 Err(e) => return Err(e),
@@ -174,12 +198,53 @@ impl Channel for TcpChannel {
         };
         self.start += used;
         if used == 0 && self.eof {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the connection was closed (the process exited or failed)",
-            ));
+            return Err(closed());
         }
         Ok(used)
+    }
+
+    fn reads_into(&self) -> bool {
+        true
+    }
+
+    fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        // What the staging buffer holds comes first, in stream order.
+        if self.start < self.end {
+            let n = (self.end - self.start).min(dst.len());
+            let bytes: &[u8] = bytemuck::cast_slice(&self.buf);
+            dst[..n].copy_from_slice(&bytes[self.start..self.start + n]);
+            self.start += n;
+            return Ok(n);
+        }
+        if self.eof {
+            return Err(closed());
+        }
+        // One stream: as much as the caller wants (fewer system calls);
+        // several: no further than the stripe of the stream being read.
+        let room = if self.streams.len() == 1 {
+            dst.len()
+        } else {
+            dst.len().min(self.recv_left)
+        };
+        match self.streams[self.recv_at].read(&mut dst[..room]) {
+            Ok(0) => {
+                self.eof = true;
+                Err(closed())
+            }
+            Ok(n) => {
+                // The empty buffer's offset keeps following the stream
+                // position mod 8, so later offers stay aligned.
+                self.start = (self.start + n) % 8;
+                self.end = self.start;
+                self.advance_recv(n);
+                Ok(n)
+            }
+            Err(e) if would_block(&e) => Ok(0),
+            Err(e) => Err(e),
+        }
     }
 
     fn poll_fds(&self) -> Option<(RawFd, RawFd)> {
@@ -577,6 +642,84 @@ mod tests {
             .unwrap();
         }
         assert!(got == bytes, "stream corrupted");
+    }
+
+    /// Reads straight into the caller's memory (odd sizes, so the stream
+    /// position ends anywhere), mixed with offers of the staging buffer and
+    /// over one stream and two: the bytes
+    /// come in order, and offers from a word boundary stay aligned.
+    #[test]
+    fn recv_into_mixes_with_offers() {
+        for k in [1, 2] {
+            let (mut a, mut b) = pair_of(k);
+            let total = 6 << 20;
+            let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 4099) as u8).collect();
+            let (mut sent, mut got) = (0, Vec::with_capacity(total));
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let sizes = [1usize, 7, 8, 13, 4096, 65_537, 300_001, 1 << 20];
+            let mut turn = 0;
+            while got.len() < total {
+                assert!(Instant::now() < deadline, "stalled at {}", got.len());
+                if sent < total {
+                    sent += a
+                        .send_some(&data[sent..total.min(sent + 1_000_003)])
+                        .unwrap();
+                }
+                turn += 1;
+                let want = sizes[turn % sizes.len()].min(total - got.len());
+                if turn % 3 == 0 {
+                    let mut first_offer = true;
+                    let at = got.len();
+                    b.recv_some(&mut |s| {
+                        if at % 8 == 0 && first_offer && !s.is_empty() {
+                            assert_eq!(s.as_ptr() as usize % 8, 0, "offer misaligned");
+                        }
+                        first_offer = false;
+                        let n = s.len().min(want);
+                        got.extend_from_slice(&s[..n]);
+                        n
+                    })
+                    .unwrap();
+                } else {
+                    let mut dst = vec![0u8; want];
+                    let n = b.recv_into(&mut dst).unwrap();
+                    got.extend_from_slice(&dst[..n]);
+                }
+            }
+            assert!(got == data, "stream corrupted over {k} streams");
+        }
+    }
+
+    /// The channel trait's own `recv_into` (for channels that stage every
+    /// byte anyway) copies out of `recv_some`'s offer.
+    #[test]
+    fn default_recv_into_goes_through_the_offer() {
+        struct Staged(Vec<u8>, usize);
+        impl Channel for Staged {
+            fn send_some(&mut self, _: &[u8]) -> io::Result<usize> {
+                Ok(0)
+            }
+            fn recv_some(&mut self, take: &mut dyn FnMut(&[u8]) -> usize) -> io::Result<usize> {
+                // Offers up to 10 bytes at a time, as a ring offers up to
+                // its wrap point.
+                let end = self.0.len().min(self.1 + 10);
+                let n = take(&self.0[self.1..end]);
+                self.1 += n;
+                Ok(n)
+            }
+        }
+        let mut c = Staged((0..100u8).collect(), 0);
+        let mut got = Vec::new();
+        let mut dst = [0u8; 7];
+        loop {
+            let n = c.recv_into(&mut dst).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&dst[..n]);
+        }
+        assert_eq!(got, (0..100u8).collect::<Vec<_>>());
+        assert!(!c.reads_into(), "staging channels say so");
     }
 
     #[test]
