@@ -49,6 +49,16 @@ pub(crate) trait Channel: Send {
         })
     }
 
+    /// The engine can do nothing with fewer than `bytes` more bytes of the
+    /// stream (the rest of the frame it is receiving): a channel that is
+    /// polled may have its read descriptor turn readable only once that
+    /// many have arrived (TCP's `SO_RCVLOWAT`), so that a receiver of a
+    /// large message wakes for large reads, not for every packet. Its
+    /// reads still return whatever has arrived. Default: nothing.
+    fn await_bytes(&mut self, bytes: usize) {
+        let _ = bytes;
+    }
+
     /// The file descriptors to poll: the one that turns readable when data
     /// arrives, and the one that turns writable when the stream can take
     /// more (sockets); `None` for channels that signal through a

@@ -16,6 +16,9 @@
 //! reduction) or keeps it as unexpected is read from the socket straight
 //! into that memory ([`Channel::recv_into`]); the rest goes through the
 //! channel's staging buffer, which takes many small frames in one read.
+//! While a frame arrives, the socket's receive low-water mark is the rest
+//! of it (up to [`LOWAT_BYTES`]), so a sleeping receiver wakes for large
+//! reads ([`Channel::await_bytes`]).
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
@@ -56,7 +59,18 @@ pub(crate) struct TcpChannel {
     end: usize,
     /// The peer closed its end; what is buffered is still delivered.
     eof: bool,
+    /// By stream: its `SO_RCVLOWAT` now (1, the kernel's default, until
+    /// [`Channel::await_bytes`] sets it).
+    lowat: Vec<usize>,
+    /// The largest `SO_RCVLOWAT` set: a fraction of the receive buffer, so
+    /// that the kernel can always queue that much.
+    lowat_max: usize,
 }
+
+/// The largest `SO_RCVLOWAT` a channel sets: a read of this size costs
+/// one system call per ~100 us at loopback speeds, against one per packet
+/// (64 KiB or less) when every arrival wakes the receiver.
+const LOWAT_BYTES: usize = 256 << 10;
 
 /// Sets the socket options every stream gets: no Nagle delay, kernel
 /// buffers of `size` bytes each way (the kernel may cap it; 0 or less keeps
@@ -91,7 +105,6 @@ impl TcpChannel {
             configure(s, socket_buffer)?;
         }
         Ok(TcpChannel {
-            streams,
             send_at: 0,
             send_left: STRIPE_BYTES,
             recv_at: 0,
@@ -100,6 +113,13 @@ impl TcpChannel {
             start: 0,
             end: 0,
             eof: false,
+            lowat: vec![1; streams.len()],
+            lowat_max: if socket_buffer > 0 {
+                (socket_buffer as usize / 4).clamp(1, LOWAT_BYTES)
+            } else {
+                64 << 10
+            },
+            streams,
         })
     }
 }
@@ -244,6 +264,36 @@ impl Channel for TcpChannel {
             }
             Err(e) if would_block(&e) => Ok(0),
             Err(e) => Err(e),
+        }
+    }
+
+    fn await_bytes(&mut self, bytes: usize) {
+        // What the staging buffer holds is not in the socket any more; over
+        // several streams, the one being read carries the rest of its
+        // stripe only.
+        let mut want = bytes.saturating_sub(self.end - self.start);
+        if self.streams.len() > 1 {
+            want = want.min(self.recv_left);
+        }
+        let want = want.clamp(1, self.lowat_max);
+        let at = self.recv_at;
+        if self.lowat[at] == want {
+            return;
+        }
+        let value = want as libc::c_int;
+        // SAFETY: a valid socket and a pointer to a c_int of the size
+        // passed; a failure leaves the old mark (reads are unaffected).
+        let rc = unsafe {
+            libc::setsockopt(
+                self.streams[at].as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            self.lowat[at] = want;
         }
     }
 
@@ -646,7 +696,7 @@ mod tests {
 
     /// Reads straight into the caller's memory (odd sizes, so the stream
     /// position ends anywhere), mixed with offers of the staging buffer and
-    /// over one stream and two: the bytes
+    /// with receive low-water marks, over one stream and two: the bytes
     /// come in order, and offers from a word boundary stay aligned.
     #[test]
     fn recv_into_mixes_with_offers() {
@@ -685,6 +735,7 @@ mod tests {
                     let n = b.recv_into(&mut dst).unwrap();
                     got.extend_from_slice(&dst[..n]);
                 }
+                b.await_bytes(sizes[(turn * 5) % sizes.len()]);
             }
             assert!(got == data, "stream corrupted over {k} streams");
         }

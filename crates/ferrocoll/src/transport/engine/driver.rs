@@ -381,6 +381,7 @@ impl State {
             }
             *moved = true;
         }
+        chan.await_bytes(self.core.bytes_awaited(p));
         if self.read_remotes(p, &mut *chan)? {
             *moved = true;
             // Send the acknowledgements now rather than at the next turn.

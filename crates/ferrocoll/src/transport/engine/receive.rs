@@ -182,6 +182,16 @@ impl Core {
         }
     }
 
+    /// How many more bytes of `peer`'s stream the frame being received
+    /// needs before it completes (its header, or its body and padding):
+    /// until then, fewer bytes let nothing finish.
+    pub(super) fn bytes_awaited(&self, peer: usize) -> usize {
+        match &self.peers[peer].rx {
+            Rx::Header { have, .. } => HEADER_BYTES - have,
+            Rx::Body { frame, got, .. } => padded(frame.len) - got,
+        }
+    }
+
     /// The header of the frame arriving from `peer` is complete: decodes
     /// it and handles it (a control frame) or sets up the receipt of its
     /// body. Returns false when the stream is corrupt (the peer is lost).
