@@ -4,13 +4,15 @@
  * sizes ferrocoll uses: WRITE-byte writes and reads (default 4 MiB, a large
  * message's one write), SO_SNDBUF/SO_RCVBUF of SOCKBUF bytes (default 4 MiB,
  * FERROCOLL_SOCKET_BUFFER's default; 0 keeps the kernel's autotuning),
- * TCP_NODELAY, and two processes as two ranks. It measures, with blocking
+ * TCP_NODELAY, a receive low-water mark of LOWAT bytes (default 256 KiB, as
+ * the engine sets it for a large frame; 0 keeps the kernel's 1), and two
+ * processes as two ranks. It measures, with blocking
  * reads and writes and a thread per direction (the best the kernel does,
  * which the engine's one non-blocking thread per rank is held against):
  *   one direction:   rank 1 writes, rank 0 reads (MSG_WAITALL);
  *   both directions: each rank writes and reads at once.
  * Build: cc -O2 -pthread -o tcp_stream bench/tcp_stream.c
- * Run:   ./tcp_stream [SECONDS [WRITE [SOCKBUF]]]   (default 1 4194304 4194304)
+ * Run:   ./tcp_stream [SECONDS [WRITE [SOCKBUF [LOWAT]]]]   (default 1 4194304 4194304 262144)
  * Prints one line per direction mode: GB/s per direction (10^9 bytes/s). */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -49,7 +51,7 @@ static void configure(int fd, int sockbuf) {
 /* One direction of a stream: writes `chunk`-byte pieces for `seconds`, then
  * shuts the socket's sending side; or reads to EOF. `rate`: bytes/s. */
 struct dir {
-  int fd, send;
+  int fd, send, lowat;
   double seconds, rate;
   char *buf;
   size_t chunk;
@@ -67,6 +69,9 @@ static void *run_dir(void *arg) {
     }
     shutdown(d->fd, SHUT_WR);
   } else {
+    /* As the engine sets it while a large frame arrives: the reader
+     * wakes for 256 KiB, not for every packet (3.6 -> 4.5 GB/s one way). */
+    if (d->lowat > 0) setsockopt(d->fd, SOL_SOCKET, SO_RCVLOWAT, &d->lowat, sizeof d->lowat);
     for (;;) {
       ssize_t k = recv(d->fd, d->buf, d->chunk, MSG_WAITALL);
       if (k < 0 && errno != EINTR) die("read");
@@ -80,8 +85,8 @@ static void *run_dir(void *arg) {
 
 /* Sends (if `send`) and receives (if `recv`) on `fd` at once, a thread per
  * direction; returns the receive rate (or the send rate for a sender only). */
-static double pump(int fd, int send, int recv, double seconds, char *wbuf, char *rbuf, size_t chunk) {
-  struct dir w = {fd, 1, seconds, 0, wbuf, chunk}, r = {fd, 0, seconds, 0, rbuf, chunk};
+static double pump(int fd, int send, int recv, double seconds, char *wbuf, char *rbuf, size_t chunk, int lowat) {
+  struct dir w = {fd, 1, lowat, seconds, 0, wbuf, chunk}, r = {fd, 0, lowat, seconds, 0, rbuf, chunk};
   pthread_t tw;
   if (send && pthread_create(&tw, 0, run_dir, &w)) die("thread");
   if (recv) run_dir(&r);
@@ -93,6 +98,7 @@ int main(int argc, char **argv) {
   double seconds = argc > 1 ? atof(argv[1]) : 1.0;
   size_t chunk = argc > 2 ? strtoull(argv[2], 0, 0) : 4 << 20;
   int sockbuf = argc > 3 ? atoi(argv[3]) : 4 << 20;
+  int lowat = argc > 4 ? atoi(argv[4]) : 256 << 10;
   char *wbuf = malloc(chunk), *rbuf = malloc(chunk);
   memset(wbuf, 0x5a, chunk);
   memset(rbuf, 0, chunk);
@@ -111,7 +117,7 @@ int main(int argc, char **argv) {
       int fd = socket(AF_INET, SOCK_STREAM, 0);
       if (connect(fd, (void *)&a, sizeof a)) die("connect");
       configure(fd, sockbuf);
-      double rate = pump(fd, 1, mode == 1, seconds, wbuf, rbuf, chunk);
+      double rate = pump(fd, 1, mode == 1, seconds, wbuf, rbuf, chunk, lowat);
       if (write(pipefd[1], &rate, sizeof rate) != sizeof rate) die("pipe write");
       _exit(0);
     }
@@ -119,18 +125,18 @@ int main(int argc, char **argv) {
     int fd = accept(l, 0, 0);
     if (fd < 0) die("accept");
     configure(fd, sockbuf);
-    double mine = pump(fd, mode == 1, 1, seconds, wbuf, rbuf, chunk), theirs = 0;
+    double mine = pump(fd, mode == 1, 1, seconds, wbuf, rbuf, chunk, lowat), theirs = 0;
     if (read(pipefd[0], &theirs, sizeof theirs) != sizeof theirs) die("pipe read");
     waitpid(child, 0, 0);
     close(fd);
     close(l);
     close(pipefd[0]);
     if (mode == 0)
-      printf("# tcp stream limit, %s: %.2f GB/s (writes of %zu B, socket buffers %d B)\n", modes[mode],
-             mine / 1e9, chunk, sockbuf);
+      printf("# tcp stream limit, %s: %.2f GB/s (writes of %zu B, socket buffers %d B, low-water mark %d B)\n",
+             modes[mode], mine / 1e9, chunk, sockbuf, lowat);
     else
-      printf("# tcp stream limit, %s: %.2f + %.2f GB/s (writes of %zu B, socket buffers %d B)\n", modes[mode],
-             mine / 1e9, theirs / 1e9, chunk, sockbuf);
+      printf("# tcp stream limit, %s: %.2f + %.2f GB/s (writes of %zu B, socket buffers %d B, low-water mark %d B)\n",
+             modes[mode], mine / 1e9, theirs / 1e9, chunk, sockbuf, lowat);
   }
   return 0;
 }
