@@ -6,6 +6,12 @@
 #   tcp, 2 ranks                                              vs torch.distributed gloo (TCP loopback)
 # with a verdict per target: ferrocoll's busbw >= 1.0x Open MPI at every size
 # (shm), >= 2x gloo at every size from 1 MiB (tcp).
+# The tcp tables also show busbw as a fraction of what one loopback TCP stream
+# carries, measured before and after them by bench/tcp_stream.c (4 MiB writes,
+# ferrocoll's socket buffers; the larger of the two runs counts): one
+# direction for bcast and reduce (only the root sends), each direction of
+# both at once for the others (every rank sends and receives; on 2 ranks
+# busbw is then the bytes per second each way).
 #
 # Iterations follow the peers' benchmarks (1000 calls below 64 KiB, 100 below
 # 4 MiB, 10 above; 5 warm-up calls), so both sides average over as many calls.
@@ -42,11 +48,21 @@ if ((need_mpi)); then
 fi
 if ((need_gloo)); then
   "$venv/bin/python" -c 'import torch' 2>/dev/null || { echo "compare_all.sh: needs a venv with torch in PEER_VENV (../shared/peers/run_peers.sh makes /tmp/peer-venv)" >&2; exit 1; }
+  cc -O2 -pthread -o "$tmp/tcp_stream" bench/tcp_stream.c
 fi
+# Runs bench/tcp_stream.c once, prints its lines and keeps "ONE BOTH_A BOTH_B"
+# (GB/s) in the file $1.
+stream_limit() {
+  "$tmp/tcp_stream" 1 >"$1.txt"
+  cat "$1.txt"
+  sed -n 's/.*: \([0-9.]*\)\( + \([0-9.]*\)\)\{0,1\} GB\/s.*/\1 \3/p' "$1.txt" | tr '\n' ' ' >"$1"
+}
 
 echo "# commit $(git rev-parse --short HEAD), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 limit=$("$fc" bench allreduce -n 1 -b 16M -e 16M --iters 1 --warmup 0 | sed -n 's/.*on one thread \([0-9.]*\) GB\/s.*/\1/p')
 echo "# machine limit: single-thread memcpy of 16 MiB = $limit GB/s"
+: >"$tmp/stream_before"; : >"$tmp/stream_after"
+if ((need_gloo)); then stream_limit "$tmp/stream_before"; fi
 
 # The size bands of the peers' iteration counts, clipped to [8, hi].
 bands() {
@@ -85,9 +101,19 @@ for coll in $colls; do
   done
 done
 
-python3 - "$tmp" "$limit" "$colls" "$configs" <<'PY'
+if ((need_gloo)); then stream_limit "$tmp/stream_after"; fi
+
+python3 - "$tmp" "$limit" "$colls" "$configs" "$(cat "$tmp/stream_before")" "$(cat "$tmp/stream_after")" <<'PY'
 import json, os, sys
 tmp, limit, colls, configs = sys.argv[1], float(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
+# The stream limits, the larger of the runs before and after: one direction,
+# and each direction of both at once (their mean).
+runs = [[float(x) for x in r.split()] for r in sys.argv[5:7] if r.split()]
+one_way = max((r[0] for r in runs), default=0.0)
+both_ways = max(((r[1] + r[2]) / 2 for r in runs if len(r) == 3), default=0.0)
+if runs:
+    print(f"\n# tcp stream limit (larger of before/after): one direction {one_way:.2f} GB/s, "
+          f"each direction of both at once {both_ways:.2f} GB/s")
 
 def load(name):
     rows = {}
@@ -108,10 +134,15 @@ for coll in colls:
         t, n = cfg.split(":")
         fc, peer = load(f"fc_{coll}_{t}{n}"), load(f"peer_{coll}_{t}{n}")
         name, want, start = ("ompi", 1.0, 0) if t == "shm" else ("gloo", 2.0, 1 << 20)
+        stream = (one_way if coll in ("bcast", "reduce") else both_ways) if t == "tcp" else 0.0
         print(f"\n## {coll}, {t}, {n} ranks, vs {name}")
+        if stream > 0:
+            which = "one direction" if coll in ("bcast", "reduce") else "each direction of both at once"
+            print(f"# stream: {which} of one loopback TCP stream, {stream:.2f} GB/s")
         print(f"# {'bytes':>10} {'algo':>10} {'fc us':>10} {'fc busbw':>9} {name + ' us':>10} "
-              f"{name + ' busbw':>11} {'busbw x':>8} {'fc/limit':>8}")
-        misses, worst = [], None
+              f"{name + ' busbw':>11} {'busbw x':>8} {'fc/limit':>8}"
+              + (f" {'fc/stream':>9} {name + '/stream':>11}" if stream > 0 else ""))
+        misses, worst, short, lowest = [], None, [], None
         for b in sorted(set(fc) & set(peer)):
             f, p = fc[b], peer[b]
             ratio = f["busbw"] / p["busbw"] if p["busbw"] > 0 else float("inf")
@@ -121,14 +152,23 @@ for coll in colls:
                     misses.append(b)
                     mark = " <"
                 worst = ratio if worst is None else min(worst, ratio)
+                if stream > 0:
+                    of_stream = f["busbw"] / stream
+                    if of_stream < 0.7:
+                        short.append(b)
+                    lowest = of_stream if lowest is None else min(lowest, of_stream)
+            tail = f" {f['busbw'] / stream:>9.2f} {p['busbw'] / stream:>11.2f}" if stream > 0 else ""
             print(f"  {b:>10} {f['algo']:>10} {f['time_us']:>10.1f} {f['busbw']:>9.3f} {p['time_us']:>10.1f} "
-                  f"{p['busbw']:>11.3f} {ratio:>8.2f} {f['busbw'] / limit:>8.3f}{mark}")
+                  f"{p['busbw']:>11.3f} {ratio:>8.2f} {f['busbw'] / limit:>8.3f}{tail}{mark}")
         where = "every size" if start == 0 else f"every size >= {start} B"
         if worst is None:
             verdicts.append(f"{coll:>13} {t} {n}: no measured size in the target's range")
             continue
         verdict = "met" if not misses else f"MISSED at {len(misses)} sizes ({', '.join(str(m) for m in misses)})"
         verdicts.append(f"{coll:>13} {t} {n}: busbw >= {want}x {name} at {where}: {verdict}; worst {worst:.2f}x")
+        if lowest is not None:
+            verdict = "met" if not short else f"MISSED at {len(short)} sizes ({', '.join(str(m) for m in short)})"
+            verdicts.append(f"{coll:>13} {t} {n}: busbw >= 0.7x the stream at {where}: {verdict}; lowest {lowest:.2f}x")
 
 print("\n## Targets")
 for v in verdicts:

@@ -47,11 +47,12 @@ fn main() {
             "small" => small(&comm),
             "p2p" => p2p(&comm),
             "bucket" => bucket(&comm),
+            "edges" => edges(&comm),
             other => panic!("unknown role {other}"),
         }
         return;
     }
-    let tests: [(&str, fn()); 10] = [
+    let tests: [(&str, fn()); 11] = [
         (
             "tcp_connections_open_on_first_use",
             tcp_connections_open_on_first_use,
@@ -67,6 +68,10 @@ fn main() {
         ),
         ("small_calls_fast_path", small_calls_fast_path),
         ("message_of_256_mib", message_of_256_mib),
+        (
+            "tcp_receives_straight_into_place",
+            tcp_receives_straight_into_place,
+        ),
         ("launcher_environments", launcher_environments),
         (
             "killed_run_leaves_nothing_in_dev_shm",
@@ -286,6 +291,31 @@ fn message_of_256_mib() {
         assert!(out.status.success(), "{what}: {}", show(&out));
         let text = String::from_utf8_lossy(&out.stdout);
         assert_eq!(text.matches("big ok").count(), 2, "{what}: {}", show(&out));
+    }
+}
+
+/// Over TCP a receive that copies reads the socket straight into its
+/// buffer: messages of lengths at and around the word, header and
+/// direct-read boundaries, arriving before and after their receive is
+/// posted, with reductions between, over one stream and two, checksums on
+/// and off.
+fn tcp_receives_straight_into_place() {
+    for (streams, checksum) in [("1", "0"), ("2", "1"), ("1", "1")] {
+        let env = [
+            ("FERROCOLL_TRANSPORT", "tcp"),
+            ("FERROCOLL_TCP_STREAMS", streams),
+            ("FERROCOLL_CHECKSUM", checksum),
+        ];
+        let out = launch(2, "edges", &env);
+        let what = format!("edges (streams {streams}, checksum {checksum})");
+        assert!(out.status.success(), "{what}: {}", show(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(
+            text.matches("edges ok").count(),
+            2,
+            "{what}: {}",
+            show(&out)
+        );
     }
 }
 
@@ -563,6 +593,112 @@ fn big(comm: &Communicator) {
         "broadcast of 256 MiB"
     );
     println!("big ok {}", comm.rank());
+}
+
+/// Byte `i` of edge-test message `k` from rank `r`.
+fn edge_byte(r: usize, k: usize, i: usize) -> u8 {
+    (i.wrapping_mul(13) + k * 29 + r * 101 + (i >> 10)) as u8
+}
+
+fn edges(comm: &Communicator) {
+    let (r, n) = (comm.rank(), comm.size());
+    assert_eq!(n, 2, "the edge test runs on 2 ranks");
+    let peer = 1 - r;
+    let lens = [
+        0usize,
+        1,
+        7,
+        8,
+        9,
+        63,
+        64,
+        65,
+        65_535,
+        65_536,
+        65_537,
+        65_543,
+        5,
+        300_003,
+        3,
+        1 << 20 | 5,
+        16,
+        4 << 20 | 3,
+    ];
+    // Point-to-point both ways at once (sends on a thread: a send waits
+    // for its receive); every other message is received only after a
+    // pause, so it arrives unexpected.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for (k, &len) in lens.iter().enumerate() {
+                let v: Vec<u8> = (0..len).map(|i| edge_byte(r, k, i)).collect();
+                comm.send(&v, peer, 3).unwrap();
+            }
+        });
+        for (k, &len) in lens.iter().enumerate() {
+            if k % 2 == 1 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let mut v = vec![0xEEu8; len];
+            comm.recv(&mut v, peer, 3).unwrap();
+            assert!(
+                v.iter()
+                    .enumerate()
+                    .all(|(i, &x)| x == edge_byte(peer, k, i)),
+                "p2p message {k} ({len} B)"
+            );
+        }
+    });
+    // Collectives that copy (broadcast, allgather, alltoall) with odd byte
+    // counts, an allreduce (reduced, not copied) between them, and a rank
+    // that comes late to every other call.
+    for (k, &len) in lens.iter().enumerate() {
+        if k % 2 == r {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let mut b: Vec<u8> = if r == 0 {
+            (0..len).map(|i| edge_byte(0, k, i)).collect()
+        } else {
+            vec![0; len]
+        };
+        comm.broadcast_in_place(&mut b, 0).unwrap();
+        assert!(
+            b.iter().enumerate().all(|(i, &x)| x == edge_byte(0, k, i)),
+            "broadcast {k} ({len} B)"
+        );
+        let mine: Vec<u8> = (0..len).map(|i| edge_byte(r, k, i)).collect();
+        let mut all = vec![0u8; 2 * len];
+        comm.all_gather(&mine, &mut all).unwrap();
+        for (q, block) in all
+            .chunks(len.max(1))
+            .enumerate()
+            .take(if len == 0 { 0 } else { 2 })
+        {
+            assert!(
+                block
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &x)| x == edge_byte(q, k, i)),
+                "allgather {k} ({len} B), block of rank {q}"
+            );
+        }
+        let mut sum = vec![r as u32 + 1; len / 4 + 1];
+        comm.all_reduce_in_place(&mut sum, ReduceOp::Sum).unwrap();
+        assert!(sum.iter().all(|&x| x == 3), "allreduce {k}");
+        let send: Vec<u8> = (0..2 * len).map(|i| edge_byte(r, k, i)).collect();
+        let mut recv = vec![0u8; 2 * len];
+        comm.all_to_all(&send, &mut recv).unwrap();
+        for q in 0..2 {
+            let from = &recv[q * len..(q + 1) * len];
+            assert!(
+                from.iter()
+                    .enumerate()
+                    .all(|(i, &x)| x == edge_byte(q, k, r * len + i)),
+                "alltoall {k} ({len} B), block from rank {q}"
+            );
+        }
+    }
+    comm.barrier().unwrap();
+    println!("edges ok {r}");
 }
 
 fn hang(comm: &Communicator) {

@@ -265,6 +265,22 @@ impl Sink for PlanSink {
             }
         }
     }
+
+    fn destination(&mut self, index: usize, offset: usize, len: usize) -> Option<&mut [u8]> {
+        let Target::Store { dst, len: total } = self.targets[index] else {
+            return None;
+        };
+        assert!(
+            offset + len <= total,
+            "transport asked for bytes past the end of a message"
+        );
+        // SAFETY: as in `deliver`'s Store arm: `dst..dst + total` is the
+        // receive's span, checked against its buffer in `Resolver::locate`,
+        // which nothing else touches while the round is in flight; the
+        // assert keeps `offset..offset + len` inside it. The slice borrows
+        // `self`, so the transport holds it only while it holds the sink.
+        Some(unsafe { std::slice::from_raw_parts_mut(dst.add(offset), len) })
+    }
 }
 
 /// Turns spans into pointers, checking bounds.

@@ -501,6 +501,10 @@ impl crate::transport::Sink for IntoBytes<'_> {
     fn deliver(&mut self, _index: usize, offset: usize, chunk: &[u8]) {
         self.0[offset..offset + chunk.len()].copy_from_slice(chunk);
     }
+
+    fn destination(&mut self, _index: usize, offset: usize, len: usize) -> Option<&mut [u8]> {
+        Some(&mut self.0[offset..offset + len])
+    }
 }
 
 /// A plan of one op in one round (send and recv).

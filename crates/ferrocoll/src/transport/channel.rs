@@ -29,6 +29,36 @@ pub(crate) trait Channel: Send {
     /// peer is gone (closed stream, dead process).
     fn recv_some(&mut self, take: &mut dyn FnMut(&[u8]) -> usize) -> io::Result<usize>;
 
+    /// Whether [`Channel::recv_into`] reads the stream straight into the
+    /// caller's memory, one copy fewer than [`Channel::recv_some`]'s offer
+    /// out of a staging buffer (TCP). The engine uses it only then.
+    fn reads_into(&self) -> bool {
+        false
+    }
+
+    /// Moves the next bytes of the stream, at most `dst.len()`, into a
+    /// prefix of `dst` and returns how many (0: nothing now). Unlike
+    /// `recv_some`'s `take`, it may stop at any byte; offers after it stay
+    /// 8-byte aligned whenever the stream position is. An error means the
+    /// peer is gone. Default: through `recv_some` (one copy, as there).
+    fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        self.recv_some(&mut |b| {
+            let n = b.len().min(dst.len());
+            dst[..n].copy_from_slice(&b[..n]);
+            n
+        })
+    }
+
+    /// The engine can do nothing with fewer than `bytes` more bytes of the
+    /// stream (the rest of the frame it is receiving): a channel that is
+    /// polled may have its read descriptor turn readable only once that
+    /// many have arrived (TCP's `SO_RCVLOWAT`), so that a receiver of a
+    /// large message wakes for large reads, not for every packet. Its
+    /// reads still return whatever has arrived. Default: nothing.
+    fn await_bytes(&mut self, bytes: usize) {
+        let _ = bytes;
+    }
+
     /// The file descriptors to poll: the one that turns readable when data
     /// arrives, and the one that turns writable when the stream can take
     /// more (sockets); `None` for channels that signal through a

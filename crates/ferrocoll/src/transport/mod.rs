@@ -141,6 +141,19 @@ pub trait Sink {
     /// Chunks of one message arrive in order and cover it exactly once;
     /// `offset` is a multiple of 8 so chunks hold whole elements.
     fn deliver(&mut self, index: usize, offset: usize, chunk: &[u8]);
+
+    /// Where bytes `offset..offset + len` of incoming message `index` are
+    /// stored unchanged, if they are (a plain copy, not a reduction): a
+    /// transport may then write them there itself (a socket read straight
+    /// into place, saving the copy out of its own buffer) instead of
+    /// calling [`Sink::deliver`]. Writing bytes into a prefix of the slice
+    /// has the effect `deliver(index, offset, those bytes)` would have; the
+    /// rules of `deliver` hold, except that `offset` may be any byte.
+    /// `None` (the default) makes the transport call `deliver`.
+    fn destination(&mut self, index: usize, offset: usize, len: usize) -> Option<&mut [u8]> {
+        let _ = (index, offset, len);
+        None
+    }
 }
 
 /// Moves bytes between the ranks of a group.

@@ -12,6 +12,13 @@
 //! Sockets are non-blocking with `TCP_NODELAY` and 4 MiB buffers; the engine
 //! (`engine.rs`) writes and reads them as far as they go and sleeps in
 //! `poll(2)`, so a ring step sends and receives at once (full duplex).
+//! A frame whose receive stores its payload unchanged (a copy, not a
+//! reduction) or keeps it as unexpected is read from the socket straight
+//! into that memory ([`Channel::recv_into`]); the rest goes through the
+//! channel's staging buffer, which takes many small frames in one read.
+//! While a frame arrives, the socket's receive low-water mark is the rest
+//! of it (up to [`LOWAT_BYTES`]), so a sleeping receiver wakes for large
+//! reads ([`Channel::await_bytes`]).
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
@@ -52,7 +59,18 @@ pub(crate) struct TcpChannel {
     end: usize,
     /// The peer closed its end; what is buffered is still delivered.
     eof: bool,
+    /// By stream: its `SO_RCVLOWAT` now (1, the kernel's default, until
+    /// [`Channel::await_bytes`] sets it).
+    lowat: Vec<usize>,
+    /// The largest `SO_RCVLOWAT` set: a fraction of the receive buffer, so
+    /// that the kernel can always queue that much.
+    lowat_max: usize,
 }
+
+/// The largest `SO_RCVLOWAT` a channel sets: a read of this size costs
+/// one system call per ~100 us at loopback speeds, against one per packet
+/// (64 KiB or less) when every arrival wakes the receiver.
+const LOWAT_BYTES: usize = 256 << 10;
 
 /// Sets the socket options every stream gets: no Nagle delay, kernel
 /// buffers of `size` bytes each way (the kernel may cap it; 0 or less keeps
@@ -87,7 +105,6 @@ impl TcpChannel {
             configure(s, socket_buffer)?;
         }
         Ok(TcpChannel {
-            streams,
             send_at: 0,
             send_left: STRIPE_BYTES,
             recv_at: 0,
@@ -96,8 +113,23 @@ impl TcpChannel {
             start: 0,
             end: 0,
             eof: false,
+            lowat: vec![1; streams.len()],
+            lowat_max: if socket_buffer > 0 {
+                (socket_buffer as usize / 4).clamp(1, LOWAT_BYTES)
+            } else {
+                64 << 10
+            },
+            streams,
         })
     }
+}
+
+/// The error of a stream the peer closed.
+fn closed() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the connection was closed (the process exited or failed)",
+    )
 }
 
 fn would_block(e: &io::Error) -> bool {
@@ -105,6 +137,22 @@ fn would_block(e: &io::Error) -> bool {
         e.kind(),
         io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
     )
+}
+
+impl TcpChannel {
+    /// `n` bytes were read from the stream being read: over several
+    /// streams, the next one takes over at the end of its stripe (one
+    /// stream reads on, whatever the count).
+    fn advance_recv(&mut self, n: usize) {
+        if self.streams.len() == 1 {
+            return;
+        }
+        self.recv_left -= n;
+        if self.recv_left == 0 {
+            self.recv_at = (self.recv_at + 1) % self.streams.len();
+            self.recv_left = STRIPE_BYTES;
+        }
+    }
 }
 
 impl Channel for TcpChannel {
@@ -155,11 +203,7 @@ impl Channel for TcpChannel {
                 Ok(0) => self.eof = true,
                 Ok(n) => {
                     self.end += n;
-                    self.recv_left -= n;
-                    if self.recv_left == 0 {
-                        self.recv_at = (self.recv_at + 1) % self.streams.len();
-                        self.recv_left = STRIPE_BYTES;
-                    }
+                    self.advance_recv(n);
                 }
                 Err(e) if would_block(&e) => {}
                 Err(e) => return Err(e),
@@ -174,12 +218,83 @@ impl Channel for TcpChannel {
         };
         self.start += used;
         if used == 0 && self.eof {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the connection was closed (the process exited or failed)",
-            ));
+            return Err(closed());
         }
         Ok(used)
+    }
+
+    fn reads_into(&self) -> bool {
+        true
+    }
+
+    fn recv_into(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        if dst.is_empty() {
+            return Ok(0);
+        }
+        // What the staging buffer holds comes first, in stream order.
+        if self.start < self.end {
+            let n = (self.end - self.start).min(dst.len());
+            let bytes: &[u8] = bytemuck::cast_slice(&self.buf);
+            dst[..n].copy_from_slice(&bytes[self.start..self.start + n]);
+            self.start += n;
+            return Ok(n);
+        }
+        if self.eof {
+            return Err(closed());
+        }
+        // One stream: as much as the caller wants (fewer system calls);
+        // several: no further than the stripe of the stream being read.
+        let room = if self.streams.len() == 1 {
+            dst.len()
+        } else {
+            dst.len().min(self.recv_left)
+        };
+        match self.streams[self.recv_at].read(&mut dst[..room]) {
+            Ok(0) => {
+                self.eof = true;
+                Err(closed())
+            }
+            Ok(n) => {
+                // The empty buffer's offset keeps following the stream
+                // position mod 8, so later offers stay aligned.
+                self.start = (self.start + n) % 8;
+                self.end = self.start;
+                self.advance_recv(n);
+                Ok(n)
+            }
+            Err(e) if would_block(&e) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn await_bytes(&mut self, bytes: usize) {
+        // What the staging buffer holds is not in the socket any more; over
+        // several streams, the one being read carries the rest of its
+        // stripe only.
+        let mut want = bytes.saturating_sub(self.end - self.start);
+        if self.streams.len() > 1 {
+            want = want.min(self.recv_left);
+        }
+        let want = want.clamp(1, self.lowat_max);
+        let at = self.recv_at;
+        if self.lowat[at] == want {
+            return;
+        }
+        let value = want as libc::c_int;
+        // SAFETY: a valid socket and a pointer to a c_int of the size
+        // passed; a failure leaves the old mark (reads are unaffected).
+        let rc = unsafe {
+            libc::setsockopt(
+                self.streams[at].as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            self.lowat[at] = want;
+        }
     }
 
     fn poll_fds(&self) -> Option<(RawFd, RawFd)> {
@@ -577,6 +692,85 @@ mod tests {
             .unwrap();
         }
         assert!(got == bytes, "stream corrupted");
+    }
+
+    /// Reads straight into the caller's memory (odd sizes, so the stream
+    /// position ends anywhere), mixed with offers of the staging buffer and
+    /// with receive low-water marks, over one stream and two: the bytes
+    /// come in order, and offers from a word boundary stay aligned.
+    #[test]
+    fn recv_into_mixes_with_offers() {
+        for k in [1, 2] {
+            let (mut a, mut b) = pair_of(k);
+            let total = 6 << 20;
+            let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 4099) as u8).collect();
+            let (mut sent, mut got) = (0, Vec::with_capacity(total));
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let sizes = [1usize, 7, 8, 13, 4096, 65_537, 300_001, 1 << 20];
+            let mut turn = 0;
+            while got.len() < total {
+                assert!(Instant::now() < deadline, "stalled at {}", got.len());
+                if sent < total {
+                    sent += a
+                        .send_some(&data[sent..total.min(sent + 1_000_003)])
+                        .unwrap();
+                }
+                turn += 1;
+                let want = sizes[turn % sizes.len()].min(total - got.len());
+                if turn % 3 == 0 {
+                    let mut first_offer = true;
+                    let at = got.len();
+                    b.recv_some(&mut |s| {
+                        if at % 8 == 0 && first_offer && !s.is_empty() {
+                            assert_eq!(s.as_ptr() as usize % 8, 0, "offer misaligned");
+                        }
+                        first_offer = false;
+                        let n = s.len().min(want);
+                        got.extend_from_slice(&s[..n]);
+                        n
+                    })
+                    .unwrap();
+                } else {
+                    let mut dst = vec![0u8; want];
+                    let n = b.recv_into(&mut dst).unwrap();
+                    got.extend_from_slice(&dst[..n]);
+                }
+                b.await_bytes(sizes[(turn * 5) % sizes.len()]);
+            }
+            assert!(got == data, "stream corrupted over {k} streams");
+        }
+    }
+
+    /// The channel trait's own `recv_into` (for channels that stage every
+    /// byte anyway) copies out of `recv_some`'s offer.
+    #[test]
+    fn default_recv_into_goes_through_the_offer() {
+        struct Staged(Vec<u8>, usize);
+        impl Channel for Staged {
+            fn send_some(&mut self, _: &[u8]) -> io::Result<usize> {
+                Ok(0)
+            }
+            fn recv_some(&mut self, take: &mut dyn FnMut(&[u8]) -> usize) -> io::Result<usize> {
+                // Offers up to 10 bytes at a time, as a ring offers up to
+                // its wrap point.
+                let end = self.0.len().min(self.1 + 10);
+                let n = take(&self.0[self.1..end]);
+                self.1 += n;
+                Ok(n)
+            }
+        }
+        let mut c = Staged((0..100u8).collect(), 0);
+        let mut got = Vec::new();
+        let mut dst = [0u8; 7];
+        loop {
+            let n = c.recv_into(&mut dst).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&dst[..n]);
+        }
+        assert_eq!(got, (0..100u8).collect::<Vec<_>>());
+        assert!(!c.reads_into(), "staging channels say so");
     }
 
     #[test]

@@ -44,6 +44,11 @@ pub(super) struct Peer {
     /// The peer said goodbye (its transport was dropped): its channel
     /// closing next is a clean exit, not a crash.
     pub(super) said_bye: bool,
+    /// The last large payload from the peer was read straight into place
+    /// ([`Core::receive_direct`]): its padding and the next header are
+    /// read so too, so that a staging read does not take the start of the
+    /// next (likely large) payload along.
+    pub(super) direct: bool,
 }
 
 pub(super) struct PostedRecv {
@@ -162,6 +167,7 @@ impl Core {
                     to_read: VecDeque::new(),
                     lost: None,
                     said_bye: false,
+                    direct: false,
                 })
                 .collect(),
             calls: Vec::new(),

@@ -363,13 +363,25 @@ impl State {
     fn pump(&mut self, p: usize, chan: &mut dyn Channel, moved: &mut bool) -> io::Result<()> {
         self.write(p, chan, moved)?;
         let core = &mut self.core;
+        let direct = chan.reads_into();
         loop {
-            let n = chan.recv_some(&mut |bytes| core.handle_bytes(p, bytes))?;
+            // Straight into place where the core says the bytes may go
+            // there (a copy saved), else through the channel's offer.
+            let into = if direct {
+                core.receive_direct(p, &mut |dst| chan.recv_into(dst))?
+            } else {
+                None
+            };
+            let n = match into {
+                Some(n) => n,
+                None => chan.recv_some(&mut |bytes| core.handle_bytes(p, bytes))?,
+            };
             if n == 0 {
                 break;
             }
             *moved = true;
         }
+        chan.await_bytes(self.core.bytes_awaited(p));
         if self.read_remotes(p, &mut *chan)? {
             *moved = true;
             // Send the acknowledgements now rather than at the next turn.

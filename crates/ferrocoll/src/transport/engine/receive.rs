@@ -1,6 +1,7 @@
 //! The receive path of the core: frames arriving from a peer's stream,
 //! acknowledgements, remote-data messages and their reading.
 
+use std::io;
 use std::sync::atomic::Ordering;
 
 use super::core::Core;
@@ -10,6 +11,12 @@ use crate::error::Error;
 use crate::transport::wire::{padded, Frame, FrameKind, HEADER_BYTES};
 use crate::transport::Header;
 
+/// Payloads at least this long are read straight into place by
+/// [`Core::receive_direct`] (and the frames after them, until a shorter one
+/// comes); shorter ones through the channel's staging buffer, which takes
+/// many small frames in one read.
+const DIRECT_BYTES: usize = 64 << 10;
+
 impl Core {
     /// Consumes a prefix of `bytes` arriving from `peer`; returns how many.
     pub(super) fn handle_bytes(&mut self, peer: usize, bytes: &[u8]) -> usize {
@@ -18,7 +25,13 @@ impl Core {
             let rest = &bytes[used..];
             match &mut self.peers[peer].rx {
                 Rx::Header { buf, have } => {
-                    let take = (HEADER_BYTES - *have).min(rest.len()) & !7;
+                    // Whole 8-byte words, unless this completes the header:
+                    // the stream position stays a multiple of 8 between
+                    // takes (a direct read may have left `have` anywhere).
+                    let mut take = (HEADER_BYTES - *have).min(rest.len());
+                    if *have + take < HEADER_BYTES {
+                        take = ((*have + take) & !7).saturating_sub(*have);
+                    }
                     if take == 0 {
                         return used;
                     }
@@ -28,100 +41,9 @@ impl Core {
                     if *have < HEADER_BYTES {
                         return used;
                     }
-                    let frame = match Frame::decode(buf) {
-                        Ok(f) => f,
-                        Err(why) => {
-                            self.lose(peer, format!("corrupt stream from rank {peer}: {why}"));
-                            return bytes.len();
-                        }
-                    };
-                    if frame.kind == FrameKind::Probe {
-                        self.probe_arrived(peer, &frame.header);
-                        self.peers[peer].rx = Rx::Header {
-                            buf: [0; HEADER_BYTES],
-                            have: 0,
-                        };
-                        continue;
+                    if !self.start_frame(peer) {
+                        return bytes.len();
                     }
-                    if matches!(frame.kind, FrameKind::Verdict | FrameKind::Position) {
-                        if frame.len > MAX_CONTROL_BYTES {
-                            let why = format!("a control frame of {} bytes", frame.len);
-                            self.lose(peer, format!("corrupt stream from rank {peer}: {why}"));
-                            return bytes.len();
-                        }
-                        self.peers[peer].rx = Rx::Body {
-                            frame,
-                            target: Target::Control(vec![0u64; frame.len.div_ceil(8)]),
-                            got: 0,
-                            crc: 0,
-                        };
-                        self.maybe_finish_body(peer);
-                        continue;
-                    }
-                    if matches!(frame.kind, FrameKind::Lost | FrameKind::Bye) {
-                        if frame.kind == FrameKind::Bye {
-                            self.peers[peer].said_bye = true;
-                        } else {
-                            let culprit = frame.addr as usize;
-                            if culprit < self.peers.len() && culprit != self.me {
-                                self.loss_reported(peer, culprit);
-                            }
-                        }
-                        self.peers[peer].rx = Rx::Header {
-                            buf: [0; HEADER_BYTES],
-                            have: 0,
-                        };
-                        continue;
-                    }
-                    if frame.kind == FrameKind::Ack {
-                        self.acknowledged(peer, &frame);
-                        self.peers[peer].rx = Rx::Header {
-                            buf: [0; HEADER_BYTES],
-                            have: 0,
-                        };
-                        continue;
-                    }
-                    if matches!(frame.kind, FrameKind::Remote | FrameKind::Shared) {
-                        self.remote_arrived(peer, frame);
-                        self.peers[peer].rx = Rx::Header {
-                            buf: [0; HEADER_BYTES],
-                            have: 0,
-                        };
-                        continue;
-                    }
-                    if frame.kind == FrameKind::Abort {
-                        self.aborted.store(true, Ordering::SeqCst);
-                        self.fail_all(&Error::Aborted);
-                        self.peers[peer].rx = Rx::Header {
-                            buf: [0; HEADER_BYTES],
-                            have: 0,
-                        };
-                        continue;
-                    }
-                    let target = match self.find_posted(peer, &frame.header) {
-                        Some((call, idx)) => {
-                            if self.accept(peer, call, idx, &frame.header, frame.len) {
-                                Target::Posted { call, idx }
-                            } else {
-                                Target::Discard
-                            }
-                        }
-                        None => Target::Unexpected(self.unexpected_buffer(frame.len)),
-                    };
-                    // A rendezvous sender waits until its message is
-                    // matched: it is, unless it waits to be (unexpected).
-                    if let Some(token) = rendezvous_token(&frame) {
-                        if !matches!(target, Target::Unexpected(_)) {
-                            self.queue_ack(peer, &frame.header, token);
-                        }
-                    }
-                    self.peers[peer].rx = Rx::Body {
-                        frame,
-                        target,
-                        got: 0,
-                        crc: 0,
-                    };
-                    self.maybe_finish_body(peer);
                 }
                 Rx::Body {
                     frame,
@@ -133,7 +55,8 @@ impl Core {
                     let left = total - *got;
                     let mut take = left.min(rest.len());
                     if take < left {
-                        take &= !7;
+                        // Whole words of the stream (see the header's arm).
+                        take = ((*got + take) & !7).saturating_sub(*got);
                     }
                     if take == 0 {
                         return used;
@@ -165,6 +88,212 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// Lets `read` put the next bytes of `peer`'s stream straight where
+    /// they belong, when that is plain memory: the payload of a frame whose
+    /// receive stores it unchanged ([`crate::transport::Sink::destination`]),
+    /// or that nobody has asked for yet (its unexpected buffer), and, while
+    /// large frames arrive so, the padding and the next header. `read`
+    /// (the channel's `recv_into`) fills a prefix of the slice it is given
+    /// and returns its length. Returns `None` when the next bytes must go
+    /// through [`Core::handle_bytes`] instead (they are reduced, dropped, or
+    /// small frames' bytes, which a channel reads many at a time).
+    ///
+    /// This saves a TCP receiver the copy out of its staging buffer; the
+    /// core stays sans-IO, since `read` is the driver's.
+    pub(super) fn receive_direct(
+        &mut self,
+        peer: usize,
+        read: &mut dyn FnMut(&mut [u8]) -> io::Result<usize>,
+    ) -> io::Result<Option<usize>> {
+        let p = &mut self.peers[peer];
+        match &mut p.rx {
+            Rx::Header { buf, have } => {
+                if !p.direct {
+                    return Ok(None);
+                }
+                let n = read(&mut buf[*have..])?;
+                *have += n;
+                if *have == HEADER_BYTES && !self.start_frame(peer) {
+                    // A corrupt header: the peer is lost, and with it
+                    // whatever follows on its stream.
+                    self.peers[peer].direct = false;
+                }
+                Ok(Some(n))
+            }
+            Rx::Body {
+                frame,
+                target,
+                got,
+                crc,
+            } => {
+                if *got >= frame.len {
+                    // Only the padding is left: read it here too after a
+                    // direct payload, so that a staging read does not take
+                    // the next frame's bytes along with it.
+                    if !p.direct {
+                        return Ok(None);
+                    }
+                    let mut pad = [0u8; 8];
+                    let n = read(&mut pad[..padded(frame.len) - *got])?;
+                    *got += n;
+                    self.maybe_finish_body(peer);
+                    return Ok(Some(n));
+                }
+                // A small frame's bytes are usually in the staging buffer
+                // already, with those of the frames after it.
+                if frame.len < DIRECT_BYTES && !p.direct {
+                    return Ok(None);
+                }
+                let (start, end) = (*got, frame.len);
+                let dst: &mut [u8] = match target {
+                    Target::Posted { call, idx } => {
+                        let c = self.calls[*call].as_mut().expect("live call");
+                        // SAFETY: the call is registered, so its sink is
+                        // alive and its thread is blocked in exchange; we
+                        // hold the mutex (see SinkPtr). The slice is used
+                        // only by `read` below, before this returns.
+                        match unsafe { (*c.sink.0).destination(*idx, start, end - start) } {
+                            Some(d) => d,
+                            None => {
+                                p.direct = false;
+                                return Ok(None);
+                            }
+                        }
+                    }
+                    Target::Unexpected(buf) | Target::Control(buf) => {
+                        &mut bytemuck::cast_slice_mut::<u64, u8>(buf)[start..end]
+                    }
+                    Target::Discard => {
+                        p.direct = false;
+                        return Ok(None);
+                    }
+                };
+                let n = read(dst)?;
+                if frame.addr & CRC_PRESENT != 0 {
+                    *crc = crc32c::crc32c_append(*crc, &dst[..n]);
+                }
+                *got += n;
+                p.direct = frame.len >= DIRECT_BYTES;
+                self.maybe_finish_body(peer);
+                Ok(Some(n))
+            }
+        }
+    }
+
+    /// How many more bytes of `peer`'s stream the frame being received
+    /// needs before it completes (its header, or its body and padding):
+    /// until then, fewer bytes let nothing finish.
+    pub(super) fn bytes_awaited(&self, peer: usize) -> usize {
+        match &self.peers[peer].rx {
+            Rx::Header { have, .. } => HEADER_BYTES - have,
+            Rx::Body { frame, got, .. } => padded(frame.len) - got,
+        }
+    }
+
+    /// The header of the frame arriving from `peer` is complete: decodes
+    /// it and handles it (a control frame) or sets up the receipt of its
+    /// body. Returns false when the stream is corrupt (the peer is lost).
+    fn start_frame(&mut self, peer: usize) -> bool {
+        let Rx::Header { buf: header, .. } = self.peers[peer].rx else {
+            unreachable!("called once a header is complete")
+        };
+        let frame = match Frame::decode(&header) {
+            Ok(f) => f,
+            Err(why) => {
+                self.lose(peer, format!("corrupt stream from rank {peer}: {why}"));
+                return false;
+            }
+        };
+        if frame.kind == FrameKind::Probe {
+            self.probe_arrived(peer, &frame.header);
+            self.peers[peer].rx = Rx::Header {
+                buf: [0; HEADER_BYTES],
+                have: 0,
+            };
+            return true;
+        }
+        if matches!(frame.kind, FrameKind::Verdict | FrameKind::Position) {
+            if frame.len > MAX_CONTROL_BYTES {
+                let why = format!("a control frame of {} bytes", frame.len);
+                self.lose(peer, format!("corrupt stream from rank {peer}: {why}"));
+                return false;
+            }
+            self.peers[peer].rx = Rx::Body {
+                frame,
+                target: Target::Control(vec![0u64; frame.len.div_ceil(8)]),
+                got: 0,
+                crc: 0,
+            };
+            self.maybe_finish_body(peer);
+            return true;
+        }
+        if matches!(frame.kind, FrameKind::Lost | FrameKind::Bye) {
+            if frame.kind == FrameKind::Bye {
+                self.peers[peer].said_bye = true;
+            } else {
+                let culprit = frame.addr as usize;
+                if culprit < self.peers.len() && culprit != self.me {
+                    self.loss_reported(peer, culprit);
+                }
+            }
+            self.peers[peer].rx = Rx::Header {
+                buf: [0; HEADER_BYTES],
+                have: 0,
+            };
+            return true;
+        }
+        if frame.kind == FrameKind::Ack {
+            self.acknowledged(peer, &frame);
+            self.peers[peer].rx = Rx::Header {
+                buf: [0; HEADER_BYTES],
+                have: 0,
+            };
+            return true;
+        }
+        if matches!(frame.kind, FrameKind::Remote | FrameKind::Shared) {
+            self.remote_arrived(peer, frame);
+            self.peers[peer].rx = Rx::Header {
+                buf: [0; HEADER_BYTES],
+                have: 0,
+            };
+            return true;
+        }
+        if frame.kind == FrameKind::Abort {
+            self.aborted.store(true, Ordering::SeqCst);
+            self.fail_all(&Error::Aborted);
+            self.peers[peer].rx = Rx::Header {
+                buf: [0; HEADER_BYTES],
+                have: 0,
+            };
+            return true;
+        }
+        let target = match self.find_posted(peer, &frame.header) {
+            Some((call, idx)) => {
+                if self.accept(peer, call, idx, &frame.header, frame.len) {
+                    Target::Posted { call, idx }
+                } else {
+                    Target::Discard
+                }
+            }
+            None => Target::Unexpected(self.unexpected_buffer(frame.len)),
+        };
+        // A rendezvous sender waits until its message is
+        // matched: it is, unless it waits to be (unexpected).
+        if let Some(token) = rendezvous_token(&frame) {
+            if !matches!(target, Target::Unexpected(_)) {
+                self.queue_ack(peer, &frame.header, token);
+            }
+        }
+        self.peers[peer].rx = Rx::Body {
+            frame,
+            target,
+            got: 0,
+            crc: 0,
+        };
+        self.maybe_finish_body(peer);
+        true
     }
 
     /// A peer has read one of our remote-data messages.

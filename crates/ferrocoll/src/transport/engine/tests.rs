@@ -734,3 +734,231 @@ fn reported_verdict_fails_the_call_when_it_starts() {
         })
     ));
 }
+
+/// A sink that stores each message in place and says where
+/// ([`Sink::destination`]), as the executor's plain copies do.
+struct Place(Vec<Vec<u8>>);
+
+impl Sink for Place {
+    fn deliver(&mut self, index: usize, offset: usize, chunk: &[u8]) {
+        self.0[index][offset..offset + chunk.len()].copy_from_slice(chunk);
+    }
+
+    fn destination(&mut self, index: usize, offset: usize, len: usize) -> Option<&mut [u8]> {
+        Some(&mut self.0[index][offset..offset + len])
+    }
+}
+
+/// Byte `i` of test message `k`.
+fn pattern(k: usize, i: usize) -> u8 {
+    (i.wrapping_mul(31) + k * 7 + (i >> 9)) as u8
+}
+
+/// Feeds `wire` to `core` from peer 0 as the driver's pump does over a
+/// channel that reads straight into place: [`Core::receive_direct`] where
+/// the core says so, [`Core::handle_bytes`] otherwise, both given at most
+/// the next of `steps` bytes at a time (odd sizes, so that reads stop
+/// anywhere).
+fn pump_wire(core: &mut Core, wire: &[u8], steps: &[usize]) -> usize {
+    let (mut pos, mut direct, mut turn) = (0, 0, 0);
+    while pos < wire.len() {
+        let step = steps[turn % steps.len()];
+        turn += 1;
+        let avail = step.min(wire.len() - pos);
+        let mut read = |dst: &mut [u8]| {
+            let n = dst.len().min(avail);
+            dst[..n].copy_from_slice(&wire[pos..pos + n]);
+            Ok(n)
+        };
+        let n = match core.receive_direct(0, &mut read).unwrap() {
+            Some(n) => {
+                direct += n;
+                n
+            }
+            None => {
+                // Offers end where the stream is whole words, as a
+                // channel's do unless the stream stops short of one.
+                let end = if pos + avail == wire.len() {
+                    wire.len()
+                } else {
+                    (pos + avail) & !7
+                };
+                let end = if end <= pos {
+                    wire.len().min(pos + 8)
+                } else {
+                    end
+                };
+                core.handle_bytes(0, &wire[pos..end])
+            }
+        };
+        pos += n;
+        assert!(n > 0 || turn < 100_000, "no progress at byte {pos}");
+    }
+    direct
+}
+
+/// Messages at and around the word, header and direct-read boundaries, in
+/// one stream: posted before they arrive or not (unexpected), into a sink
+/// that takes them in place or one that only takes deliveries (as a
+/// reduction), with checksums on or off. Each arrives whole, and the large
+/// ones mostly straight into place.
+#[test]
+fn direct_receive_at_every_boundary() {
+    let lens = [
+        0usize,
+        1,
+        7,
+        8,
+        9,
+        63,
+        64,
+        65,
+        4095,
+        65_535,
+        65_536,
+        65_537,
+        65_543,
+        5,
+        200_003,
+        3,
+        1 << 20 | 3,
+        16,
+        300_000,
+    ];
+    for checksums in [false, true] {
+        for steps in [&[1usize << 20][..], &[1, 3, 8, 61, 4096, 65_541, 1 << 20]] {
+            let now = Instant::now();
+            let ledger = || Arc::new(Mutex::new(Ledger::new()));
+            let mut a = Core::new(0, &[false, true], checksums, ledger());
+            let mut b = Core::new(1, &[true, false], checksums, ledger());
+            let data: Vec<Vec<u8>> = lens
+                .iter()
+                .enumerate()
+                .map(|(k, &len)| (0..len).map(|i| pattern(k, i)).collect())
+                .collect();
+            let mut none = Got::default();
+            let mut sends = Vec::new();
+            for (k, d) in data.iter().enumerate() {
+                let out = [Outgoing { peer: 1, data: d }];
+                // SAFETY: `data` and `none` outlive the calls (retired below).
+                let s = unsafe { add(&mut a, &header(k as u64, 1), &out, &[], &mut none, now) };
+                sends.push(s.unwrap());
+            }
+            let mut wire = Vec::new();
+            while let Some(bytes) = a.poll_transmit(1) {
+                let n = bytes.len();
+                wire.extend_from_slice(bytes);
+                a.handle_written(1, n);
+            }
+            for s in sends {
+                assert!(matches!(a.poll_call(s), Some(Ok(()))));
+                a.retire(s);
+            }
+            // Even messages are posted first; odd ones arrive unexpected.
+            // Messages 0 mod 4 and 1 mod 4 go to a sink that takes them in
+            // place, the others to one that takes deliveries only.
+            let mut places: Vec<Place> = lens.iter().map(|&l| Place(vec![vec![0; l]])).collect();
+            let mut gots: Vec<Got> = lens.iter().map(|_| Got::default()).collect();
+            let mut calls = vec![None; lens.len()];
+            let post = |b: &mut Core, k: usize, place: &mut Place, got: &mut Got| {
+                let recvs = [Incoming {
+                    peer: 0,
+                    len: lens[k],
+                }];
+                let sink: &mut dyn Sink = if k % 4 < 2 { place } else { got };
+                // SAFETY: the sinks outlive the calls (retired below).
+                unsafe {
+                    b.add_call(
+                        &header(k as u64, 1),
+                        &[],
+                        &recvs,
+                        sink,
+                        now,
+                        now + Duration::from_secs(1),
+                        |_| Route::Stream {
+                            flip: false,
+                            rendezvous: false,
+                        },
+                    )
+                }
+                .unwrap()
+            };
+            for k in (0..lens.len()).step_by(2) {
+                calls[k] = Some(post(&mut b, k, &mut places[k], &mut gots[k]));
+            }
+            let direct = pump_wire(&mut b, &wire, steps);
+            assert!(
+                direct >= 300_000,
+                "only {direct} bytes went straight into place"
+            );
+            for k in (1..lens.len()).step_by(2) {
+                calls[k] = Some(post(&mut b, k, &mut places[k], &mut gots[k]));
+            }
+            for (k, call) in calls.into_iter().enumerate() {
+                let call = call.unwrap();
+                let what = format!("message {k} ({} B), checksums {checksums}", lens[k]);
+                assert!(matches!(b.poll_call(call), Some(Ok(()))), "{what}");
+                b.retire(call);
+                let got = if k % 4 < 2 {
+                    std::mem::take(&mut places[k].0[0])
+                } else {
+                    gots[k].0.pop().unwrap_or_default()
+                };
+                assert!(got == data[k], "{what}: wrong bytes");
+            }
+        }
+    }
+}
+
+/// A payload bit flipped on the way fails the receive that read it
+/// straight into place, as it fails one that took it through deliveries.
+#[test]
+fn direct_receive_checks_the_checksum() {
+    let now = Instant::now();
+    let ledger = || Arc::new(Mutex::new(Ledger::new()));
+    let mut a = Core::new(0, &[false, true], true, ledger());
+    let mut b = Core::new(1, &[true, false], true, ledger());
+    let len = 300_001;
+    let data: Vec<u8> = (0..len).map(|i| pattern(1, i)).collect();
+    let mut none = Got::default();
+    let out = [Outgoing {
+        peer: 1,
+        data: &data,
+    }];
+    // SAFETY: `data` and `none` outlive the call (retired below).
+    let s = unsafe { add(&mut a, &header(0, 1), &out, &[], &mut none, now) }.unwrap();
+    let mut wire = Vec::new();
+    while let Some(bytes) = a.poll_transmit(1) {
+        let n = bytes.len();
+        wire.extend_from_slice(bytes);
+        a.handle_written(1, n);
+    }
+    a.retire(s);
+    wire[64 + 250_000] ^= 0x10;
+    let mut place = Place(vec![vec![0; len]]);
+    let recvs = [Incoming { peer: 0, len }];
+    // SAFETY: `place` outlives the call (retired below).
+    let r = unsafe {
+        b.add_call(
+            &header(0, 1),
+            &[],
+            &recvs,
+            &mut place,
+            now,
+            now + Duration::from_secs(1),
+            |_| Route::Stream {
+                flip: false,
+                rendezvous: false,
+            },
+        )
+    }
+    .unwrap();
+    // The first read takes the header and some payload through the offer;
+    // the rest goes straight into place.
+    assert!(pump_wire(&mut b, &wire, &[4096, 1 << 20]) > 250_000);
+    assert!(
+        matches!(b.poll_call(r), Some(Err(Error::Corrupted { .. }))),
+        "a flipped bit went unnoticed"
+    );
+    b.retire(r);
+}

@@ -41,6 +41,18 @@ impl Engine {
                 return (st, result);
             }
             if moved {
+                // Past the spin, a rank whose channels are all sockets
+                // sleeps in poll(2) even while bytes move: a socket wakes
+                // it once the frame being received has the bytes it needs
+                // (`Channel::await_bytes`) or the peer took some of ours,
+                // so a large message is read in large reads; polling again
+                // at once reads each packet as it lands (a system call
+                // each, and the socket's lock taken from the sender).
+                let now = Instant::now();
+                if now < spin_until || !st.all_polled() {
+                    continue;
+                }
+                st = self.sleep(st, id, token, now);
                 continue;
             }
             let now = Instant::now();
@@ -90,34 +102,55 @@ impl Engine {
                 st = self.lock();
                 continue;
             }
-            let mut slice = st
-                .core
-                .deadline(id)
-                .saturating_duration_since(now)
-                .min(SLEEP_SLICE);
-            if self.active.load(Ordering::SeqCst) > 1 {
-                slice = slice.min(Duration::from_millis(1));
-            }
-            let (polls, all_fds) = st.poll_set();
-            drop(st);
-            if polls.is_empty() {
-                self.bell.wait(token, slice);
-            } else {
-                // Sockets wake poll; shared-memory peers (if any) only ring
-                // the doorbell, so then poll in short slices.
-                let slice = if all_fds {
-                    slice
-                } else {
-                    slice.min(Duration::from_millis(1))
-                };
-                poll_fds(polls, slice);
-            }
-            st = self.lock();
+            st = self.sleep(st, id, token, now);
         }
+    }
+
+    /// Sleeps until a channel may move, the doorbell rings (`token`: the
+    /// count read before the last look), or a slice of call `id`'s time
+    /// to its deadline passes, and takes the lock again.
+    fn sleep<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        id: usize,
+        token: u64,
+        now: Instant,
+    ) -> MutexGuard<'a, State> {
+        let mut slice = st
+            .core
+            .deadline(id)
+            .saturating_duration_since(now)
+            .min(SLEEP_SLICE);
+        if self.active.load(Ordering::SeqCst) > 1 {
+            slice = slice.min(Duration::from_millis(1));
+        }
+        let (polls, all_fds) = st.poll_set();
+        drop(st);
+        if polls.is_empty() {
+            self.bell.wait(token, slice);
+        } else {
+            // Sockets wake poll; shared-memory peers (if any) only ring
+            // the doorbell, so then poll in short slices.
+            let slice = if all_fds {
+                slice
+            } else {
+                slice.min(Duration::from_millis(1))
+            };
+            poll_fds(polls, slice);
+        }
+        self.lock()
     }
 }
 
 impl State {
+    /// Whether every live channel is one to poll (sockets): then a poll
+    /// sees everything that can move.
+    fn all_polled(&self) -> bool {
+        self.chans.iter().enumerate().all(|(p, c)| {
+            self.core.is_lost(p) || c.as_ref().map_or(true, |c| c.poll_fds().is_some())
+        })
+    }
+
     /// What to sleep on in `poll(2)`: the listener while TCP peers are
     /// still to connect, and every live channel's descriptors (writable
     /// too where frames wait). The flag says whether every channel has
