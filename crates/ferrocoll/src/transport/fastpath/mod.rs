@@ -556,7 +556,12 @@ impl FastPath {
             return Err(Error::Aborted);
         }
         if link.is_broken() || self.notices_changed() {
-            self.checkup(link, header, from, false)?;
+            // As the engine's precheck: sending to a gone peer fails at
+            // once; receiving from one fails only if what it wrote before
+            // leaving does not hold the message (the waits' checkups see
+            // that, once a pass has looked). The notice may be the goodbye
+            // of a peer whose message for this call is already here.
+            self.checkup(link, header, to, false)?;
         }
         let mut wait = Wait::new(link, timeout);
         let passes = (payload, to, from, &mut *got);
