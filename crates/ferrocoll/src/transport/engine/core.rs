@@ -158,10 +158,7 @@ impl Core {
                 .map(|&connected| Peer {
                     connected,
                     sendq: VecDeque::new(),
-                    rx: Rx::Header {
-                        buf: [0; HEADER_BYTES],
-                        have: 0,
-                    },
+                    rx: Rx::next_header(),
                     unexpected: VecDeque::new(),
                     unacked: Vec::new(),
                     to_read: VecDeque::new(),

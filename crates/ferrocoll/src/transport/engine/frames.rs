@@ -154,6 +154,16 @@ pub(super) enum Rx {
     },
 }
 
+impl Rx {
+    /// Waiting for the first byte of the next frame's header.
+    pub(super) fn next_header() -> Rx {
+        Rx::Header {
+            buf: [0; HEADER_BYTES],
+            have: 0,
+        }
+    }
+}
+
 /// A complete message nobody had asked for when it arrived.
 pub(super) struct Unexpected {
     pub(super) header: Header,

@@ -208,10 +208,7 @@ impl Core {
         };
         if frame.kind == FrameKind::Probe {
             self.probe_arrived(peer, &frame.header);
-            self.peers[peer].rx = Rx::Header {
-                buf: [0; HEADER_BYTES],
-                have: 0,
-            };
+            self.peers[peer].rx = Rx::next_header();
             return true;
         }
         if matches!(frame.kind, FrameKind::Verdict | FrameKind::Position) {
@@ -238,35 +235,23 @@ impl Core {
                     self.loss_reported(peer, culprit);
                 }
             }
-            self.peers[peer].rx = Rx::Header {
-                buf: [0; HEADER_BYTES],
-                have: 0,
-            };
+            self.peers[peer].rx = Rx::next_header();
             return true;
         }
         if frame.kind == FrameKind::Ack {
             self.acknowledged(peer, &frame);
-            self.peers[peer].rx = Rx::Header {
-                buf: [0; HEADER_BYTES],
-                have: 0,
-            };
+            self.peers[peer].rx = Rx::next_header();
             return true;
         }
         if matches!(frame.kind, FrameKind::Remote | FrameKind::Shared) {
             self.remote_arrived(peer, frame);
-            self.peers[peer].rx = Rx::Header {
-                buf: [0; HEADER_BYTES],
-                have: 0,
-            };
+            self.peers[peer].rx = Rx::next_header();
             return true;
         }
         if frame.kind == FrameKind::Abort {
             self.aborted.store(true, Ordering::SeqCst);
             self.fail_all(&Error::Aborted);
-            self.peers[peer].rx = Rx::Header {
-                buf: [0; HEADER_BYTES],
-                have: 0,
-            };
+            self.peers[peer].rx = Rx::next_header();
             return true;
         }
         let target = match self.find_posted(peer, &frame.header) {
@@ -391,13 +376,7 @@ impl Core {
         if *got < padded(frame.len) {
             return;
         }
-        let rx = std::mem::replace(
-            &mut self.peers[peer].rx,
-            Rx::Header {
-                buf: [0; HEADER_BYTES],
-                have: 0,
-            },
-        );
+        let rx = std::mem::replace(&mut self.peers[peer].rx, Rx::next_header());
         let Rx::Body {
             frame, target, crc, ..
         } = rx
