@@ -11,8 +11,8 @@
 //! one. A sample is a loop of calls of one algorithm timed as a whole, the
 //! way `ferrocoll bench` and the peers' benchmarks time theirs: enough
 //! calls to fill `--sample-ms` (default 20 ms) and never fewer than
-//! [`MIN_CALLS`], each algorithm's count from a timed loop of its own after
-//! warming up; the sample is the loop's mean per call on the slowest rank.
+//! [`MIN_CALLS`], each algorithm's count from a timed loop of its own (at
+//! least 2 ms) after warming up; the sample is the loop's mean per call on the slowest rank.
 //! Each algorithm's median, p10 and p90 go into the table, and the printed
 //! line says whether the winner is separated from the runner-up (its p90
 //! below the runner-up's p10) or within noise.
@@ -115,9 +115,14 @@ pub const MIN_CALLS: usize = 5;
 const MAX_CALLS: usize = 2000;
 
 /// Calls of each algorithm before it is timed (connections, buffers and
-/// caches warmed), and then in the timed loop that sizes its samples.
+/// caches warmed).
 const WARMUP_CALLS: usize = 2;
-const PROBE_CALLS: usize = 3;
+
+/// The least time the loop that sizes an algorithm's samples runs (its
+/// count grows by 4 until it does): a loop of a fixed 3 calls, under load
+/// from elsewhere, gave one algorithm 605 calls per sample and another 55
+/// at the same time per call (bench/RESULTS.md, 4-rank selection).
+const PROBE_SECONDS: f64 = 2e-3;
 
 /// Calls per sample for an algorithm whose calls take `per_call` seconds,
 /// so that a sample lasts about `sample_seconds`.
@@ -164,19 +169,30 @@ fn measure(comm: &Communicator, plan: &Plan, json: bool) -> Result<Vec<TunePoint
                 }
                 Ok(t.elapsed().as_secs_f64() / calls as f64)
             };
-            // Each algorithm's calls per sample from a timed loop of its
-            // own after warming up, the slowest rank's, so that every rank
-            // runs the same loops and every algorithm's samples last alike.
+            // Each algorithm's calls per sample from timed loops of its
+            // own after warming up (at least PROBE_SECONDS long), the
+            // slowest rank's, so that every rank runs the same loops and
+            // every algorithm's samples last alike.
             let mut probe = Vec::with_capacity(handles.len());
             for h in &handles {
                 for _ in 0..WARMUP_CALLS {
                     call(h, coll, &send, &mut recv, ReduceOp::Sum, 0, &counts)?;
                 }
-                probe.push(run(h, PROBE_CALLS, &mut recv)?);
+                // The slowest rank's time decides, so every rank leaves
+                // the loop at the same count.
+                let mut calls = 1;
+                let per_call = loop {
+                    let mine = [run(h, calls, &mut recv)?];
+                    let mut slowest = [0.0f64];
+                    comm.all_reduce(&mine, &mut slowest, ReduceOp::Max)?;
+                    if slowest[0] * calls as f64 >= PROBE_SECONDS || calls >= MAX_CALLS {
+                        break slowest[0];
+                    }
+                    calls *= 4;
+                };
+                probe.push(per_call);
             }
-            let mut slowest_probe = vec![0.0f64; probe.len()];
-            comm.all_reduce(&probe, &mut slowest_probe, ReduceOp::Max)?;
-            let batches: Vec<usize> = slowest_probe
+            let batches: Vec<usize> = probe
                 .iter()
                 .map(|&t| calls_per_sample(plan.sample_seconds, t))
                 .collect();
@@ -374,4 +390,21 @@ pub fn main(args: &TuneArgs) -> Result<(), CliError> {
         path.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sample_fills_its_time_but_never_has_fewer_than_min_calls() {
+        // 100 us calls, 20 ms samples: 200 calls.
+        assert_eq!(calls_per_sample(20e-3, 100e-6), 200);
+        // A call longer than the sample: still a loop, not one call (the
+        // single-call samples that did not separate ring from direct).
+        assert_eq!(calls_per_sample(20e-3, 50e-3), MIN_CALLS);
+        // Tiny calls are capped; a zero time does not divide by zero.
+        assert_eq!(calls_per_sample(20e-3, 1e-9), MAX_CALLS);
+        assert_eq!(calls_per_sample(20e-3, 0.0), MAX_CALLS);
+    }
 }
