@@ -8,10 +8,22 @@
 //! is timed in `--samples` rounds. The algorithms take turns within a
 //! round, each round starting with the next one, so that a burst of load
 //! from elsewhere on a shared machine falls on all of them rather than on
-//! one. A sample is the mean of a batch of calls (enough to fill about
-//! 5 ms) on the slowest rank; each algorithm's median, p10 and p90 go into
-//! the table, and the printed line says whether the winner is separated
-//! from the runner-up (its p90 below the runner-up's p10) or within noise.
+//! one. A sample is a loop of calls of one algorithm timed as a whole, the
+//! way `ferrocoll bench` and the peers' benchmarks time theirs: enough
+//! calls to fill `--sample-ms` (default 20 ms) and never fewer than
+//! [`MIN_CALLS`], each algorithm's count from a timed loop of its own (at
+//! least 2 ms) after warming up; the sample is the loop's mean per call on the slowest rank.
+//! Each algorithm's median, p10 and p90 go into the table, and the printed
+//! line says whether the winner is separated from the runner-up (its p90
+//! below the runner-up's p10) or within noise.
+//!
+//! Why loops and not single calls: with more ranks than cores (4 ranks on
+//! 2 cores) one call's time is mostly where the scheduler's time slices
+//! fell, so a sample of one call (what the old 5 ms budget gave from 4 MiB
+//! up) did not separate `ring` from `direct`, while the bench's loops of
+//! 100 calls found the ring up to 1.5x faster (bench/RESULTS.md, issue 20
+//! item 5). A loop averages over many slices, and an algorithm that needs
+//! fewer peers on a CPU at once shows it.
 //!
 //! Ranks are threads (`--transport thread`) or processes started through
 //! `ferrocoll run` (`shm`, `tcp`), or the job's ranks under a launcher, as
@@ -56,6 +68,12 @@ pub struct TuneArgs {
     /// Timed samples per algorithm and size (default 7; 3 with --quick).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     samples: Option<u32>,
+    /// How long one timed sample (a loop of calls of one algorithm) should
+    /// last, in milliseconds (default 20; 5 with --quick). Longer samples
+    /// average over more of the scheduler's time slices when ranks share
+    /// cores.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    sample_ms: Option<u32>,
     /// A coarse, fast table: sizes by 16 and 3 samples unless given.
     #[arg(long)]
     quick: bool,
@@ -82,12 +100,35 @@ struct Plan {
     max: usize,
     factor: usize,
     samples: u32,
+    /// Seconds one sample should last.
+    sample_seconds: f64,
 }
 
-/// Seconds a timed batch should take: long enough that the clock's
-/// resolution and one call's jitter do not matter, short enough that a
-/// round of every algorithm stays within one load regime.
-const BATCH_SECONDS: f64 = 5e-3;
+/// The fewest calls in one sample, whatever `--sample-ms` gives: a loop of
+/// a few calls lets the ranks fall into the schedule an algorithm runs in
+/// back to back (as an application calls it), where one call measures
+/// mostly its start.
+pub const MIN_CALLS: usize = 5;
+
+/// The most calls in one sample: at small sizes `--sample-ms` would ask for
+/// tens of thousands; past this the mean no longer moves.
+const MAX_CALLS: usize = 2000;
+
+/// Calls of each algorithm before it is timed (connections, buffers and
+/// caches warmed).
+const WARMUP_CALLS: usize = 2;
+
+/// The least time the loop that sizes an algorithm's samples runs (its
+/// count grows by 4 until it does): a loop of a fixed 3 calls, under load
+/// from elsewhere, gave one algorithm 605 calls per sample and another 55
+/// at the same time per call (bench/RESULTS.md, 4-rank selection).
+const PROBE_SECONDS: f64 = 2e-3;
+
+/// Calls per sample for an algorithm whose calls take `per_call` seconds,
+/// so that a sample lasts about `sample_seconds`.
+fn calls_per_sample(sample_seconds: f64, per_call: f64) -> usize {
+    (sample_seconds / per_call.max(1e-8)).clamp(MIN_CALLS as f64, MAX_CALLS as f64) as usize
+}
 
 /// The `q`-quantile of sorted `v` (nearest rank).
 fn quantile(v: &[f64], q: f64) -> f64 {
@@ -120,42 +161,46 @@ fn measure(comm: &Communicator, plan: &Plan, json: bool) -> Result<Vec<TunePoint
                 .iter()
                 .map(|&a| comm.with_options(CallOptions::algorithm(a)))
                 .collect();
-            // Batch length from one warmed-up call of the first algorithm,
-            // the slowest rank's, so that every rank runs the same batches.
+            let run = |h: &Communicator, calls: usize, recv: &mut [f32]| -> Result<f64, CliError> {
+                comm.barrier()?;
+                let t = Instant::now();
+                for _ in 0..calls {
+                    call(h, coll, &send, recv, ReduceOp::Sum, 0, &counts)?;
+                }
+                Ok(t.elapsed().as_secs_f64() / calls as f64)
+            };
+            // Each algorithm's calls per sample from timed loops of its
+            // own after warming up (at least PROBE_SECONDS long), the
+            // slowest rank's, so that every rank runs the same loops and
+            // every algorithm's samples last alike.
+            let mut probe = Vec::with_capacity(handles.len());
             for h in &handles {
-                call(h, coll, &send, &mut recv, ReduceOp::Sum, 0, &counts)?;
+                for _ in 0..WARMUP_CALLS {
+                    call(h, coll, &send, &mut recv, ReduceOp::Sum, 0, &counts)?;
+                }
+                // The slowest rank's time decides, so every rank leaves
+                // the loop at the same count.
+                let mut calls = 1;
+                let per_call = loop {
+                    let mine = [run(h, calls, &mut recv)?];
+                    let mut slowest = [0.0f64];
+                    comm.all_reduce(&mine, &mut slowest, ReduceOp::Max)?;
+                    if slowest[0] * calls as f64 >= PROBE_SECONDS || calls >= MAX_CALLS {
+                        break slowest[0];
+                    }
+                    calls *= 4;
+                };
+                probe.push(per_call);
             }
-            let t = Instant::now();
-            call(
-                &handles[0],
-                coll,
-                &send,
-                &mut recv,
-                ReduceOp::Sum,
-                0,
-                &counts,
-            )?;
-            let mut one = [0.0f64];
-            comm.all_reduce(&[t.elapsed().as_secs_f64()], &mut one, ReduceOp::Max)?;
-            let batch = (BATCH_SECONDS / one[0].max(1e-7)).clamp(1.0, 200.0) as usize;
+            let batches: Vec<usize> = probe
+                .iter()
+                .map(|&t| calls_per_sample(plan.sample_seconds, t))
+                .collect();
             let mut samples: Vec<Vec<f64>> = vec![Vec::new(); algos.len()];
             for round in 0..plan.samples as usize {
                 for k in 0..algos.len() {
                     let i = (round + k) % algos.len();
-                    comm.barrier()?;
-                    let t = Instant::now();
-                    for _ in 0..batch {
-                        call(
-                            &handles[i],
-                            coll,
-                            &send,
-                            &mut recv,
-                            ReduceOp::Sum,
-                            0,
-                            &counts,
-                        )?;
-                    }
-                    let mine = [t.elapsed().as_secs_f64() / batch as f64];
+                    let mine = [run(&handles[i], batches[i], &mut recv)?];
                     let mut slowest = [0.0f64];
                     comm.all_reduce(&mine, &mut slowest, ReduceOp::Max)?;
                     samples[i].push(slowest[0]);
@@ -164,64 +209,65 @@ fn measure(comm: &Communicator, plan: &Plan, json: bool) -> Result<Vec<TunePoint
             if rank != 0 {
                 continue;
             }
-            let mut times: Vec<Measured> = algos
+            let mut times: Vec<(Measured, usize)> = algos
                 .iter()
                 .zip(samples.iter_mut())
-                .map(|(a, s)| {
+                .zip(&batches)
+                .map(|((a, s), &calls)| {
                     s.sort_by(f64::total_cmp);
-                    Measured {
+                    let m = Measured {
                         algo: a.name().to_string(),
                         median_us: quantile(s, 0.5) * 1e6,
                         p10_us: quantile(s, 0.1) * 1e6,
                         p90_us: quantile(s, 0.9) * 1e6,
                         samples: s.len(),
-                    }
+                    };
+                    (m, calls)
                 })
                 .collect();
-            times.sort_by(|a, b| a.median_us.total_cmp(&b.median_us));
+            times.sort_by(|a, b| a.0.median_us.total_cmp(&b.0.median_us));
             let bytes = comm.call_bytes(coll, size.count, DType::F32);
-            report_point(coll, bytes, &times, batch, json)?;
+            report_point(coll, bytes, &times, json)?;
             points.push(TunePoint {
                 coll: coll.name().to_string(),
                 bytes,
-                times,
+                times: times.into_iter().map(|(m, _)| m).collect(),
             });
         }
     }
     Ok(points)
 }
 
-/// Prints one point: every algorithm's median [p10, p90], and whether the
-/// winner is separated from the runner-up.
+/// Prints one point: every algorithm's median [p10, p90] and calls per
+/// sample, and whether the winner is separated from the runner-up.
 fn report_point(
     coll: Collective,
     bytes: usize,
-    times: &[Measured],
-    batch: usize,
+    times: &[(Measured, usize)],
     json: bool,
 ) -> Result<(), CliError> {
     let mut out = io::stdout().lock();
     let verdict = match times {
-        [w, r, ..] if w.p90_us < r.p10_us => format!(
+        [(w, _), (r, _), ..] if w.p90_us < r.p10_us => format!(
             "{} wins, separated from {} ({:.2}x)",
             w.algo,
             r.algo,
             r.median_us / w.median_us
         ),
-        [w, r, ..] => format!(
+        [(w, _), (r, _), ..] => format!(
             "{} wins, within noise of {} ({:.2}x)",
             w.algo,
             r.algo,
             r.median_us / w.median_us
         ),
-        [w] => format!("{} (the only candidate)", w.algo),
+        [(w, _)] => format!("{} (the only candidate)", w.algo),
         [] => String::new(),
     };
-    writeln!(out, "{coll} {bytes} B ({batch} calls/sample): {verdict}")?;
-    for m in times {
+    writeln!(out, "{coll} {bytes} B: {verdict}")?;
+    for (m, calls) in times {
         writeln!(
             out,
-            "  {:<18} median {:>12.2} us  p10 {:>12.2}  p90 {:>12.2}  ({} samples)",
+            "  {:<18} median {:>12.2} us  p10 {:>12.2}  p90 {:>12.2}  ({} samples of {calls} calls)",
             m.algo, m.median_us, m.p10_us, m.p90_us, m.samples
         )?;
         if json {
@@ -230,7 +276,7 @@ fn report_point(
                 "{}",
                 serde_json::json!({"coll": coll.name(), "bytes": bytes, "algo": m.algo,
                     "median_us": m.median_us, "p10_us": m.p10_us, "p90_us": m.p90_us,
-                    "samples": m.samples})
+                    "samples": m.samples, "calls_per_sample": calls})
             )?;
         }
     }
@@ -266,6 +312,7 @@ pub fn main(args: &TuneArgs) -> Result<(), CliError> {
         max: args.maxbytes,
         factor: args.stepfactor.unwrap_or(if args.quick { 16 } else { 4 }) as usize,
         samples: args.samples.unwrap_or(if args.quick { 3 } else { 7 }),
+        sample_seconds: f64::from(args.sample_ms.unwrap_or(if args.quick { 5 } else { 20 })) * 1e-3,
     };
     let in_job = crate::run::in_job();
     let transport = args.transport.as_str();
@@ -343,4 +390,21 @@ pub fn main(args: &TuneArgs) -> Result<(), CliError> {
         path.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sample_fills_its_time_but_never_has_fewer_than_min_calls() {
+        // 100 us calls, 20 ms samples: 200 calls.
+        assert_eq!(calls_per_sample(20e-3, 100e-6), 200);
+        // A call longer than the sample: still a loop, not one call (the
+        // single-call samples that did not separate ring from direct).
+        assert_eq!(calls_per_sample(20e-3, 50e-3), MIN_CALLS);
+        // Tiny calls are capped; a zero time does not divide by zero.
+        assert_eq!(calls_per_sample(20e-3, 1e-9), MAX_CALLS);
+        assert_eq!(calls_per_sample(20e-3, 0.0), MAX_CALLS);
+    }
 }
