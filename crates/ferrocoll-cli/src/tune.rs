@@ -130,6 +130,39 @@ fn calls_per_sample(sample_seconds: f64, per_call: f64) -> usize {
     (sample_seconds / per_call.max(1e-8)).clamp(MIN_CALLS as f64, MAX_CALLS as f64) as usize
 }
 
+/// Warns when the machine is busy before tuning starts (the one-minute
+/// load average at least the number of cores): with ranks sharing cores,
+/// load from elsewhere reorders the algorithms (4 ranks on 2 cores under a
+/// compiler's load had `direct` win where the ring wins on a quiet machine:
+/// bench/RESULTS.md, 4-rank selection), and the table would keep that
+/// order for every later run.
+fn warn_if_loaded() {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if let Some(load) = load_average() {
+        if let Some(warning) = load_warning(load, cores) {
+            eprintln!("tune: {warning}");
+        }
+    }
+}
+
+/// The one-minute load average (Linux `/proc/loadavg`), if readable.
+fn load_average() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// The warning for a one-minute load of `load` on `cores` cores, if the
+/// machine is too busy to tune on.
+fn load_warning(load: f64, cores: usize) -> Option<String> {
+    (load >= cores as f64).then(|| {
+        format!(
+            "the machine is busy (load {load:.2} on {cores} cores) before tuning starts; \
+             load from elsewhere changes which algorithm wins when ranks share cores, \
+             and the table keeps that order: tune on a quiet machine"
+        )
+    })
+}
+
 /// The `q`-quantile of sorted `v` (nearest rank).
 fn quantile(v: &[f64], q: f64) -> f64 {
     let i = ((v.len() - 1) as f64 * q).round() as usize;
@@ -317,6 +350,9 @@ pub fn main(args: &TuneArgs) -> Result<(), CliError> {
     let in_job = crate::run::in_job();
     let transport = args.transport.as_str();
     let n = args.ranks.unwrap_or(4);
+    if !in_job {
+        warn_if_loaded();
+    }
     if !in_job && transport != "thread" {
         return crate::run::relaunch_self(n, transport, "tuning");
     }
@@ -395,6 +431,21 @@ pub fn main(args: &TuneArgs) -> Result<(), CliError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_busy_machine_is_warned_about_and_a_quiet_one_is_not() {
+        let busy = load_warning(2.5, 2).expect("load above the cores warns");
+        assert!(busy.contains("load 2.50 on 2 cores"), "{busy}");
+        assert!(
+            load_warning(2.0, 2).is_some(),
+            "load equal to the cores warns"
+        );
+        assert!(load_warning(1.2, 2).is_none(), "a quiet machine does not");
+        assert!(
+            load_average().is_some(),
+            "/proc/loadavg is readable on Linux"
+        );
+    }
 
     #[test]
     fn a_sample_fills_its_time_but_never_has_fewer_than_min_calls() {
