@@ -251,7 +251,20 @@ impl Link<'_> {
     /// waits (and when a notice arrived): runs the engine once (notices,
     /// abort, frames), looks for dead peers if `liveness` and it is time,
     /// and fails the call `header` as [`Core::bypass_checkup`] says.
-    pub(crate) fn checkup(&self, header: &Header, awaited: &[usize], liveness: bool) -> Result<()> {
+    ///
+    /// `still_missing()`: whether the call still lacks something from the
+    /// peers in `awaited`. It is asked, under the engine's lock (so it must
+    /// not take it), only when one of them is gone: a gone peer fails the
+    /// call, and is declared the origin of the failure to every rank, only
+    /// if it is still needed. A call that can get further returns `Ok`
+    /// instead, and nothing is declared.
+    pub(crate) fn checkup(
+        &self,
+        header: &Header,
+        awaited: &[usize],
+        liveness: bool,
+        still_missing: &dyn Fn() -> bool,
+    ) -> Result<()> {
         let e = self.engine;
         if self.is_aborted() {
             return Err(Error::Aborted);
@@ -267,7 +280,7 @@ impl Link<'_> {
                 st.check_liveness(now);
             }
         }
-        let result = st.core.bypass_checkup(header, awaited);
+        let result = st.core.bypass_checkup(header, awaited, still_missing);
         if result.is_err() {
             // The checkup may have named the origin of a failure (a peer
             // gone while this call needs it): the launcher learns it too,

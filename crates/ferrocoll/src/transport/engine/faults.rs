@@ -372,8 +372,21 @@ impl Core {
     /// crashed rank, a late mismatch, a mismatch a peer reported, a frame
     /// of this call on the channels (a peer that took the engine where this
     /// rank took the bypass: the peer is told), or a gone peer in
-    /// `awaited`.
-    pub(super) fn bypass_checkup(&mut self, header: &Header, awaited: &[usize]) -> Result<()> {
+    /// `awaited` while `still_missing()` says the call lacks something
+    /// from those peers.
+    ///
+    /// `still_missing` is asked only once a peer in `awaited` is gone, and
+    /// before that is declared a crash: a peer may write the message this
+    /// call waits for, say goodbye and exit (its last call done) between
+    /// the call's last look and this checkup. Such a call must succeed, and
+    /// no rank may learn of a crash that never happened. It runs under the
+    /// engine's lock, so it must not take it (lock-free loads are fine).
+    pub(super) fn bypass_checkup(
+        &mut self,
+        header: &Header,
+        awaited: &[usize],
+        still_missing: &dyn Fn() -> bool,
+    ) -> Result<()> {
         if self.aborted.load(Ordering::SeqCst) {
             return Err(Error::Aborted);
         }
@@ -397,6 +410,14 @@ impl Core {
             }));
         }
         if let Some(&p) = awaited.iter().find(|&&p| self.peers[p].lost.is_some()) {
+            if !still_missing() {
+                // What the gone peer wrote before it left is here (or
+                // another pass may get further): the call goes on, and a
+                // later checkup decides if it still waits on a gone peer.
+                // Declaring first would tell every rank of a crash, and
+                // fail later calls here and elsewhere, for a clean exit.
+                return Ok(());
+            }
             // As `lose` does for an engine call that waits on it: a peer
             // gone (even with a goodbye) while a call still needs it is the
             // origin of the failure, and every rank is told so before this

@@ -619,6 +619,36 @@ fn a_goodbye_while_a_call_waits_is_the_origin_of_the_failure() {
 }
 
 #[test]
+fn a_bypass_call_that_has_a_departed_peers_message_declares_nothing() {
+    let (mut a, mut b, mut c) = (core(0, 3), core(1, 3), core(2, 3));
+    let h = header(0, 2);
+    // Rank 0 writes its message for the bypass call (in shared memory, not
+    // seen here), says goodbye and exits: its last call is done.
+    a.say_goodbye();
+    carry(&mut a, &mut b);
+    b.handle_lost(0, "closed".into());
+    assert_eq!(b.culprit(), None, "a clean exit");
+    // The call waits on rank 0, and its message is here: it goes on, and
+    // no rank hears of a crash.
+    assert!(b.bypass_checkup(&h, &[0], &|| false).is_ok());
+    assert_eq!(b.culprit(), None, "nothing declared");
+    carry(&mut b, &mut c);
+    c.apply_reported_losses();
+    assert_eq!(c.culprit(), None, "nothing told");
+    assert!(c.precheck(&[], &[Incoming { peer: 1, len: 8 }]).is_ok());
+    // Without the message, rank 0 left while needed: the call fails naming
+    // it, and every rank is told.
+    assert!(matches!(
+        b.bypass_checkup(&h, &[0], &|| true),
+        Err(Error::PeerLost { rank: 0 })
+    ));
+    assert_eq!(b.culprit(), Some(0), "it left while needed");
+    carry(&mut b, &mut c);
+    c.apply_reported_losses();
+    assert_eq!(c.culprit(), Some(0));
+}
+
+#[test]
 fn loss_is_told_to_the_other_peers() {
     let (mut a, mut b) = (core(0, 3), core(1, 3));
     // Rank 1 sees rank 2 crash; rank 0, which waits on nothing from 2,

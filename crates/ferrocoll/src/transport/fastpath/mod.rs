@@ -114,7 +114,10 @@
 //!   [`Mailboxes::sleep`]), at most 50 ms at a time. Before every sleep the
 //!   engine runs once (notices, abort frames, mismatched frames), dead
 //!   peers are looked for every 200 ms, and the deadline is checked: a
-//!   timeout names the peer still awaited, as the engine's does.
+//!   timeout names the peer still awaited, as the engine's does. A gone
+//!   peer fails the call, and is told to every rank as the origin, only if
+//!   its message is still missing: one that wrote it and left (its last
+//!   call done) is no crash ([`Link::checkup`]).
 //! * **Checksums.** `FERROCOLL_CHECKSUM=1` turns the fast path off (decided
 //!   job-wide at start-up): checksums guard the rings and sockets, and then
 //!   every message goes through them.
@@ -386,21 +389,24 @@ impl FastPath {
         self.books.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs the engine's checkup for call `header` (see [`Link::checkup`]),
-    /// having marked the notices seen so far as acted on: the engine reads
-    /// the rings now, and a notice arriving later is acted on next time.
+    /// Runs the engine's checkup for call `header` (see [`Link::checkup`],
+    /// which asks `still_missing` before it fails the call for a gone peer
+    /// in `awaited`), having marked the notices seen so far as acted on:
+    /// the engine reads the rings now, and a notice arriving later is acted
+    /// on next time.
     fn checkup(
         &self,
         link: &Link<'_>,
         header: &Header,
         awaited: &[usize],
         liveness: bool,
+        still_missing: &dyn Fn() -> bool,
     ) -> Result<()> {
         if link.is_aborted() {
             return Err(Error::Aborted);
         }
         self.notices_acted();
-        link.checkup(header, awaited, liveness)
+        link.checkup(header, awaited, liveness, still_missing)
     }
 
     /// Whether every rank of `group` (transport ranks) is reachable
@@ -560,8 +566,11 @@ impl FastPath {
             // once; receiving from one fails only if what it wrote before
             // leaving does not hold the message (the waits' checkups see
             // that, once a pass has looked). The notice may be the goodbye
-            // of a peer whose message for this call is already here.
-            self.checkup(link, header, to, false)?;
+            // of a peer whose message for this call is already here. Only
+            // the ranks this call sends to are awaited here, and a gone
+            // one is always missing: nothing it wrote stands for the
+            // message this rank has to give it.
+            self.checkup(link, header, to, false, &|| true)?;
         }
         let mut wait = Wait::new(link, timeout);
         let passes = (payload, to, from, &mut *got);
@@ -649,7 +658,8 @@ impl FastPath {
         }
         // A notice that crossed this call (the peer found a mismatch).
         if self.notices_changed() {
-            if let Err(e) = self.checkup(link, header, &[], false) {
+            // Nothing awaited: `still_missing` is never asked.
+            if let Err(e) = self.checkup(link, header, &[], false, &|| true) {
                 self.release(from, got);
                 return Err(e);
             }
@@ -837,18 +847,23 @@ impl FastPath {
     fn ready(
         &self,
         (to, to_send, eager): (&[usize], u32, bool),
-        (from, to_recv): (&[usize], u32),
+        recvs: (&[usize], u32),
         gen: u64,
     ) -> bool {
-        if self.stash_gen.load(Ordering::Relaxed) != gen {
-            return true;
-        }
         let ahead = if eager { EAGER_BUFFERS } else { SLOTS } as u64;
-        bits(to_recv).any(|i| self.arrived(self.local(from[i])))
+        self.received(recvs, gen)
             || bits(to_send).any(|i| {
                 let lp = self.local(to[i]);
                 self.boxes.acked_by(lp) + ahead > self.sent_out[lp].load(Ordering::Relaxed)
             })
+    }
+
+    /// Lock-free: the receiving half of [`FastPath::ready`] (a message
+    /// arrived from a rank in `from`, or one was stashed, maybe from one of
+    /// them). Room to send does not count: it is no message from anyone.
+    fn received(&self, (from, to_recv): (&[usize], u32), gen: u64) -> bool {
+        self.stash_gen.load(Ordering::Relaxed) != gen
+            || bits(to_recv).any(|i| self.arrived(self.local(from[i])))
     }
 }
 
@@ -897,6 +912,14 @@ impl Wait {
                 .map(|i| recvs.0[i])
                 .chain(bits(sends.1).map(|i| sends.0[i]))
         };
+        // For the checkups: whether the call still lacks what it waits for
+        // from the peers in `awaited`. A peer may write the message this
+        // call waits for and exit (its last call done, its process gone)
+        // after the poll that missed it: its slot is still in our segment,
+        // and the call must take it, not fail with that peer, nor tell every
+        // rank it crashed. Room to send to a gone receiver does not count:
+        // sending to a gone peer fails, as on the engine.
+        let still_missing = || !fast.received(recvs, gen);
         loop {
             if fast.ready(sends, recvs, gen) {
                 return Ok(());
@@ -906,7 +929,7 @@ impl Wait {
             }
             if fast.notices_changed() {
                 let waiting: Vec<usize> = awaited().collect();
-                fast.checkup(link, header, &waiting, false)?;
+                fast.checkup(link, header, &waiting, false, &still_missing)?;
                 return Ok(());
             }
             self.polls += 1;
@@ -951,12 +974,15 @@ impl Wait {
                 link.probe(header, &hearing);
             }
             let waiting: Vec<usize> = awaited().collect();
-            if let Err(e) = fast.checkup(link, header, &waiting, true) {
-                // A peer may have written what this call waits for and
-                // exited since the poll above (its last call done, its
-                // process gone): its slot is still in our segment, and the
-                // call it completes must not fail with that peer.
-                if matches!(e, Error::PeerLost { .. }) && fast.ready(sends, recvs, gen) {
+            if let Err(e) = fast.checkup(link, header, &waiting, true, &still_missing) {
+                // The checkup itself lets a call go on whose awaited peer
+                // left after writing its message (`still_missing`), before
+                // it declares anything. What is left here is a crash
+                // already declared (a peer gone without a goodbye, or one
+                // named by another rank): as the engine's calls that have
+                // everything they wait for, a call whose message arrived
+                // meanwhile still takes it.
+                if matches!(e, Error::PeerLost { .. }) && !still_missing() {
                     return Ok(());
                 }
                 return Err(e);
