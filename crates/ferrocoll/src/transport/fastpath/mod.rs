@@ -156,6 +156,13 @@ use pack::{describe, message_len, pack, packed_len};
 /// butterflies do better.
 pub(crate) const FAST_MAX_RANKS: usize = 16;
 
+/// Longest read (the payloads of all peers together) a fast call does
+/// while it still holds the books' lock of its last pass, to consume what
+/// it read under the same lock ([`FastPath::exchange`]): a copy or
+/// reduction of this size takes well under a microsecond, so another
+/// thread's fast call is not kept out for long.
+const READ_LOCKED_BYTES: usize = 4096;
+
 /// Spare stash buffers kept for reuse (beyond them a buffer is freed).
 const SPARE_KEPT: usize = 32;
 
@@ -472,6 +479,10 @@ impl FastPath {
         self.boxes.consume(lp, stamp);
         self.next_in[lp].store(stamp + 1, Ordering::Relaxed);
         self.boxes.wake(lp);
+        // The next message's slot, fetched while this rank does other work:
+        // the first poll of the next call then finds it near (measured in
+        // bench/RESULTS.md, "small broadcast and reduce").
+        self.boxes.prefetch(lp, stamp + 1);
     }
 
     /// Takes the head message `(stamp, head)` of local peer `lp` out of its
@@ -574,27 +585,66 @@ impl FastPath {
         }
         let mut wait = Wait::new(link, timeout);
         let passes = (payload, to, from, &mut *got);
-        let result = self.run_passes(link, header, sig, passes, &mut wait);
+        let done = self.run_passes(link, header, sig, passes, &mut wait);
+        let mut books = match done {
+            Ok(books) => books,
+            Err(e) => {
+                if wait.registered {
+                    self.books().ledger.bypass_done(header.key());
+                }
+                return Err(e);
+            }
+        };
         if wait.registered {
-            self.books().ledger.bypass_done(header.key());
+            let books = books.get_or_insert_with(|| self.books());
+            books.ledger.bypass_done(header.key());
         }
-        result?;
         let got = &mut got[..from.len()];
-        let out = read(&Parts {
-            fast: self,
-            from,
-            got,
-            len,
-        });
-        self.release(from, got);
-        Ok(out)
+        match books {
+            // A short read under the lock of the last pass: one lock per
+            // call instead of two (a locked instruction each way, ~6 ns
+            // apiece here, and each waits for the stores before it, an
+            // `ack` that is often a cache miss).
+            Some(mut books) if len * from.len() <= READ_LOCKED_BYTES => {
+                let out = read(&Parts {
+                    fast: self,
+                    from,
+                    got,
+                    len,
+                });
+                self.release_locked(&mut books, from, got);
+                Ok(out)
+            }
+            books => {
+                // A long read (a reduction of up to 16 KiB per peer) does
+                // not keep other threads' fast calls out meanwhile.
+                drop(books);
+                let out = read(&Parts {
+                    fast: self,
+                    from,
+                    got,
+                    len,
+                });
+                self.release(from, got);
+                Ok(out)
+            }
+        }
     }
 
     /// Consumes the held messages of a call done reading them (see
     /// [`FastPath::exchange`]), keeps the buffers of stashed ones, and
     /// leaves `got` all `Got::Waiting`.
     fn release(&self, from: &[usize], got: &mut [Got]) {
-        let mut books = self.books();
+        if got.iter().all(|g| matches!(g, Got::Waiting)) {
+            // Nothing received (a broadcast's root, a call that failed
+            // before its first message): no lock to take.
+            return;
+        }
+        self.release_locked(&mut self.books(), from, got);
+    }
+
+    /// [`FastPath::release`] with the books' lock held.
+    fn release_locked(&self, books: &mut Books, from: &[usize], got: &mut [Got]) {
         let mut held = 0u32;
         for (i, g) in got.iter_mut().enumerate() {
             match std::mem::replace(g, Got::Waiting) {
@@ -607,8 +657,14 @@ impl FastPath {
                 Got::Waiting => {}
             }
         }
-        self.held.fetch_and(!held, Ordering::Relaxed);
-        if held != 0 && self.blocked.swap(false, Ordering::Relaxed) {
+        // `held` and `blocked` change only under the books' lock (held
+        // here), so a load and a store do what a read-modify-write would,
+        // without its cost (a locked instruction that also drains the store
+        // of the `ack` just written, often a cache miss).
+        self.held
+            .store(self.held.load(Ordering::Relaxed) & !held, Ordering::Relaxed);
+        if held != 0 && self.blocked.load(Ordering::Relaxed) {
+            self.blocked.store(false, Ordering::Relaxed);
             // Another call found a held head in its way and may sleep.
             self.stash_gen.fetch_add(1, Ordering::Relaxed);
             fence(Ordering::SeqCst);
@@ -617,7 +673,8 @@ impl FastPath {
     }
 
     /// The passes of [`FastPath::exchange`] until the call has every
-    /// message (held or owned, in `got`) or fails.
+    /// message (held or owned, in `got`) or fails. Returns the books, still
+    /// locked by the last pass, unless a notice had to be acted on after it.
     fn run_passes(
         &self,
         link: &Link<'_>,
@@ -625,7 +682,7 @@ impl FastPath {
         sig: u64,
         (payload, to, from, got): (&[u8], &[usize], &[usize], &mut [Got]),
         wait: &mut Wait,
-    ) -> Result<()> {
+    ) -> Result<Option<MutexGuard<'_, Books>>> {
         let mut to_send = all_bits(to.len());
         let mut to_recv = all_bits(from.len());
         // Bit i: the message from `from[i]` was at the head of its mailbox
@@ -633,38 +690,42 @@ impl FastPath {
         let mut present = 0u32;
         let eager = payload.len() > SLOT_PAYLOAD;
         let mut first = true;
-        loop {
-            let (pass, gen) = {
-                let mut books = self.books();
-                let pass = self.pass(
-                    &mut books,
-                    header,
-                    sig,
-                    payload,
-                    (to, &mut to_send),
-                    (from, &mut to_recv, &mut present, got),
-                    first,
-                );
-                (pass, self.stash_gen.load(Ordering::Relaxed))
-            };
+        let books = loop {
+            let mut books = self.books();
+            let pass = self.pass(
+                &mut books,
+                header,
+                sig,
+                payload,
+                (to, &mut to_send),
+                (from, &mut to_recv, &mut present, got),
+                first,
+            );
             first = false;
             match pass {
-                Pass::Done => break,
-                Pass::Failed(problem) => return Err(link.fail(header, problem.fault())),
+                Pass::Done => break books,
+                Pass::Failed(problem) => {
+                    drop(books);
+                    return Err(link.fail(header, problem.fault()));
+                }
                 Pass::Waiting => {}
             }
+            let gen = self.stash_gen.load(Ordering::Relaxed);
+            drop(books);
             let sends = (to, to_send, eager);
             wait.until_ready(self, link, header, sends, (from, to_recv & !present), gen)?;
-        }
+        };
         // A notice that crossed this call (the peer found a mismatch).
         if self.notices_changed() {
+            drop(books);
             // Nothing awaited: `still_missing` is never asked.
             if let Err(e) = self.checkup(link, header, &[], false, &|| true) {
                 self.release(from, got);
                 return Err(e);
             }
+            return Ok(None);
         }
-        Ok(())
+        Ok(Some(books))
     }
 
     /// One pass under the ledger: write what can be written, find what has
@@ -776,7 +837,9 @@ impl FastPath {
             got[i] = Got::InPlace(self.next_in[lp].load(Ordering::Relaxed));
             held |= 1 << lp;
         }
-        self.held.fetch_or(held, Ordering::Relaxed);
+        // Under the books' lock, as every change of `held` (see `release`).
+        self.held
+            .store(self.held.load(Ordering::Relaxed) | held, Ordering::Relaxed);
         *to_recv = 0;
         ledger.ledger.finish_on_bypass(header);
         Pass::Done
