@@ -21,7 +21,7 @@
 //! one word ([`pack()`]), and up to [`SLOT_PAYLOAD`] payload bytes (an 8-byte
 //! message fits the stamp's own cache line). A longer payload, up to
 //! [`EAGER_BYTES`] (16 KiB), goes into one of the pair's [`EAGER_BUFFERS`]
-//! (4) *eager buffers*, beside the mailboxes in the receiver's segment:
+//! (16) *eager buffers*, beside the mailboxes in the receiver's segment:
 //! buffer `stamp % EAGER_BUFFERS`; the slot still carries the stamp, the
 //! key and the signature, from which the receiver derives the payload's
 //! length (count x element size), so that a length mismatch is a
@@ -59,8 +59,9 @@
 //! from all peers together (`3 * EAGER_BYTES / (n - 1)`: 16 KiB on 2-4
 //! ranks, 12 KiB on 5, 7 KiB on 8, 3.2 KiB on 16); beyond that the plans,
 //! which move less than a whole contribution per peer, do better. The
-//! eager buffers cost 64 KiB per ordered pair: 4 MiB on a host of 8
-//! ranks (layout in [`super::shm`]).
+//! eager buffers take 256 KiB of address space per ordered pair, of which
+//! only the touched pages are allocated (costs and layout in
+//! [`super::shm`]).
 //!
 //! The collectives on top (`crate::fast`) exchange whole contributions in
 //! one step: every rank writes to every rank it must inform and reads from

@@ -25,18 +25,25 @@
 //! E        eager buffers of local rank 0 (payloads of its fast-path messages
 //!          longer than a slot carries), E = 3B + local_size * (1 + SLOTS) * B
 //! ...      those of local rank i at E + i * EAGER_BUFFERS * EAGER_BYTES:
-//!            EAGER_BUFFERS buffers of EAGER_BYTES (4 x 16 KiB), written by
+//!            EAGER_BUFFERS buffers of EAGER_BYTES (16 x 16 KiB), written by
 //!            rank i only, read by the owner (protocol in `fastpath/`)
-//! M        ring 0   (bytes from local rank 0 to the owner), M = E + local_size * 64 KiB
+//! M        ring 0   (bytes from local rank 0 to the owner), M = E + local_size * 256 KiB
 //! ...      ring i at M + i * (2B + ring_bytes):
 //!            +0   head u64: total bytes written (written by the sender only)
 //!            +B   tail u64: total bytes consumed (written by the receiver only)
 //!            +2B  ring_bytes of data (64-byte aligned)
 //! ```
 //!
-//! The eager buffers cost 64 KiB per ordered pair of local ranks (the
-//! unused pair of a rank with itself included): 512 KiB in each segment
-//! and 4 MiB on a host of 8 ranks, beside the rings' 32 MiB budget.
+//! The eager buffers take 256 KiB of address space per ordered pair of
+//! local ranks (the unused pair of a rank with itself included): 2 MiB in
+//! each segment and 16 MiB on a host of 8 ranks. Only the pages a message
+//! touches are ever allocated (the segment is a sparse tmpfs file), and a
+//! fast-path message is at most `3 * 16 KiB / (n - 1)` long beyond 4 ranks,
+//! so what is used is at most 1-2 pages per buffer written: about 8 MiB on
+//! 8 ranks, beside the rings' 32 MiB budget. Sixteen buffers, as many as
+//! slots, let a sender run as far ahead with 97 B - 16 KiB messages as
+//! with short ones (4-rank broadcast of 128 B - 8 KiB: 0.43-0.57x the time
+//! of 4 buffers, bench/RESULTS.md).
 //!
 //! The mailboxes and eager buffers carry the small-collective fast path; their protocol, and
 //! the type that reads and writes them, live in `transport/fastpath/`

@@ -61,7 +61,7 @@ pub(crate) const SLOT_PAYLOAD: usize = BLOCK - SLOT_HEADER;
 /// longer than a slot's payload carries its payload in buffer
 /// `stamp % EAGER_BUFFERS` of its pair. At most [`SLOTS`], so that the
 /// slots' flow control (`ack`) covers the buffers too (see `fastpath`).
-pub(crate) const EAGER_BUFFERS: usize = 4;
+pub(crate) const EAGER_BUFFERS: usize = 16;
 /// Bytes of one eager buffer: the most payload one fast-path message
 /// carries.
 pub(crate) const EAGER_BYTES: usize = 16 << 10;
