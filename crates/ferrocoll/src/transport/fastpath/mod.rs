@@ -586,50 +586,35 @@ impl FastPath {
         }
         let mut wait = Wait::new(link, timeout);
         let passes = (payload, to, from, &mut *got);
-        let done = self.run_passes(link, header, sig, passes, &mut wait);
-        let mut books = match done {
-            Ok(books) => books,
-            Err(e) => {
-                if wait.registered {
-                    self.books().ledger.bypass_done(header.key());
-                }
-                return Err(e);
-            }
-        };
+        let mut done = self.run_passes(link, header, sig, passes, &mut wait);
         if wait.registered {
-            let books = books.get_or_insert_with(|| self.books());
-            books.ledger.bypass_done(header.key());
+            match &mut done {
+                Ok(Some(books)) => books.ledger.bypass_done(header.key()),
+                _ => self.books().ledger.bypass_done(header.key()),
+            }
+        }
+        let mut books = done?;
+        if len * from.len() > READ_LOCKED_BYTES {
+            // A long read (a reduction of up to 16 KiB per peer) does not
+            // keep other threads' fast calls out meanwhile.
+            books = None;
         }
         let got = &mut got[..from.len()];
+        let out = read(&Parts {
+            fast: self,
+            from,
+            got,
+            len,
+        });
         match books {
-            // A short read under the lock of the last pass: one lock per
-            // call instead of two (a locked instruction each way, ~6 ns
+            // A short read, done under the lock of the last pass: one lock
+            // per call instead of two (a locked instruction each way, ~6 ns
             // apiece here, and each waits for the stores before it, an
             // `ack` that is often a cache miss).
-            Some(mut books) if len * from.len() <= READ_LOCKED_BYTES => {
-                let out = read(&Parts {
-                    fast: self,
-                    from,
-                    got,
-                    len,
-                });
-                self.release_locked(&mut books, from, got);
-                Ok(out)
-            }
-            books => {
-                // A long read (a reduction of up to 16 KiB per peer) does
-                // not keep other threads' fast calls out meanwhile.
-                drop(books);
-                let out = read(&Parts {
-                    fast: self,
-                    from,
-                    got,
-                    len,
-                });
-                self.release(from, got);
-                Ok(out)
-            }
+            Some(mut books) => self.release_locked(&mut books, from, got),
+            None => self.release(from, got),
         }
+        Ok(out)
     }
 
     /// Consumes the held messages of a call done reading them (see

@@ -42,7 +42,7 @@
 //! so what is used is at most 1-2 pages per buffer written: about 8 MiB on
 //! 8 ranks, beside the rings' 32 MiB budget. Sixteen buffers, as many as
 //! slots, let a sender run as far ahead with 97 B - 16 KiB messages as
-//! with short ones (4-rank broadcast of 128 B - 8 KiB: 0.43-0.57x the time
+//! with short ones (4-rank broadcast of 128 B - 8 KiB: 0.40-0.57x the time
 //! of 4 buffers, bench/RESULTS.md).
 //!
 //! The mailboxes and eager buffers carry the small-collective fast path; their protocol, and
