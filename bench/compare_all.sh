@@ -22,7 +22,10 @@
 #   COLLS="allreduce bcast" limits the collectives; CONFIGS="shm:2 tcp:2" the
 #   configurations; PEER_VENV is a venv with torch (default /tmp/venv, else
 #   /tmp/peer-venv, created by ../shared/peers/run_peers.sh); RAW=DIR keeps the
-#   raw JSON lines there.
+#   raw JSON lines there. ROUNDS=R (default 1) runs ferrocoll and the peer in
+#   turn R times per table and reports, per size and side, the round with the
+#   median time (both sides alike): on a VM whose speed drifts, one round's
+#   small sizes can be 10-100x off either way.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -31,6 +34,7 @@ factor=${2:-2}
 colls=${COLLS:-allreduce allgather reducescatter alltoall bcast reduce}
 configs=${CONFIGS:-shm:2 shm:4 tcp:2}
 venv=${PEER_VENV:-/tmp/venv}
+rounds=${ROUNDS:-1}
 [[ -x $venv/bin/python ]] || venv=/tmp/peer-venv
 hi_bytes=$(python3 -c "import sys; s=sys.argv[1]; m={'K':1<<10,'M':1<<20,'G':1<<30}; print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))" "$hi")
 
@@ -61,6 +65,7 @@ stream_limit() {
 echo "# commit $(git rev-parse --short HEAD), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 limit=$("$fc" bench allreduce -n 1 -b 16M -e 16M --iters 1 --warmup 0 | sed -n 's/.*on one thread \([0-9.]*\) GB\/s.*/\1/p')
 echo "# machine limit: single-thread memcpy of 16 MiB = $limit GB/s"
+((rounds > 1)) && echo "# $rounds rounds, ferrocoll and the peer in turn; per size and side the round with the median time"
 : >"$tmp/stream_before"; : >"$tmp/stream_after"
 if ((need_gloo)); then stream_limit "$tmp/stream_before"; fi
 
@@ -79,25 +84,28 @@ bands() {
 for coll in $colls; do
   for cfg in $configs; do
     t=${cfg%:*}; n=${cfg#*:}
-    out="$tmp/fc_${coll}_${t}${n}"
-    : >"$out"
-    while read -r lo e it; do
-      "$fc" bench "$coll" --transport "$t" -n "$n" -b "$lo" -e "$e" -f "$factor" \
-        --iters "$it" --warmup 5 --no-check --json >>"$out"
-    done < <(bands)
-    peer="$tmp/peer_${coll}_${t}${n}"
-    if [[ $t == shm ]]; then
-      OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$n" --oversubscribe \
-        "$tmp/mpi_coll" "$coll" 8 "$hi_bytes" "$factor" >"$peer" 2>"$peer.err" || { cat "$peer.err" >&2; exit 1; }
-    else
-      port=$((20000 + RANDOM % 20000)); pids=()
-      for ((r = 0; r < n; r++)); do
-        RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-          "$venv/bin/python" bench/peer_gloo_coll.py "$coll" 8 "$hi_bytes" "$factor" >>"$peer" 2>"$peer.err.$r" &
-        pids+=($!)
-      done
-      for p in "${pids[@]}"; do wait "$p" || { cat "$peer".err.* >&2; exit 1; }; done
-    fi
+    for ((round = 0; round < rounds; round++)); do
+      out="$tmp/fc_${coll}_${t}${n}.r$round"
+      : >"$out"
+      while read -r lo e it; do
+        "$fc" bench "$coll" --transport "$t" -n "$n" -b "$lo" -e "$e" -f "$factor" \
+          --iters "$it" --warmup 5 --no-check --json >>"$out"
+      done < <(bands)
+      peer="$tmp/peer_${coll}_${t}${n}.r$round"
+      : >"$peer"
+      if [[ $t == shm ]]; then
+        OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$n" --oversubscribe \
+          "$tmp/mpi_coll" "$coll" 8 "$hi_bytes" "$factor" >"$peer" 2>"$peer.err" || { cat "$peer.err" >&2; exit 1; }
+      else
+        port=$((20000 + RANDOM % 20000)); pids=()
+        for ((r = 0; r < n; r++)); do
+          RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+            "$venv/bin/python" bench/peer_gloo_coll.py "$coll" 8 "$hi_bytes" "$factor" >>"$peer" 2>"$peer.err.$r" &
+          pids+=($!)
+        done
+        for p in "${pids[@]}"; do wait "$p" || { cat "$peer".err.* >&2; exit 1; }; done
+      fi
+    done
   done
 done
 
@@ -116,17 +124,19 @@ if runs:
           f"each direction of both at once {both_ways:.2f} GB/s")
 
 def load(name):
-    rows = {}
-    path = os.path.join(tmp, name)
-    if not os.path.exists(path):
-        return rows
-    for line in open(path):
-        line = line.strip()
-        if line.startswith("{"):
-            r = json.loads(line)
-            if "bytes" in r:
-                rows[r["bytes"]] = r
-    return rows
+    """Per size, the record of the round with the median time (the lower
+    middle of an even count), from the files name.r0, name.r1, ..."""
+    rounds = {}
+    i = 0
+    while os.path.exists(path := os.path.join(tmp, f"{name}.r{i}")):
+        for line in open(path):
+            line = line.strip()
+            if line.startswith("{"):
+                r = json.loads(line)
+                if "bytes" in r:
+                    rounds.setdefault(r["bytes"], []).append(r)
+        i += 1
+    return {b: sorted(rs, key=lambda r: r["time_us"])[(len(rs) - 1) // 2] for b, rs in rounds.items()}
 
 verdicts = []
 for coll in colls:
