@@ -67,6 +67,23 @@ def _timed(fn: Any, barrier: Any, min_time: float = 0.2, reps: int = 5) -> float
     return statistics.median(out)
 
 
+DDP_WIDTH = 2048
+"""Width of the DDP benchmark model's layers."""
+
+
+def ddp_model() -> Any:
+    """The DDP benchmark's model: 6 x (Linear(2048, 2048), ReLU), 25.2 M float32
+    parameters, seeded so every rank starts alike (``bench/ddp_timeline.py``
+    times the same model)."""
+    import torch
+
+    torch.manual_seed(0)
+    layers: List[Any] = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(DDP_WIDTH, DDP_WIDTH), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers)
+
+
 def _worker(mode: str, backend: str, sizes: List[int], out_path: str) -> None:
     """One rank: runs ``mode`` and, on rank 0, writes the numbers to ``out_path``."""
     import torch
@@ -124,16 +141,7 @@ def _worker(mode: str, backend: str, sizes: List[int], out_path: str) -> None:
         # which saves DDP's two copies per step (a user's choice, not the
         # backend's; both backends are timed alike).
         bucket_view = len(sizes) > 1 and bool(sizes[1])
-        width = 2048
-
-        def make() -> Any:
-            torch.manual_seed(0)
-            layers: List[Any] = []
-            for _ in range(6):
-                layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-            return torch.nn.Sequential(*layers)
-
-        x = torch.randn(batch, width)
+        x = torch.randn(batch, DDP_WIDTH)
 
         def time_steps(model: Any) -> float:
             opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -154,7 +162,7 @@ def _worker(mode: str, backend: str, sizes: List[int], out_path: str) -> None:
             return statistics.median(times)
 
         # The same step without DDP: the compute floor no backend can beat.
-        results["compute"] = time_steps(make())
+        results["compute"] = time_steps(ddp_model())
 
         # DDP whose comm hook returns at once (no communication): DDP's own
         # floor (bucket copies, hooks) with any backend.
@@ -168,10 +176,10 @@ def _worker(mode: str, backend: str, sizes: List[int], out_path: str) -> None:
             fut.set_result(bucket.buffer())
             return fut
 
-        quiet = DDP(make(), gradient_as_bucket_view=bucket_view)
+        quiet = DDP(ddp_model(), gradient_as_bucket_view=bucket_view)
         quiet.register_comm_hook(None, no_comm)
         results["ddp_no_comm"] = time_steps(quiet)
-        model = DDP(make(), gradient_as_bucket_view=bucket_view)
+        model = DDP(ddp_model(), gradient_as_bucket_view=bucket_view)
         results["params"] = sum(p.numel() for p in model.parameters())
         results["step"] = time_steps(model)
         results["batch"] = batch
