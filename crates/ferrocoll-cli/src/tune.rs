@@ -41,7 +41,7 @@ use ferrocoll::cost::{self, Shape};
 use ferrocoll::tune::{Measured, TuneFile, TuneKey, TunePoint, TuneTable};
 use ferrocoll::{local, CallOptions, Collective, Communicator, DType, ReduceOp};
 
-use crate::bench::{buffer_lens, call, sweep, PeerCounts};
+use crate::bench::{buffer_lens, out_of_place, sweep, PeerCounts};
 use crate::error::CliError;
 
 /// Arguments of `ferrocoll tune`.
@@ -198,7 +198,7 @@ fn measure(comm: &Communicator, plan: &Plan, json: bool) -> Result<Vec<TunePoint
                 comm.barrier()?;
                 let t = Instant::now();
                 for _ in 0..calls {
-                    call(h, coll, &send, recv, ReduceOp::Sum, 0, &counts)?;
+                    out_of_place(h, coll, &send, recv, ReduceOp::Sum, 0, &counts)?;
                 }
                 Ok(t.elapsed().as_secs_f64() / calls as f64)
             };
@@ -209,7 +209,7 @@ fn measure(comm: &Communicator, plan: &Plan, json: bool) -> Result<Vec<TunePoint
             let mut probe = Vec::with_capacity(handles.len());
             for h in &handles {
                 for _ in 0..WARMUP_CALLS {
-                    call(h, coll, &send, &mut recv, ReduceOp::Sum, 0, &counts)?;
+                    out_of_place(h, coll, &send, &mut recv, ReduceOp::Sum, 0, &counts)?;
                 }
                 // The slowest rank's time decides, so every rank leaves
                 // the loop at the same count.

@@ -254,6 +254,54 @@ fn results_are_checked_by_default_and_no_check_skips_it() {
 }
 
 #[test]
+fn in_place_bcast_checks_clean_and_other_collectives_refuse_it() {
+    // The form the peers time (MPI_Bcast, torch's broadcast): one buffer,
+    // the root's input in it; the check poisons every rank's buffer but
+    // the root's, so a broadcast that left a non-root's alone is counted.
+    for n in ["1", "3"] {
+        let rows = json_rows(
+            &[
+                "bcast",
+                "--json",
+                "-n",
+                n,
+                "--root",
+                "0",
+                "-b",
+                "4",
+                "-e",
+                "1M",
+                "-f",
+                "32",
+                "--in-place",
+            ],
+            None,
+        );
+        assert!(rows.len() >= 4, "{rows:?}");
+        assert!(rows.iter().all(|r| r["wrong"] == 0), "{rows:?}");
+    }
+    let rows = json_rows(
+        &[
+            "bcast",
+            "--json",
+            "-n",
+            "3",
+            "--root",
+            "2",
+            "-e",
+            "64K",
+            "--in-place",
+        ],
+        None,
+    );
+    assert!(rows.iter().all(|r| r["wrong"] == 0), "{rows:?}");
+    let out = bench(&["allreduce", "-n", "2", "--in-place"], None);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && out.stdout.is_empty(), "{stderr}");
+    assert!(stderr.contains("--in-place times bcast only"), "{stderr}");
+}
+
+#[test]
 fn the_sweep_ends_at_the_largest_size_even_between_steps() {
     // From 32 MiB by 4 the next step (128 MiB) is past the default end
     // (64 MiB): the sweep ends at 64 MiB all the same, as the default

@@ -101,6 +101,13 @@ pub struct BenchArgs {
     #[arg(long, value_parser = parse_transport)]
     pub transport: Option<Transport>,
 
+    /// Time the in-place form (bcast only: `broadcast_in_place`, one
+    /// buffer on every rank, as `MPI_Bcast` and `torch.distributed.broadcast`
+    /// are, so that a comparison with them does not charge ferrocoll the
+    /// root's copy of its input into its output that they never make).
+    #[arg(long)]
+    pub in_place: bool,
+
     /// Where the send and receive buffers live: `heap` (a Vec) or `shared`
     /// (`ferrocoll::SharedBuffer`, which ranks on one host read in place,
     /// as NCCL's ncclMemAlloc or MPI_Alloc_mem buffers).

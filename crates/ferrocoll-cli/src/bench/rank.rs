@@ -65,7 +65,7 @@ fn run_rank_as<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>
         let (algo, _why) = tuned.choose(coll, comm.call_bytes(coll, size.count, setup.dtype))?;
 
         for _ in 0..setup.warmup {
-            call(&tuned, coll, send, recv, op, root, &counts)?;
+            call(&tuned, setup, send, recv, &counts)?;
         }
         // The mean comes from a loop timed as a whole, as the peers'
         // benchmarks time theirs: reading the clock around every call costs
@@ -73,7 +73,7 @@ fn run_rank_as<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>
         comm.barrier()?;
         let start = Instant::now();
         for _ in 0..setup.iters {
-            call(&tuned, coll, send, recv, op, root, &counts)?;
+            call(&tuned, setup, send, recv, &counts)?;
         }
         let mine = start.elapsed().as_secs_f64() / setup.iters as f64;
         // The median from a second loop, each call timed alone.
@@ -81,7 +81,7 @@ fn run_rank_as<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>
         let mut each = Vec::with_capacity(setup.iters);
         for _ in 0..setup.iters {
             let t = Instant::now();
-            call(&tuned, coll, send, recv, op, root, &counts)?;
+            call(&tuned, setup, send, recv, &counts)?;
             each.push(t.elapsed().as_secs_f64());
         }
         each.sort_by(f64::total_cmp);
@@ -103,7 +103,11 @@ fn run_rank_as<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>
                 },
             );
             verify::poison(recv, &expected);
-            call(&tuned, coll, send, recv, op, root, &counts)?;
+            if setup.in_place && rank == root {
+                // In place the root's buffer is its input.
+                recv.copy_from_slice(send);
+            }
+            call(&tuned, setup, send, recv, &counts)?;
             let mut total = [0u64];
             comm.all_reduce(
                 &[verify::count_wrong(recv, &expected)],
@@ -162,8 +166,24 @@ fn run_rank_as<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>
     Ok(rows)
 }
 
+/// One call of the set-up's collective: out of place, or in place in
+/// `recv` with `--in-place`; `counts` are used by alltoallv only.
+fn call<T: Sample>(
+    comm: &Communicator,
+    setup: &Setup,
+    send: &[T],
+    recv: &mut [T],
+    counts: &PeerCounts,
+) -> ferrocoll::Result<()> {
+    let (coll, op, root) = (setup.coll, setup.op, setup.root);
+    if setup.in_place && coll == Collective::Broadcast {
+        return comm.broadcast_in_place(recv, root);
+    }
+    out_of_place(comm, coll, send, recv, op, root, counts)
+}
+
 /// One call of `coll` (out of place); `counts` are used by alltoallv only.
-pub(crate) fn call<T: Sample>(
+pub(crate) fn out_of_place<T: Sample>(
     comm: &Communicator,
     coll: Collective,
     send: &[T],

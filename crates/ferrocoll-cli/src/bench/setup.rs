@@ -26,6 +26,8 @@ pub(super) struct Setup {
     pub(super) shared_buffers: bool,
     /// `--compress`: the codec of a compressed allreduce.
     pub(super) compress: Option<String>,
+    /// `--in-place`: the call is the collective's in-place form.
+    pub(super) in_place: bool,
 }
 
 impl Setup {
@@ -87,8 +89,20 @@ impl Setup {
         if let Some(spec) = &args.compress {
             check_compress(args, spec, &sizes)?;
         }
+        if args.in_place && coll != Collective::Broadcast {
+            return Err(CliError::Usage(format!(
+                "--in-place times bcast only (the form MPI_Bcast and torch's broadcast have); \
+                 {coll} is timed out of place, as the peers' benchmarks time it"
+            )));
+        }
+        if args.in_place && args.compress.is_some() {
+            return Err(CliError::Usage(
+                "--in-place and --compress do not go together (--compress is an allreduce)".into(),
+            ));
+        }
         Ok(Setup {
             compress: args.compress.clone(),
+            in_place: args.in_place,
             coll,
             n,
             dtype: args.dtype,
