@@ -122,7 +122,7 @@ impl TransportConfig {
                 0,
                 MAX_SPIN_US,
                 "microseconds",
-                "; 0 sleeps at once; unset, a rank spins 200 us on a core of its own, 30 us \
+                "; 0 sleeps at once; unset, a rank spins 200 us on a core of its own, 1000 us \
                  sharing one",
             )?)),
         };

@@ -24,9 +24,16 @@ use crate::transport::{Header, Incoming, Outgoing, Sink, Transport};
 /// How long a waiting call polls before it sleeps, by default: on a core of
 /// its own it spins (a peer on another core answers within microseconds and
 /// a futex wake-up costs more than that); sharing cores with other ranks it
-/// yields between polls, so the peer it waits for can run.
+/// yields between polls, so the peer it waits for can run. Yielding for
+/// 1 ms rather than 30 us before the futex sleep: with 4 ranks on 2 cores a
+/// wait often outlasts 30 us (the peer is in its time slice), and a sleeping
+/// rank then waits for a wake-up and its turn on a core; in one run the
+/// 4-rank shm broadcast took 0.43-0.78x the time at 32 KiB - 8 MiB and
+/// allreduce 0.82-1.07x (bench/RESULTS.md, issue 20 item 5). Each yield
+/// lets the core's other runnable threads go first; still, a waiting rank
+/// keeps its fair share of the core for up to that 1 ms per wait.
 const SPIN_DEDICATED: Duration = Duration::from_micros(200);
-const SPIN_SHARED: Duration = Duration::from_micros(30);
+const SPIN_SHARED: Duration = Duration::from_millis(1);
 
 /// How often a sleeping rank asks channels whether their peer still lives.
 pub(super) const LIVENESS_EVERY: Duration = Duration::from_millis(200);

@@ -2,7 +2,7 @@
 //! sleeping it falls back to.
 //!
 //! A rank that cannot move first polls (spinning up to 200 us when it has a
-//! core to itself, yielding between polls for 30 us when it shares one),
+//! core to itself, yielding between polls for 1 ms when it shares one),
 //! then sleeps on its [`Doorbell`] (shared memory) or in `poll(2)` on its
 //! sockets, waking at least every 50 ms to notice aborts, deadlines and
 //! dead peers. Never an endless spin.
