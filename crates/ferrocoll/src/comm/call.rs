@@ -160,11 +160,15 @@ impl Communicator {
             .map_err(|e| self.group_error(e))?;
         // What this rank wrote into the mailboxes for the others: its
         // contribution (nothing for a broadcast's receivers, a reduce's
-        // root or a barrier).
+        // root or a barrier; the others' blocks for the block collectives).
         let bytes = match spec.coll {
             Collective::Broadcast if self.rank() != spec.root => 0,
             Collective::Reduce if self.rank() == spec.root => 0,
             Collective::Barrier => 0,
+            // One block for each other rank.
+            Collective::AllToAll | Collective::ReduceScatter => {
+                (self.size() - 1) * spec.count * spec.dtype.size()
+            }
             _ if self.size() > 1 => spec.count * spec.dtype.size(),
             _ => 0,
         };

@@ -270,7 +270,8 @@ impl Communicator {
     /// (what a transport adds, frame headers or checksums, is not
     /// counted); a small call on the shared-memory fast path of ranks on
     /// one host counts what this rank wrote into the mailboxes for the
-    /// others (its contribution, once, however many read it). A split
+    /// others (its contribution, once, however many read it; for
+    /// all-to-all and reduce-scatter the blocks of the others). A split
     /// group counts its own calls.
     pub fn bytes_sent(&self) -> u64 {
         self.shared.sent.load(Ordering::Relaxed)
@@ -371,8 +372,9 @@ impl Communicator {
     /// than an algorithm's plan: every rank of this communicator is on one
     /// host with shared memory (`FERROCOLL_SHM_FAST` not `off`, checksums
     /// off), the group has 2 to 16 ranks, the collective is an allreduce,
-    /// broadcast, reduce, allgather or barrier moving at most 16 KiB per
-    /// rank on 2-4 ranks (`3 * 16 KiB / (n - 1)` on `n` ranks, 96 bytes at
+    /// broadcast, reduce, allgather, all-to-all, reduce-scatter or barrier
+    /// moving at most 16 KiB per rank (per block for the block
+    /// collectives) on 2-4 ranks (`3 * 16 KiB / (n - 1)` on `n` ranks, 96 bytes at
     /// least: per-pair eager buffers in shared memory carry it), and no
     /// algorithm is forced for it.
     pub fn uses_fast_path(&self, coll: Collective, count: usize, dtype: DType) -> bool {

@@ -66,7 +66,9 @@
 //! The collectives on top (`crate::fast`) exchange whole contributions in
 //! one step: every rank writes to every rank it must inform and reads from
 //! every rank it must hear (allreduce, allgather, barrier: all to all;
-//! broadcast: root to all; reduce: all to root), then reduces in rank order,
+//! broadcast: root to all; reduce: all to root; all-to-all and
+//! reduce-scatter: all to all, each peer its own block), then reduces in
+//! rank order,
 //! so every rank computes bit-identical results. Which calls qualify is a
 //! function of the call's signature, the group and a job-wide setting only
 //! ([`small::eligible`]), never of this rank's state (another call in
@@ -151,6 +153,11 @@ use crate::error::{Error, Result};
 pub(crate) use mailbox::Mailboxes;
 use mailbox::SlotHeader;
 use pack::{describe, message_len, pack, packed_len};
+
+/// What [`FastPath::exchange`] hands its passes: the payload for each rank
+/// it sends to, those ranks, the ranks it receives from, and where their
+/// messages lie.
+type Passes<'a, 'p> = (&'a [&'p [u8]], &'a [usize], &'a [usize], &'a mut [Got]);
 
 /// Largest group the fast path serves: every rank reads one slot per peer,
 /// so the cost grows with the group; beyond this the plans' trees and
@@ -543,15 +550,17 @@ impl FastPath {
         found
     }
 
-    /// Sends `payload` to every rank of `to` and receives one message from
+    /// Sends `payloads[i]` to rank `to[i]` (the same slice to all for a
+    /// broadcast of one contribution, one block each for an all-to-all) and
+    /// receives one message from
     /// every rank of `from`, for the call `header` (transport ranks; `to`
     /// and `from` on this host, without this rank), then runs `read` on
     /// what arrived: `read(parts)` where `parts.get(i)` is the payload from
     /// `from[i]`, in place in shared memory where it can be (the message
     /// is consumed, and its slot and eager buffer freed, once `read`
-    /// returns). Every message is [`message_len`] bytes (`payload` too,
-    /// unless `to` is empty). `got` is the caller's room for where each
-    /// message lies (at least `from.len()` entries, all `Got::Waiting`).
+    /// returns). Every message is [`message_len`] bytes (each payload
+    /// too). `got` is the caller's room for where each message lies (at
+    /// least `from.len()` entries, all `Got::Waiting`).
     /// Waits at most `timeout` from when waiting starts.
     // The arguments are those of `Transport::exchange`, plus the engine's link.
     #[allow(clippy::too_many_arguments)]
@@ -559,7 +568,7 @@ impl FastPath {
         &self,
         link: &Link<'_>,
         header: &Header,
-        payload: &[u8],
+        payloads: &[&[u8]],
         to: &[usize],
         from: &[usize],
         got: &mut [Got],
@@ -568,7 +577,8 @@ impl FastPath {
     ) -> Result<R> {
         assert!(to.len() < 32 && from.len() < 32 && got.len() >= from.len());
         let len = message_len(&header.sig);
-        assert!(len <= EAGER_BYTES && (to.is_empty() || payload.len() == len));
+        assert!(len <= EAGER_BYTES && payloads.len() == to.len());
+        assert!(payloads.iter().all(|p| p.len() == len));
         let sig = pack(&header.sig).expect("fast-path calls pack");
         if link.is_aborted() {
             return Err(Error::Aborted);
@@ -585,7 +595,7 @@ impl FastPath {
             self.checkup(link, header, to, false, &|| true)?;
         }
         let mut wait = Wait::new(link, timeout);
-        let passes = (payload, to, from, &mut *got);
+        let passes = (payloads, to, from, &mut *got);
         let mut done = self.run_passes(link, header, sig, passes, &mut wait);
         if wait.registered {
             match &mut done {
@@ -666,7 +676,7 @@ impl FastPath {
         link: &Link<'_>,
         header: &Header,
         sig: u64,
-        (payload, to, from, got): (&[u8], &[usize], &[usize], &mut [Got]),
+        (payloads, to, from, got): Passes<'_, '_>,
         wait: &mut Wait,
     ) -> Result<Option<MutexGuard<'_, Books>>> {
         let mut to_send = all_bits(to.len());
@@ -674,7 +684,7 @@ impl FastPath {
         // Bit i: the message from `from[i]` was at the head of its mailbox
         // in the last pass (not taken: it is read in place once all are).
         let mut present = 0u32;
-        let eager = payload.len() > SLOT_PAYLOAD;
+        let eager = message_len(&header.sig) > SLOT_PAYLOAD;
         let mut first = true;
         let books = loop {
             let mut books = self.books();
@@ -682,7 +692,7 @@ impl FastPath {
                 &mut books,
                 header,
                 sig,
-                payload,
+                payloads,
                 (to, &mut to_send),
                 (from, &mut to_recv, &mut present, got),
                 first,
@@ -723,7 +733,7 @@ impl FastPath {
         ledger: &mut Books,
         header: &Header,
         sig: u64,
-        payload: &[u8],
+        payloads: &[&[u8]],
         (to, to_send): (&[usize], &mut u32),
         (from, to_recv, present, got): (&[usize], &mut u32, &mut u32, &mut [Got]),
         first: bool,
@@ -755,7 +765,7 @@ impl FastPath {
             // in order) covers slots and buffers alike, since
             // EAGER_BUFFERS <= SLOTS: a sender may be SLOTS messages ahead
             // of its receiver, EAGER_BUFFERS when it needs a buffer.
-            let ahead = if payload.len() > SLOT_PAYLOAD {
+            let ahead = if message_len(&header.sig) > SLOT_PAYLOAD {
                 EAGER_BUFFERS
             } else {
                 SLOTS
@@ -775,7 +785,7 @@ impl FastPath {
                         continue; // full: the receiver is that far behind
                     }
                 }
-                self.boxes.put(lp, stamp, head, payload);
+                self.boxes.put(lp, stamp, head, payloads[i]);
                 ledger.sent[lp] = stamp;
                 self.sent_out[lp].store(stamp, Ordering::Relaxed);
                 wrote |= 1 << i;

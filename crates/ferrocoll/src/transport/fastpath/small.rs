@@ -11,8 +11,11 @@
 //! One step, whatever the group size (at most
 //! [`FAST_MAX_RANKS`]): allreduce, allgather and
 //! barrier exchange all to all, broadcast goes from the root to all, reduce
-//! from all to the root. Reductions run in rank order on every rank, so all
-//! ranks get bit-identical results, equal to a sequential reduction.
+//! from all to the root; all-to-all and reduce-scatter send every peer its
+//! own block (the first one message per pair in place of a plan's `n - 1`
+//! rounds of `direct`, the second one step where the plans take `n - 1`).
+//! Reductions run in rank order on every rank, so all ranks get
+//! bit-identical results, equal to a sequential reduction.
 
 use std::cell::Cell;
 
@@ -47,11 +50,14 @@ pub(crate) fn handles(coll: Collective) -> bool {
             | Collective::Broadcast
             | Collective::Reduce
             | Collective::AllGather
+            | Collective::AllToAll
+            | Collective::ReduceScatter
             | Collective::Barrier
     )
 }
 
-/// The most bytes per rank (allgather: per block) a fast call among `n`
+/// The most bytes per rank (allgather, all-to-all, reduce-scatter: per
+/// block, the bytes one pair exchanges) a fast call among `n`
 /// ranks may carry: one slot's payload at least, one eager buffer at most
 /// (one message per pair and call), and at most [`MAX_CALL_BYTES`] from
 /// all peers together: 16 KiB on 2-4 ranks, 12 KiB on 5, 7 KiB on 8,
@@ -60,7 +66,8 @@ pub(crate) fn max_message(n: usize) -> usize {
     (MAX_CALL_BYTES / n.saturating_sub(1).max(1)).clamp(SLOT_PAYLOAD, EAGER_BYTES)
 }
 
-/// Whether a call of `count` elements of `dtype` (allgather: per rank)
+/// Whether a call of `count` elements of `dtype` (block collectives: per
+/// block)
 /// among `n` ranks fits the fast path ([`max_message`]). It depends only
 /// on what every rank of the call agrees on, so all ranks decide alike.
 pub(crate) fn eligible(coll: Collective, count: usize, dtype: DType, n: usize) -> bool {
@@ -104,12 +111,20 @@ fn run_with<const PEERS: usize>(
         Collective::Broadcast => me == root,
         _ => true,
     };
-    let mine_len = if sends { len } else { 0 };
+    // A block collective's contribution is one block per rank, block `r`
+    // for group rank `r`.
+    let blocks = matches!(call.coll, Collective::AllToAll | Collective::ReduceScatter);
+    let mine_len = match () {
+        _ if !sends => 0,
+        _ if blocks => n * len,
+        _ => len,
+    };
     let out_len = match call.coll {
         Collective::AllReduce => len,
         Collective::Reduce if me == root => len,
         Collective::Broadcast => len,
-        Collective::AllGather => n * len,
+        Collective::AllGather | Collective::AllToAll => n * len,
+        Collective::ReduceScatter => len,
         _ => 0,
     };
     if mem.input().len() < mine_len {
@@ -164,10 +179,21 @@ fn run_with<const PEERS: usize>(
         copy.copy_from_slice(&mem.input()[..mine_len]);
         (&*copy, &mut mem.output()[..out_len])
     };
+    // What each rank of `to` gets: its block, or the whole contribution.
+    let mut payloads: [&[u8]; PEERS] = [&[]; PEERS];
+    for (i, p) in payloads[..to.len()].iter_mut().enumerate() {
+        *p = if blocks {
+            // `to` is `others`: group rank i, or i + 1 from this rank on.
+            let r = if i < me { i } else { i + 1 };
+            &mine[r * len..(r + 1) * len]
+        } else {
+            mine
+        };
+    }
     let result = fast.exchange(
         link,
         &call.header,
-        mine,
+        &payloads[..to.len()],
         to,
         from,
         &mut got,
@@ -193,11 +219,37 @@ fn write_output<'p>(call: &SmallCall<'_>, mine: &'p [u8], parts: &'p Parts<'_>, 
             std::cmp::Ordering::Greater => part(r - 1),
         }
     };
+    // Block collectives: what group rank r sent this rank (its block
+    // `me`; this rank's own is block `me` of its contribution).
+    let len = out.len()
+        / if call.coll == Collective::AllToAll {
+            n
+        } else {
+            1
+        };
+    let block_from = |r: usize| -> &[u8] {
+        if r == me {
+            &mine[me * len..(me + 1) * len]
+        } else {
+            of(r)
+        }
+    };
     match call.coll {
         Collective::AllReduce | Collective::Reduce if !out.is_empty() => {
             kernels::combine(call.dtype, call.op, out, of(0), of(1));
             for r in 2..n {
                 kernels::accumulate(call.dtype, call.op, out, of(r));
+            }
+        }
+        Collective::ReduceScatter if !out.is_empty() => {
+            kernels::combine(call.dtype, call.op, out, block_from(0), block_from(1));
+            for r in 2..n {
+                kernels::accumulate(call.dtype, call.op, out, block_from(r));
+            }
+        }
+        Collective::AllToAll if len > 0 => {
+            for (r, block) in out.chunks_exact_mut(len).enumerate() {
+                block.copy_from_slice(block_from(r));
             }
         }
         Collective::Broadcast if me == root => out.copy_from_slice(mine),
@@ -234,7 +286,11 @@ mod tests {
         assert!(!eligible(Collective::AllReduce, 3277, DType::U8, 16));
         assert!(!eligible(Collective::AllReduce, 2, DType::F32, 1));
         assert!(!eligible(Collective::AllReduce, 2, DType::F32, 17));
-        assert!(!eligible(Collective::AllToAll, 1, DType::U8, 2));
+        assert!(eligible(Collective::AllToAll, 1, DType::U8, 2));
+        assert!(eligible(Collective::ReduceScatter, 4096, DType::F32, 4));
+        assert!(!eligible(Collective::ReduceScatter, 4097, DType::F32, 4));
+        assert!(!eligible(Collective::AllToAllV, 1, DType::U8, 2));
+        assert!(!eligible(Collective::Gather, 1, DType::U8, 2));
         assert!(!eligible(Collective::AllReduce, usize::MAX, DType::F64, 2));
     }
 }

@@ -64,6 +64,8 @@ fn collectives_of<T: Small>(comm: &Communicator) {
             Collective::Reduce,
             Collective::Broadcast,
             Collective::AllGather,
+            Collective::AllToAll,
+            Collective::ReduceScatter,
         ] {
             assert_eq!(
                 comm.uses_fast_path(coll, count, T::DTYPE),
@@ -121,6 +123,45 @@ fn collectives_of<T: Small>(comm: &Communicator) {
         buf[rank * count..(rank + 1) * count].copy_from_slice(&block(rank).collect::<Vec<_>>());
         comm.all_gather_in_place(&mut buf).unwrap();
         assert_eq!(buf, want, "allgather in place {name} count {count}");
+
+        // All-to-all: rank s's block d holds value(s * n + d, i), which
+        // rank d finds in its block s.
+        let cell = |s: usize, d: usize, i: usize| T::of(value(s * n + d, i));
+        let send: Vec<T> = (0..n)
+            .flat_map(|d| (0..count).map(move |i| cell(rank, d, i)))
+            .collect();
+        let want: Vec<T> = (0..n)
+            .flat_map(|s| (0..count).map(move |i| cell(s, rank, i)))
+            .collect();
+        let mut out = vec![T::of(0); n * count];
+        comm.all_to_all(&send, &mut out).unwrap();
+        assert_eq!(out, want, "alltoall {name} count {count} rank {rank}");
+        // Reduce-scatter of the same blocks: rank d gets the reduction of
+        // every rank's block d, in rank order.
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            let want: Vec<T> = (0..count)
+                .map(|i| {
+                    let col = (0..n).map(|s| value(s * n + rank, i));
+                    T::of(match op {
+                        ReduceOp::Sum => col.sum(),
+                        _ => col.max().unwrap(),
+                    })
+                })
+                .collect();
+            let mut out = vec![T::of(0); count];
+            comm.reduce_scatter(&send, &mut out, op).unwrap();
+            assert_eq!(
+                out, want,
+                "reducescatter {op:?} {name} count {count} rank {rank}"
+            );
+            let mut buf = send.clone();
+            comm.reduce_scatter_in_place(&mut buf, op).unwrap();
+            assert_eq!(
+                &buf[rank * count..(rank + 1) * count],
+                &want[..],
+                "reducescatter in place {op:?} {name} count {count} rank {rank}"
+            );
+        }
         comm.barrier().unwrap();
     }
 }
