@@ -374,9 +374,9 @@ impl Communicator {
     /// off), the group has 2 to 16 ranks, the collective is an allreduce,
     /// broadcast, reduce, allgather, all-to-all, reduce-scatter or barrier
     /// moving at most 16 KiB per rank (per block for the block
-    /// collectives) on 2-4 ranks (`3 * 16 KiB / (n - 1)` on `n` ranks, 96 bytes at
-    /// least: per-pair eager buffers in shared memory carry it), and no
-    /// algorithm is forced for it.
+    /// collectives) on 2-4 ranks (`3 * 16 KiB / (n - 1)` on `n` ranks, 96
+    /// bytes at least: per-pair eager buffers in shared memory carry it),
+    /// and no algorithm is forced for it.
     pub fn uses_fast_path(&self, coll: Collective, count: usize, dtype: DType) -> bool {
         self.small_path(coll, count, dtype).is_some()
     }

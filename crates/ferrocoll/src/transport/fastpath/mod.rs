@@ -68,8 +68,7 @@
 //! every rank it must hear (allreduce, allgather, barrier: all to all;
 //! broadcast: root to all; reduce: all to root; all-to-all and
 //! reduce-scatter: all to all, each peer its own block), then reduces in
-//! rank order,
-//! so every rank computes bit-identical results. Which calls qualify is a
+//! rank order, so every rank computes bit-identical results. Which calls qualify is a
 //! function of the call's signature, the group and a job-wide setting only
 //! ([`small::eligible`]), never of this rank's state (another call in
 //! flight, a busy lock): the peers cannot see that state, and both sides of
@@ -550,15 +549,14 @@ impl FastPath {
         found
     }
 
-    /// Sends `payloads[i]` to rank `to[i]` (the same slice to all for a
-    /// broadcast of one contribution, one block each for an all-to-all) and
-    /// receives one message from
-    /// every rank of `from`, for the call `header` (transport ranks; `to`
-    /// and `from` on this host, without this rank), then runs `read` on
-    /// what arrived: `read(parts)` where `parts.get(i)` is the payload from
-    /// `from[i]`, in place in shared memory where it can be (the message
-    /// is consumed, and its slot and eager buffer freed, once `read`
-    /// returns). Every message is [`message_len`] bytes (each payload
+    /// Sends `payloads[i]` to rank `to[i]` (the same slice to all for one
+    /// contribution, one block each for an all-to-all) and receives one
+    /// message from every rank of `from`, for the call `header` (transport
+    /// ranks; `to` and `from` on this host, without this rank), then runs
+    /// `read` on what arrived: `read(parts)` where `parts.get(i)` is the
+    /// payload from `from[i]`, in place in shared memory where it can be
+    /// (the message is consumed, and its slot and eager buffer freed, once
+    /// `read` returns). Every message is [`message_len`] bytes (each payload
     /// too). `got` is the caller's room for where each message lies (at
     /// least `from.len()` entries, all `Got::Waiting`).
     /// Waits at most `timeout` from when waiting starts.
