@@ -751,8 +751,9 @@ fn contribution(r: usize, i: usize) -> u32 {
     ((r + i) % 3 + 1) as u32
 }
 
-/// Every small allreduce, reduce, broadcast and allgather of type `T` on
-/// `comm` (in place and not, every operator, every root), checked.
+/// Every small allreduce, reduce, broadcast, allgather, all-to-all and
+/// reduce-scatter of type `T` on `comm` (in place and not, every operator
+/// or two, every root), checked.
 fn small_calls_of<T: Small>(comm: &Communicator, max_count: usize) {
     let (rank, n) = (comm.rank(), comm.size());
     let name = T::DTYPE;
@@ -814,6 +815,41 @@ fn small_calls_of<T: Small>(comm: &Communicator, max_count: usize) {
         buf[rank * count..(rank + 1) * count].copy_from_slice(&block(rank).collect::<Vec<_>>());
         comm.all_gather_in_place(&mut buf).unwrap();
         assert_eq!(buf, want, "allgather in place {name} count {count}");
+        // Block d of rank s's all-to-all input: contribution(s * n + d, i),
+        // which rank d finds in its block s; reduce-scatter of the same
+        // input gives rank d the reduction of every rank's block d.
+        let cell = |s: usize, d: usize, i: usize| contribution(s * n + d, i);
+        let send: Vec<T> = (0..n)
+            .flat_map(|d| (0..count).map(move |i| T::of(cell(rank, d, i))))
+            .collect();
+        let want: Vec<T> = (0..n)
+            .flat_map(|s| (0..count).map(move |i| T::of(cell(s, rank, i))))
+            .collect();
+        let mut out = vec![T::of(0); n * count];
+        comm.all_to_all(&send, &mut out).unwrap();
+        assert_eq!(out, want, "alltoall {name} count {count}");
+        for op in [ReduceOp::Sum, ReduceOp::Max] {
+            let want: Vec<T> = (0..count)
+                .map(|i| {
+                    let col = (0..n).map(|s| cell(s, rank, i));
+                    T::of(if op == ReduceOp::Sum {
+                        col.sum()
+                    } else {
+                        col.max().unwrap()
+                    })
+                })
+                .collect();
+            let mut out = vec![T::of(0); count];
+            comm.reduce_scatter(&send, &mut out, op).unwrap();
+            assert_eq!(out, want, "reducescatter {op:?} {name} count {count}");
+            let mut buf = send.clone();
+            comm.reduce_scatter_in_place(&mut buf, op).unwrap();
+            assert_eq!(
+                &buf[rank * count..(rank + 1) * count],
+                &want[..],
+                "reducescatter in place {op:?} {name} count {count}"
+            );
+        }
     }
 }
 
@@ -841,7 +877,11 @@ fn small(comm: &Communicator) {
         fast && nodes == 1
     );
     assert!(!comm.uses_fast_path(Collective::AllReduce, 4097, DType::F32));
-    assert!(!comm.uses_fast_path(Collective::AllToAll, 1, DType::F32));
+    assert_eq!(
+        comm.uses_fast_path(Collective::AllToAll, 1, DType::F32),
+        fast && nodes == 1
+    );
+    assert!(!comm.uses_fast_path(Collective::Gather, 1, DType::F32));
     for c in [comm, &host] {
         // Up to the 96 bytes of one slot, and past it through the eager
         // buffers up to their 16 KiB.
