@@ -56,6 +56,13 @@ pub(crate) fn handles(coll: Collective) -> bool {
     )
 }
 
+/// Whether `coll`'s contribution is one block per rank (block `r` for
+/// group rank `r`), each peer sent only its own: all-to-all and
+/// reduce-scatter.
+fn sends_blocks(coll: Collective) -> bool {
+    matches!(coll, Collective::AllToAll | Collective::ReduceScatter)
+}
+
 /// The most bytes per rank (allgather, all-to-all, reduce-scatter: per
 /// block, the bytes one pair exchanges) a fast call among `n`
 /// ranks may carry: one slot's payload at least, one eager buffer at most
@@ -111,13 +118,13 @@ fn run_with<const PEERS: usize>(
         Collective::Broadcast => me == root,
         _ => true,
     };
-    // A block collective's contribution is one block per rank, block `r`
-    // for group rank `r`.
-    let blocks = matches!(call.coll, Collective::AllToAll | Collective::ReduceScatter);
-    let mine_len = match () {
-        _ if !sends => 0,
-        _ if blocks => n * len,
-        _ => len,
+    let blocks = sends_blocks(call.coll);
+    let mine_len = if !sends {
+        0
+    } else if blocks {
+        n * len
+    } else {
+        len
     };
     let out_len = match call.coll {
         Collective::AllReduce => len,
@@ -211,52 +218,33 @@ fn run_with<const PEERS: usize>(
 fn write_output<'p>(call: &SmallCall<'_>, mine: &'p [u8], parts: &'p Parts<'_>, out: &mut [u8]) {
     let part = |i: usize| parts.get(i);
     let (n, me, root) = (call.group.len(), call.rank, call.root);
-    // Group rank r's contribution (when received from all).
-    let of = |r: usize| -> &[u8] {
+    let len = call.count * call.dtype.size();
+    let blocks = sends_blocks(call.coll);
+    // What group rank r brings to this rank's output (when received from
+    // all): its contribution, or for a block collective its block `me`
+    // (this rank's own is block `me` of its contribution).
+    let from = |r: usize| -> &[u8] {
         match r.cmp(&me) {
+            std::cmp::Ordering::Equal if blocks => &mine[me * len..(me + 1) * len],
             std::cmp::Ordering::Equal => mine,
             std::cmp::Ordering::Less => part(r),
             std::cmp::Ordering::Greater => part(r - 1),
         }
     };
-    // Block collectives: what group rank r sent this rank (its block
-    // `me`; this rank's own is block `me` of its contribution).
-    let len = out.len()
-        / if call.coll == Collective::AllToAll {
-            n
-        } else {
-            1
-        };
-    let block_from = |r: usize| -> &[u8] {
-        if r == me {
-            &mine[me * len..(me + 1) * len]
-        } else {
-            of(r)
-        }
-    };
     match call.coll {
-        Collective::AllReduce | Collective::Reduce if !out.is_empty() => {
-            kernels::combine(call.dtype, call.op, out, of(0), of(1));
+        Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter
+            if !out.is_empty() =>
+        {
+            kernels::combine(call.dtype, call.op, out, from(0), from(1));
             for r in 2..n {
-                kernels::accumulate(call.dtype, call.op, out, of(r));
-            }
-        }
-        Collective::ReduceScatter if !out.is_empty() => {
-            kernels::combine(call.dtype, call.op, out, block_from(0), block_from(1));
-            for r in 2..n {
-                kernels::accumulate(call.dtype, call.op, out, block_from(r));
-            }
-        }
-        Collective::AllToAll if len > 0 => {
-            for (r, block) in out.chunks_exact_mut(len).enumerate() {
-                block.copy_from_slice(block_from(r));
+                kernels::accumulate(call.dtype, call.op, out, from(r));
             }
         }
         Collective::Broadcast if me == root => out.copy_from_slice(mine),
         Collective::Broadcast => out.copy_from_slice(part(0)),
-        Collective::AllGather => {
-            for (r, block) in out.chunks_exact_mut(mine.len().max(1)).enumerate() {
-                block.copy_from_slice(of(r));
+        Collective::AllGather | Collective::AllToAll => {
+            for (r, block) in out.chunks_exact_mut(len.max(1)).enumerate() {
+                block.copy_from_slice(from(r));
             }
         }
         _ => {}
