@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -88,6 +88,22 @@ def run_steps(
     return rows
 
 
+def thread_cpu() -> Dict[str, float]:
+    """CPU seconds (user + system) each thread of this process has used, summed by thread name."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used: Dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue  # the thread ended
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return used
+
+
 def median_row(
     rows: List[Tuple[float, float, float, List[List[Any]]]],
 ) -> Tuple[float, float, float, List[List[Any]]]:
@@ -122,7 +138,10 @@ def main() -> None:
 
     model = DDP(ddp_model(), gradient_as_bucket_view=a.bucket_view)
     model.register_comm_hook(None, timed_hook(line, n))
+    cpu_before = thread_cpu()
     rows = run_steps(model, x, a.steps, line)
+    cpu_after = thread_cpu()
+    steps_run = a.steps + 3
     fwd, bwd, step, buckets = median_row(rows)
 
     ms = 1e3
@@ -150,6 +169,13 @@ def main() -> None:
         f"[{r}]   communication from {first * ms:.1f} to {last_done * ms:.1f} ms; backward stretched by "
         f"{stretched * ms:.1f} ms against DDP communicating nothing; exposed after the backward "
         f"{max(0.0, last_done - bwd) * ms:.1f} ms"
+    )
+    per_thread = sorted(
+        ((cpu_after[k] - cpu_before.get(k, 0.0)) / steps_run, k) for k in cpu_after
+    )
+    out.append(
+        f"[{r}]   CPU per step by thread (ms): "
+        + ", ".join(f"{k} {v * ms:.1f}" for v, k in reversed(per_thread) if v > 0)
     )
     times = sorted(row[2] for row in rows)
     q1, q3 = times[len(times) // 4], times[(3 * len(times)) // 4]

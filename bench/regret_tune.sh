@@ -1,125 +1,139 @@
 #!/usr/bin/env bash
 # Regret of `auto` with a tuned table and with the cost model only, after
-# `ferrocoll tune` (issue 19): for each transport and group size, tune first
-# (into a table of its own), then in fresh runs (other processes, other
-# samples than the tuned ones) bench every forced candidate, auto with the
-# table (FERROCOLL_TUNE=<table>) and auto without it (FERROCOLL_TUNE=off),
-# interleaved, REGRET_REPS times (default 3). A size counts when auto's time
-# is within 1.10 of the best forced algorithm's. Scored as bench/regret.sh
-# scores (the fastest run's mean; the median over the runs of each run's
-# median, which is not biased against auto by taking the best of more
-# samples for the forced side), and against an oracle that picks the
-# fastest forced algorithm of the first run and is scored on the others
-# (how far the runs agree with each other: the ceiling noise leaves).
+# `ferrocoll tune` (issue 19). For each transport and group size:
+#   1. `ferrocoll tune` writes the table (its own file, in $tmp);
+#   2. REGRET_REPS times (default 2), fresh runs (other processes, other
+#      samples than the tuned ones) of `ferrocoll tune --with-auto`, once
+#      with auto reading the table (FERROCOLL_TUNE=<table>) and once model
+#      only (FERROCOLL_TUNE=off). Each run times every forced candidate and
+#      `auto` in the same rounds of one process, taking turns (the tuner's
+#      sampling: loops of calls filling 20 ms, 7 samples, medians).
+# A size counts when auto's median is within 1.10 of the fastest forced
+# candidate's median of the same run; a size's regret is the median over
+# the runs. Why one process per run and not one per algorithm (as this
+# script did before): on this VM a process's speed at small sizes is
+# bimodal (the same binary's 8 B-512 B allgather ran at 0.17 us in some
+# processes and 0.45 us in others), and its speed drifts 2-6x over minutes,
+# so algorithms timed in separate processes minutes apart compare the
+# processes and the minutes, not the algorithms (the old oracle, the first
+# run's fastest algorithm scored on the others, reached only 60-71 %).
+# Also printed: the oracle (the table's fastest, scored in the fresh runs:
+# how far the tuned order holds in other processes, the ceiling for any
+# table) and the spread of a forced candidate's median between fresh runs.
 # Usage: bash bench/regret_tune.sh [TRANSPORT...]   (default: thread shm tcp)
 # REGRET_RANKS (default "2 4"), REGRET_MAX (largest size, default 64M),
 # REGRET_COLLS (default allreduce allgather reducescatter alltoall bcast),
-# TUNE_ARGS (extra arguments of `ferrocoll tune`), REGRET_KEEP=DIR keeps the
-# tables and the raw bench JSON there; REGRET_SCORE=DIR only scores such a
-# kept directory again (no runs).
+# TUNE_ARGS (extra arguments of every `ferrocoll tune`), REGRET_KEEP=DIR
+# keeps the tables and the raw JSON there; REGRET_SCORE=DIR only scores such
+# a kept directory again (no runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q
 fc=$PWD/target/release/ferrocoll
 transports=${*:-thread shm tcp}
 ranks=${REGRET_RANKS:-2 4}
-reps=${REGRET_REPS:-3}
+reps=${REGRET_REPS:-2}
 max=${REGRET_MAX:-64M}
 colls=${REGRET_COLLS:-allreduce allgather reducescatter alltoall bcast}
 if [ -n "${REGRET_SCORE:-}" ]; then tmp=$REGRET_SCORE; transports=""; else
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT; fi
-# The profile the library would read stays as it is; tables go to $tmp.
+echo "# commit $(git rev-parse --short HEAD), $(date -u +%FT%TZ), $(nproc) cores"
 for t in $transports; do
   for n in $ranks; do
     table=$tmp/tune-$t-$n.json
+    tune() {
+      # shellcheck disable=SC2086
+      $fc tune --transport "$t" -n "$n" -e "$max" --colls "$(echo $colls | tr ' ' ,)" ${TUNE_ARGS:-} "$@"
+    }
     echo "# tune $t n=$n: $(uptime)" >&2
-    # shellcheck disable=SC2086
-    $fc tune --transport "$t" -n "$n" -e "$max" --colls "$(echo $colls | tr ' ' ,)" \
-      --out "$table" ${TUNE_ARGS:-} > "$tmp/tune-$t-$n.txt"
-    echo "# bench $t n=$n: $(uptime)" >&2
-    for coll in $colls; do
-      algos=$($fc model "$coll" -n "$n" --json | python3 -c 'import json,sys; print(" ".join(c["algo"] for c in json.load(sys.stdin)["candidates"]))')
-      run() { $fc bench "$coll" -n "$n" --transport "$t" -b 8 -e "$max" -f 8 --iters 20 --warmup 5 --json "$@"; }
-      for rep in $(seq "$reps"); do
-        for a in $algos; do run --algo "$a" >> "$tmp/$t-$coll-$n-$a.json"; done
-        FERROCOLL_TUNE="$table" run >> "$tmp/$t-$coll-$n-auto_table.json"
-        FERROCOLL_TUNE=off run >> "$tmp/$t-$coll-$n-auto_model.json"
-      done
+    tune --out "$table" > "$tmp/tune-$t-$n.txt"
+    for rep in $(seq "$reps"); do
+      echo "# fresh runs $t n=$n, $rep of $reps: $(uptime)" >&2
+      FERROCOLL_TUNE="$table" tune --with-auto --json --out "$tmp/scratch.json" |
+        grep '^{' > "$tmp/fresh-$t-$n-table-$rep.jsonl"
+      FERROCOLL_TUNE=off tune --with-auto --json --out "$tmp/scratch.json" |
+        grep '^{' > "$tmp/fresh-$t-$n-model-$rep.jsonl"
     done
   done
 done
-if [ -n "${REGRET_KEEP:-}" ] && [ -z "${REGRET_SCORE:-}" ]; then mkdir -p "$REGRET_KEEP" && cp "$tmp"/*.json "$tmp"/*.txt "$REGRET_KEEP"/; fi
+if [ -n "${REGRET_KEEP:-}" ] && [ -z "${REGRET_SCORE:-}" ]; then
+  mkdir -p "$REGRET_KEEP" && cp "$tmp"/tune-* "$tmp"/fresh-* "$REGRET_KEEP"/
+fi
 python3 - "$tmp" <<'PY'
-import glob, json, os, sys, collections
+import collections, glob, json, os, statistics, sys
+
 d = sys.argv[1]
-for field, label, pick in (("time_us", "fastest run's mean", min),
-                           ("median_us", "median of runs' medians",
-                            lambda v: sorted(v)[len(v) // 2])):
-    runs = collections.defaultdict(lambda: collections.defaultdict(list))
-    for f in glob.glob(os.path.join(d, "*.json")):
-        if os.path.basename(f).startswith("tune-"):
-            continue
-        t, coll, n, algo = os.path.basename(f)[:-5].split("-", 3)
-        for line in open(f):
-            r = json.loads(line)
-            runs[(t, coll, int(n), r["bytes"])][algo].append((r[field], r["algo"]))
-    times = {key: {a: pick(v) for a, v in t.items()} for key, t in runs.items()}
-    print(f"## scored by the {label}")
-    for mode in ("auto_table", "auto_model"):
-        groups = collections.defaultdict(lambda: [0, 0])
-        worst = []
-        for key in sorted(times):
-            t = times[key]
-            if mode not in t:
-                continue
-            best = min(v[0] for a, v in t.items() if not a.startswith("auto"))
-            regret = t[mode][0] / best
-            for g in ("all", key[0], f"{key[0]} n={key[2]}", key[1]):
-                groups[g][0] += regret <= 1.10
-                groups[g][1] += 1
-            worst.append((regret, key, t[mode][1]))
-        worst.sort(reverse=True)
-        ok, total = groups["all"]
-        print(f"{mode}: regret <= 1.10 at {ok}/{total} sizes ({100*ok/max(total,1):.0f}%); " +
-              "; ".join(f"{g} {a}/{b}" for g, (a, b) in sorted(groups.items()) if g != "all"))
-        print("  worst: " + ", ".join(f"{tr} {c} n={n} {b}B {a} {r:.2f}"
-                                     for r, (tr, c, n, b), a in worst[:6]))
-# The noise ceiling: a chooser that knew the first run's times and took
-# its fastest forced algorithm, scored on the other runs. No chooser does
-# better on average than the runs agree with each other.
+# (transport, n, mode) -> (coll, bytes) -> [per-run (auto median, ran, {algo: median})]
 runs = collections.defaultdict(lambda: collections.defaultdict(list))
-for f in glob.glob(os.path.join(d, "*.json")):
-    if os.path.basename(f).startswith("tune-"):
-        continue
-    t, coll, n, algo = os.path.basename(f)[:-5].split("-", 3)
+for f in sorted(glob.glob(os.path.join(d, "fresh-*.jsonl"))):
+    _, t, n, mode, _rep = os.path.basename(f)[: -len(".jsonl")].split("-")
+    points = collections.defaultdict(dict)
+    ran = {}
     for line in open(f):
         r = json.loads(line)
-        runs[(t, coll, int(n), r["bytes"])][algo].append(r["median_us"])
-med = lambda v: sorted(v)[len(v) // 2]
-groups = collections.defaultdict(lambda: [0, 0])
-for key, t in sorted(runs.items()):
-    forced = {a: v for a, v in t.items() if not a.startswith("auto") and len(v) >= 2}
-    if not forced:
-        continue
-    pick = min(forced, key=lambda a: forced[a][0])
-    rest = {a: med(v[1:]) for a, v in forced.items()}
-    regret = rest[pick] / min(rest.values())
-    for g in ("all", f"{key[0]} n={key[2]}"):
-        groups[g][0] += regret <= 1.10
+        key = (r["coll"], r["bytes"])
+        points[key][r["algo"]] = r["median_us"]
+        if r["algo"] == "auto":
+            ran[key] = r["ran"]
+    for key, times in points.items():
+        if "auto" not in times:
+            continue
+        forced = {a: v for a, v in times.items() if a != "auto"}
+        runs[(t, int(n), mode)][key].append((times["auto"], ran[key], forced))
+
+def tally(groups, label, ok):
+    for g in (label[0], f"{label[0]} n={label[1]}", label[2]):
+        groups[g][0] += ok
         groups[g][1] += 1
-ok, total = groups["all"]
-print(f"oracle (the fastest forced algorithm of the first run, scored by the median of the other runs' medians): "
-      f"regret <= 1.10 at {ok}/{total} sizes ({100*ok/max(total,1):.0f}%); " +
-      "; ".join(f"{g} {a}/{b}" for g, (a, b) in sorted(groups.items()) if g != "all"))
-# How far runs of the same forced algorithm agree: the largest over the
-# smallest of its runs' medians, per size.
+    groups["all"][0] += ok
+    groups["all"][1] += 1
+
+def line(name, groups, worst):
+    ok, total = groups["all"]
+    print(f"{name}: regret <= 1.10 at {ok}/{total} sizes ({100 * ok / max(total, 1):.0f}%); "
+          + "; ".join(f"{g} {a}/{b}" for g, (a, b) in sorted(groups.items()) if g != "all"))
+    worst.sort(reverse=True)
+    print("  worst: " + ", ".join(f"{t} {c} n={n} {b}B ran {a} {r:.2f}"
+                                 for r, (t, n, c, b), a in worst[:8]))
+
+for mode, name in (("table", "auto_table"), ("model", "auto_model")):
+    groups = collections.defaultdict(lambda: [0, 0])
+    worst = []
+    for (t, n, m), points in sorted(runs.items()):
+        if m != mode:
+            continue
+        for (coll, b), rs in sorted(points.items()):
+            regret = statistics.median(auto / min(forced.values()) for auto, _, forced in rs)
+            ran = "/".join(sorted({r for _, r, _ in rs}))
+            tally(groups, (t, n, coll), regret <= 1.10)
+            worst.append((regret, (t, n, coll, b), ran))
+    line(name, groups, worst)
+
+# The tuned table's fastest, scored in the fresh runs (both modes' runs
+# time every forced candidate): the ceiling of any table of that run.
+groups = collections.defaultdict(lambda: [0, 0])
+worst = []
 spread = collections.defaultdict(list)
-for key, t in runs.items():
-    for a, v in t.items():
-        if not a.startswith("auto") and len(v) >= 2:
-            spread[f"{key[0]} n={key[2]}"].append(max(v) / min(v))
+for f in sorted(glob.glob(os.path.join(d, "tune-*.json"))):
+    t, n = os.path.basename(f)[len("tune-"): -len(".json")].split("-")
+    table = json.load(open(f))["tables"][0]
+    for p in table["points"]:
+        key = (p["coll"], p["bytes"])
+        pick = p["times"][0]["algo"]
+        fresh = runs[(t, int(n), "table")].get(key, []) + runs[(t, int(n), "model")].get(key, [])
+        if not fresh:
+            continue
+        regret = statistics.median(forced[pick] / min(forced.values()) for _, _, forced in fresh)
+        tally(groups, (t, int(n), p["coll"]), regret <= 1.10)
+        worst.append((regret, (t, int(n), p["coll"], p["bytes"]), pick))
+        for a in fresh[0][2]:
+            v = [forced[a] for _, _, forced in fresh if a in forced]
+            if len(v) >= 2:
+                spread[f"{t} n={n}"].append(max(v) / min(v))
+line("oracle (the tuned table's fastest, timed in the fresh runs)", groups, worst)
 for g, v in sorted(spread.items()):
     v.sort()
-    print(f"run-to-run spread {g}: a forced algorithm's slowest/fastest run median {v[len(v)//2]:.2f}, "
-          f"p90 {v[int(len(v) * 0.9)]:.2f}; over 1.10 at {sum(x > 1.10 for x in v)}/{len(v)} sizes")
+    print(f"run-to-run spread {g}: a forced candidate's slowest/fastest fresh-run median "
+          f"{v[len(v) // 2]:.2f}, p90 {v[int(len(v) * 0.9)]:.2f}; over 1.10 at "
+          f"{sum(x > 1.10 for x in v)}/{len(v)}")
 PY

@@ -91,6 +91,14 @@ pub struct TuneArgs {
     /// Print one JSON line per (collective, size, algorithm) as well.
     #[arg(long)]
     json: bool,
+    /// Also time `auto` (the communicator's own choice: the table named by
+    /// `FERROCOLL_TUNE`, else the cost model; the fast path where it
+    /// applies) in the same rounds as the candidates, and print it beside
+    /// them (`"algo": "auto"`, with `"ran"`: what it ran). It never enters
+    /// the table. This is how `bench/regret_tune.sh` scores `auto`: against
+    /// the candidates measured in the same process and the same minutes.
+    #[arg(long)]
+    with_auto: bool,
 }
 
 /// What every rank runs: the collectives, the sweep's bounds, samples.
@@ -102,7 +110,12 @@ struct Plan {
     samples: u32,
     /// Seconds one sample should last.
     sample_seconds: f64,
+    /// Whether `auto` is timed beside the candidates (`--with-auto`).
+    with_auto: bool,
 }
+
+/// The name `auto`'s measurements go under (never an algorithm's name).
+const AUTO: &str = "auto";
 
 /// The fewest calls in one sample, whatever `--sample-ms` gives: a loop of
 /// a few calls lets the ranks fall into the schedule an algorithm runs in
@@ -190,10 +203,27 @@ fn measure(comm: &Communicator, plan: &Plan, json: bool) -> Result<Vec<TunePoint
             let send = vec![1.0f32; send_len];
             let mut recv = vec![0.0f32; recv_len];
             let counts = PeerCounts::default();
-            let handles: Vec<Communicator> = algos
+            let mut handles: Vec<Communicator> = algos
                 .iter()
                 .map(|&a| comm.with_options(CallOptions::algorithm(a)))
                 .collect();
+            let mut names: Vec<String> = algos.iter().map(|a| a.name().to_string()).collect();
+            // `auto` is one more handle in the rotation: no algorithm
+            // forced, so the communicator chooses (and takes the fast path
+            // where it applies) on every call, as an application's calls do.
+            let auto_ran = plan.with_auto.then(|| -> Result<String, CliError> {
+                Ok(if comm.uses_fast_path(coll, size.count, DType::F32) {
+                    "shm-fast".to_string()
+                } else {
+                    let bytes = comm.call_bytes(coll, size.count, DType::F32);
+                    comm.choose(coll, bytes)?.0.name().to_string()
+                })
+            });
+            let auto_ran = auto_ran.transpose()?;
+            if auto_ran.is_some() {
+                handles.push(comm.with_options(CallOptions::default()));
+                names.push(AUTO.to_string());
+            }
             let run = |h: &Communicator, calls: usize, recv: &mut [f32]| -> Result<f64, CliError> {
                 comm.barrier()?;
                 let t = Instant::now();
@@ -229,10 +259,10 @@ fn measure(comm: &Communicator, plan: &Plan, json: bool) -> Result<Vec<TunePoint
                 .iter()
                 .map(|&t| calls_per_sample(plan.sample_seconds, t))
                 .collect();
-            let mut samples: Vec<Vec<f64>> = vec![Vec::new(); algos.len()];
+            let mut samples: Vec<Vec<f64>> = vec![Vec::new(); handles.len()];
             for round in 0..plan.samples as usize {
-                for k in 0..algos.len() {
-                    let i = (round + k) % algos.len();
+                for k in 0..handles.len() {
+                    let i = (round + k) % handles.len();
                     let mine = [run(&handles[i], batches[i], &mut recv)?];
                     let mut slowest = [0.0f64];
                     comm.all_reduce(&mine, &mut slowest, ReduceOp::Max)?;
@@ -242,14 +272,14 @@ fn measure(comm: &Communicator, plan: &Plan, json: bool) -> Result<Vec<TunePoint
             if rank != 0 {
                 continue;
             }
-            let mut times: Vec<(Measured, usize)> = algos
+            let mut times: Vec<(Measured, usize)> = names
                 .iter()
                 .zip(samples.iter_mut())
                 .zip(&batches)
                 .map(|((a, s), &calls)| {
                     s.sort_by(f64::total_cmp);
                     let m = Measured {
-                        algo: a.name().to_string(),
+                        algo: a.clone(),
                         median_us: quantile(s, 0.5) * 1e6,
                         p10_us: quantile(s, 0.1) * 1e6,
                         p90_us: quantile(s, 0.9) * 1e6,
@@ -258,9 +288,14 @@ fn measure(comm: &Communicator, plan: &Plan, json: bool) -> Result<Vec<TunePoint
                     (m, calls)
                 })
                 .collect();
+            // `auto` is reported, never written to the table.
+            let auto = auto_ran.map(|ran| {
+                let (m, calls) = times.pop().expect("auto was timed last");
+                (m, calls, ran)
+            });
             times.sort_by(|a, b| a.0.median_us.total_cmp(&b.0.median_us));
             let bytes = comm.call_bytes(coll, size.count, DType::F32);
-            report_point(coll, bytes, &times, json)?;
+            report_point(coll, bytes, &times, auto.as_ref(), json)?;
             points.push(TunePoint {
                 coll: coll.name().to_string(),
                 bytes,
@@ -272,11 +307,14 @@ fn measure(comm: &Communicator, plan: &Plan, json: bool) -> Result<Vec<TunePoint
 }
 
 /// Prints one point: every algorithm's median [p10, p90] and calls per
-/// sample, and whether the winner is separated from the runner-up.
+/// sample, and whether the winner is separated from the runner-up; with
+/// `auto` (measured in the same rounds) its line too, with what it ran and
+/// its time over the fastest candidate's.
 fn report_point(
     coll: Collective,
     bytes: usize,
     times: &[(Measured, usize)],
+    auto: Option<&(Measured, usize, String)>,
     json: bool,
 ) -> Result<(), CliError> {
     let mut out = io::stdout().lock();
@@ -308,6 +346,23 @@ fn report_point(
                 out,
                 "{}",
                 serde_json::json!({"coll": coll.name(), "bytes": bytes, "algo": m.algo,
+                    "median_us": m.median_us, "p10_us": m.p10_us, "p90_us": m.p90_us,
+                    "samples": m.samples, "calls_per_sample": calls})
+            )?;
+        }
+    }
+    if let Some((m, calls, ran)) = auto {
+        let best = times.first().map_or(f64::NAN, |(w, _)| w.median_us);
+        writeln!(
+            out,
+            "  {:<18} median {:>12.2} us  p10 {:>12.2}  p90 {:>12.2}  ({} samples of {calls} calls; ran {ran}; {:.2}x the fastest candidate)",
+            AUTO, m.median_us, m.p10_us, m.p90_us, m.samples, m.median_us / best
+        )?;
+        if json {
+            writeln!(
+                out,
+                "{}",
+                serde_json::json!({"coll": coll.name(), "bytes": bytes, "algo": AUTO, "ran": ran,
                     "median_us": m.median_us, "p10_us": m.p10_us, "p90_us": m.p90_us,
                     "samples": m.samples, "calls_per_sample": calls})
             )?;
@@ -346,6 +401,7 @@ pub fn main(args: &TuneArgs) -> Result<(), CliError> {
         factor: args.stepfactor.unwrap_or(if args.quick { 16 } else { 4 }) as usize,
         samples: args.samples.unwrap_or(if args.quick { 3 } else { 7 }),
         sample_seconds: f64::from(args.sample_ms.unwrap_or(if args.quick { 5 } else { 20 })) * 1e-3,
+        with_auto: args.with_auto,
     };
     let in_job = crate::run::in_job();
     let transport = args.transport.as_str();

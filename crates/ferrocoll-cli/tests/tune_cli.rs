@@ -228,3 +228,55 @@ fn processes_share_rank_0s_table() {
     );
     let _ = std::fs::remove_dir_all(&config);
 }
+
+#[test]
+fn with_auto_times_auto_beside_the_candidates_and_keeps_it_out_of_the_table() {
+    let config = scratch("with-auto");
+    let first = config.join("first.json");
+    let mut args = TUNE.to_vec();
+    args.extend(["-n", "3", "--out", first.to_str().unwrap()]);
+    ok(&ferrocoll(&config, &args, &[]));
+    let table = TuneFile::load(&first).unwrap();
+
+    // A fresh run with auto reading the first table: auto's lines name
+    // what it ran, which at every measured size is the table's fastest.
+    let second = config.join("second.json");
+    let mut again = TUNE.to_vec();
+    again.extend([
+        "-n",
+        "3",
+        "--with-auto",
+        "--json",
+        "--out",
+        second.to_str().unwrap(),
+    ]);
+    let stdout = ok(&ferrocoll(
+        &config,
+        &again,
+        &[("FERROCOLL_TUNE", first.to_str().unwrap())],
+    ));
+    let autos: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|v: &serde_json::Value| v["algo"] == "auto")
+        .collect();
+    let points = &table.tables[0].points;
+    assert_eq!(autos.len(), points.len(), "{stdout}");
+    for a in &autos {
+        let p = points
+            .iter()
+            .find(|p| p.coll == a["coll"] && serde_json::json!(p.bytes) == a["bytes"])
+            .unwrap_or_else(|| panic!("no point for {a}"));
+        assert_eq!(a["ran"], p.times[0].algo.as_str(), "{a} against {p:?}");
+        assert!(a["median_us"].as_f64().unwrap() > 0.0, "{a}");
+        assert_eq!(a["samples"], 3, "{a}");
+    }
+    assert!(stdout.contains("x the fastest candidate"), "{stdout}");
+    // The table of the second run holds algorithms only.
+    let written = TuneFile::load(&second).unwrap();
+    for p in &written.tables[0].points {
+        assert!(p.times.iter().all(|m| m.algo != "auto"), "{p:?}");
+        assert!(!p.times.is_empty());
+    }
+}
