@@ -170,9 +170,7 @@ def main() -> None:
         f"{stretched * ms:.1f} ms against DDP communicating nothing; exposed after the backward "
         f"{max(0.0, last_done - bwd) * ms:.1f} ms"
     )
-    per_thread = sorted(
-        ((cpu_after[k] - cpu_before.get(k, 0.0)) / steps_run, k) for k in cpu_after
-    )
+    per_thread = sorted(((cpu_after[k] - cpu_before.get(k, 0.0)) / steps_run, k) for k in cpu_after)
     out.append(
         f"[{r}]   CPU per step by thread (ms): "
         + ", ".join(f"{k} {v * ms:.1f}" for v, k in reversed(per_thread) if v > 0)
