@@ -67,13 +67,17 @@ def timed_hook(line: Timeline, world: int) -> Callable[[Any, Any], Any]:
     return hook
 
 
+# Untimed steps before the timed ones (buffers, DDP's bucket rebuild, caches).
+WARMUP_STEPS = 3
+
+
 def run_steps(
     model: torch.nn.Module, x: torch.Tensor, steps: int, line: Timeline
 ) -> List[Tuple[float, float, float, List[List[Any]]]]:
-    """Times ``steps`` training steps after 3 warm-up ones; one row per step."""
+    """Times ``steps`` training steps after ``WARMUP_STEPS`` warm-up ones; one row per step."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     rows = []
-    for i in range(steps + 3):
+    for i in range(steps + WARMUP_STEPS):
         dist.barrier()
         line.buckets = []
         line.t0 = time.perf_counter()
@@ -83,7 +87,7 @@ def run_steps(
         y.backward()
         backward = line.now()
         opt.step()
-        if i >= 3:
+        if i >= WARMUP_STEPS:
             rows.append((forward, backward, line.now(), [list(b) for b in line.buckets]))
     return rows
 
@@ -141,7 +145,7 @@ def main() -> None:
     cpu_before = thread_cpu()
     rows = run_steps(model, x, a.steps, line)
     cpu_after = thread_cpu()
-    steps_run = a.steps + 3
+    steps_run = a.steps + WARMUP_STEPS
     fwd, bwd, step, buckets = median_row(rows)
 
     ms = 1e3

@@ -41,7 +41,7 @@ use ferrocoll::cost::{self, Shape};
 use ferrocoll::tune::{Measured, TuneFile, TuneKey, TunePoint, TuneTable};
 use ferrocoll::{local, CallOptions, Collective, Communicator, DType, ReduceOp};
 
-use crate::bench::{buffer_lens, out_of_place, sweep, PeerCounts};
+use crate::bench::{buffer_lens, out_of_place, sweep, what_runs, PeerCounts};
 use crate::error::CliError;
 
 /// Arguments of `ferrocoll tune`.
@@ -211,15 +211,11 @@ fn measure(comm: &Communicator, plan: &Plan, json: bool) -> Result<Vec<TunePoint
             // `auto` is one more handle in the rotation: no algorithm
             // forced, so the communicator chooses (and takes the fast path
             // where it applies) on every call, as an application's calls do.
-            let auto_ran = plan.with_auto.then(|| -> Result<String, CliError> {
-                Ok(if comm.uses_fast_path(coll, size.count, DType::F32) {
-                    "shm-fast".to_string()
-                } else {
-                    let bytes = comm.call_bytes(coll, size.count, DType::F32);
-                    comm.choose(coll, bytes)?.0.name().to_string()
-                })
-            });
-            let auto_ran = auto_ran.transpose()?;
+            let auto_ran = if plan.with_auto {
+                Some(what_runs(comm, coll, size.count, DType::F32)?)
+            } else {
+                None
+            };
             if auto_ran.is_some() {
                 handles.push(comm.with_options(CallOptions::default()));
                 names.push(AUTO.to_string());
@@ -314,7 +310,7 @@ fn report_point(
     coll: Collective,
     bytes: usize,
     times: &[(Measured, usize)],
-    auto: Option<&(Measured, usize, String)>,
+    auto: Option<&(Measured, usize, &str)>,
     json: bool,
 ) -> Result<(), CliError> {
     let mut out = io::stdout().lock();
@@ -335,38 +331,35 @@ fn report_point(
         [] => String::new(),
     };
     writeln!(out, "{coll} {bytes} B: {verdict}")?;
-    for (m, calls) in times {
+    let line = |out: &mut io::StdoutLock, m: &Measured, calls: usize, ran: Option<&str>| {
+        let extra = ran.map_or(String::new(), |ran| {
+            let best = times.first().map_or(f64::NAN, |(w, _)| w.median_us);
+            format!(
+                "; ran {ran}; {:.2}x the fastest candidate",
+                m.median_us / best
+            )
+        });
         writeln!(
             out,
-            "  {:<18} median {:>12.2} us  p10 {:>12.2}  p90 {:>12.2}  ({} samples of {calls} calls)",
+            "  {:<18} median {:>12.2} us  p10 {:>12.2}  p90 {:>12.2}  ({} samples of {calls} calls{extra})",
             m.algo, m.median_us, m.p10_us, m.p90_us, m.samples
         )?;
         if json {
-            writeln!(
-                out,
-                "{}",
-                serde_json::json!({"coll": coll.name(), "bytes": bytes, "algo": m.algo,
-                    "median_us": m.median_us, "p10_us": m.p10_us, "p90_us": m.p90_us,
-                    "samples": m.samples, "calls_per_sample": calls})
-            )?;
+            let mut record = serde_json::json!({"coll": coll.name(), "bytes": bytes, "algo": m.algo,
+                "median_us": m.median_us, "p10_us": m.p10_us, "p90_us": m.p90_us,
+                "samples": m.samples, "calls_per_sample": calls});
+            if let Some(ran) = ran {
+                record["ran"] = ran.into();
+            }
+            writeln!(out, "{record}")?;
         }
+        io::Result::Ok(())
+    };
+    for (m, calls) in times {
+        line(&mut out, m, *calls, None)?;
     }
     if let Some((m, calls, ran)) = auto {
-        let best = times.first().map_or(f64::NAN, |(w, _)| w.median_us);
-        writeln!(
-            out,
-            "  {:<18} median {:>12.2} us  p10 {:>12.2}  p90 {:>12.2}  ({} samples of {calls} calls; ran {ran}; {:.2}x the fastest candidate)",
-            AUTO, m.median_us, m.p10_us, m.p90_us, m.samples, m.median_us / best
-        )?;
-        if json {
-            writeln!(
-                out,
-                "{}",
-                serde_json::json!({"coll": coll.name(), "bytes": bytes, "algo": AUTO, "ran": ran,
-                    "median_us": m.median_us, "p10_us": m.p10_us, "p90_us": m.p90_us,
-                    "samples": m.samples, "calls_per_sample": calls})
-            )?;
-        }
+        line(&mut out, m, *calls, Some(ran))?;
     }
     out.flush()?;
     Ok(())

@@ -59,7 +59,7 @@ mod sweep;
 // `ferrocoll tune` times calls as the sweep does.
 pub use args::{parse_size, parse_transport, ranks_and_transport, BenchArgs, Transport};
 pub(crate) use buffers::{buffer_lens, PeerCounts};
-pub(crate) use rank::out_of_place;
+pub(crate) use rank::{out_of_place, what_runs};
 pub(crate) use sweep::sweep;
 
 use crate::error::CliError;

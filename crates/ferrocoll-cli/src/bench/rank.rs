@@ -60,9 +60,7 @@ fn run_rank_as<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>
         let (send, recv) = (&send[..send_len], &mut recv[..recv_len]);
         let counts = PeerCounts::new(coll, n, rank, size.count);
 
-        // The same byte count the library passes to its choice (0 for
-        // alltoallv, whose per-rank sizes differ).
-        let (algo, _why) = tuned.choose(coll, comm.call_bytes(coll, size.count, setup.dtype))?;
+        let algo = what_runs(&tuned, coll, size.count, setup.dtype)?;
 
         for _ in 0..setup.warmup {
             call(&tuned, setup, send, recv, &counts)?;
@@ -130,13 +128,7 @@ fn run_rank_as<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>
                 op: setup.op_name(),
                 ranks: n,
                 transport: comm.transport_name(),
-                // Small calls on one host skip the plans (see
-                // `Communicator::uses_fast_path`).
-                algo: if tuned.uses_fast_path(coll, size.count, setup.dtype) {
-                    "shm-fast"
-                } else {
-                    algo.name()
-                },
+                algo,
                 time_us: time * 1e6,
                 median_us: slowest[1] * 1e6,
                 algbw,
@@ -164,6 +156,24 @@ fn run_rank_as<T: Sample>(comm: &Communicator, setup: &Setup) -> Result<Vec<Row>
         }
     }
     Ok(rows)
+}
+
+/// What a call of `count` elements of `dtype` runs on `comm`: `shm-fast`
+/// where small calls on one host skip the plans (see
+/// `Communicator::uses_fast_path`), else the algorithm it chooses, asked
+/// with the same byte count the library passes to its choice (0 for
+/// alltoallv, whose per-rank sizes differ).
+pub(crate) fn what_runs(
+    comm: &Communicator,
+    coll: Collective,
+    count: usize,
+    dtype: DType,
+) -> ferrocoll::Result<&'static str> {
+    if comm.uses_fast_path(coll, count, dtype) {
+        return Ok("shm-fast");
+    }
+    let (algo, _why) = comm.choose(coll, comm.call_bytes(coll, count, dtype))?;
+    Ok(algo.name())
 }
 
 /// One call of the set-up's collective: out of place, or in place in
