@@ -17,7 +17,9 @@
 # so algorithms timed in separate processes minutes apart compare the
 # processes and the minutes, not the algorithms (the old oracle, the first
 # run's fastest algorithm scored on the others, reached only 60-71 %).
-# Also printed: the oracle (the table's fastest, scored in the fresh runs:
+# Also printed: auto's choice scored by the time of the forced candidate it
+# ran (the selection alone; auto's handle and that candidate's handle run
+# the same code, and their ratio is printed too), the oracle (the table's fastest, scored in the fresh runs:
 # how far the tuned order holds in other processes, the ceiling for any
 # table) and the spread of a forced candidate's median between fresh runs.
 # Usage: bash bench/regret_tune.sh [TRANSPORT...]   (default: thread shm tcp)
@@ -96,18 +98,38 @@ def line(name, groups, worst):
     print("  worst: " + ", ".join(f"{t} {c} n={n} {b}B ran {a} {r:.2f}"
                                  for r, (t, n, c, b), a in worst[:8]))
 
+def auto_timed(auto, ran, forced):
+    """auto's own handle, timed beside the candidates."""
+    return auto / min(forced.values())
+
+def auto_choice(auto, ran, forced):
+    """The forced candidate auto ran, timed in the same run: the choice
+    alone, without the sampling noise between two handles of one algorithm
+    (falls back to auto's own time where auto ran no forced candidate)."""
+    return forced.get(ran, auto) / min(forced.values())
+
 for mode, name in (("table", "auto_table"), ("model", "auto_model")):
-    groups = collections.defaultdict(lambda: [0, 0])
-    worst = []
-    for (t, n, m), points in sorted(runs.items()):
-        if m != mode:
-            continue
-        for (coll, b), rs in sorted(points.items()):
-            regret = statistics.median(auto / min(forced.values()) for auto, _, forced in rs)
-            ran = "/".join(sorted({r for _, r, _ in rs}))
-            tally(groups, (t, n, coll), regret <= 1.10)
-            worst.append((regret, (t, n, coll, b), ran))
-    line(name, groups, worst)
+    for score, suffix in ((auto_timed, ""), (auto_choice, " (its choice scored by the candidate's time)")):
+        groups = collections.defaultdict(lambda: [0, 0])
+        worst = []
+        for (t, n, m), points in sorted(runs.items()):
+            if m != mode:
+                continue
+            for (coll, b), rs in sorted(points.items()):
+                regret = statistics.median(score(*r) for r in rs)
+                ran = "/".join(sorted({r for _, r, _ in rs}))
+                tally(groups, (t, n, coll), regret <= 1.10)
+                worst.append((regret, (t, n, coll, b), ran))
+        line(name + suffix, groups, worst)
+
+# auto's own handle against the handle of the algorithm it ran, same run:
+# the overhead of choosing per call plus the noise between two handles.
+ratios = sorted(auto / forced[ran] for pts in runs.values() for rs in pts.values()
+                for auto, ran, forced in rs if ran in forced)
+if ratios:
+    print(f"auto / the candidate it ran, same run: median {ratios[len(ratios) // 2]:.3f}, "
+          f"p10 {ratios[len(ratios) // 10]:.2f}, p90 {ratios[int(len(ratios) * 0.9)]:.2f} "
+          f"over {len(ratios)} points")
 
 # The tuned table's fastest, scored in the fresh runs (both modes' runs
 # time every forced candidate): the ceiling of any table of that run.

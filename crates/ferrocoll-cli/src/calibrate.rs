@@ -148,19 +148,6 @@ fn time_calls(
     Ok(best)
 }
 
-/// CPUs online on this host: the cores its ranks share (the profile's
-/// [`Profile::cores`]). Not this process's affinity, which the launcher may
-/// have narrowed to one CPU per rank.
-fn online_cpus() -> f64 {
-    // SAFETY: sysconf only reads a system setting; no memory is passed.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    if n > 0 {
-        n as f64
-    } else {
-        0.0
-    }
-}
-
 /// Unit-parameter coefficients of the closed form, on a host of `cores`
 /// cores (the per-byte coefficients carry the core share, so the fit finds
 /// the speed of a rank with a core of its own).
@@ -551,7 +538,7 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     }
     let in_job = crate::run::in_job();
     let transport = args.transport.as_str();
-    let cores = args.cores.unwrap_or_else(online_cpus);
+    let cores = args.cores.unwrap_or_else(|| cost::online_cpus() as f64);
     if !(cores >= 0.0 && cores.is_finite()) {
         return Err(CliError::Usage(format!(
             "--cores {cores}: give the number of cores (0 leaves the core share out)"

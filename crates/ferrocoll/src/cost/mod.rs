@@ -389,6 +389,15 @@ impl Shape {
     }
 }
 
+/// CPUs online on this host: the cores its ranks share ([`Profile::cores`],
+/// as `ferrocoll calibrate` writes it). Not this process's affinity, which
+/// the launcher may have narrowed to one CPU per rank. 0 if unknown.
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf only reads a system setting; no memory is passed.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(0)
+}
+
 /// The closed-form cost of `algo` for `shape` on `profile`, or `None` if the
 /// collective does not have that algorithm.
 pub fn predict(algo: Algorithm, shape: &Shape, profile: &Profile) -> Option<Cost> {

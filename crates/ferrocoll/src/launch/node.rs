@@ -8,7 +8,7 @@ use super::waits::store_error;
 use super::world::WorldSpec;
 use crate::error::{Error, Result};
 use crate::transport::config::TransportConfig;
-use crate::transport::shm::ShmNode;
+use crate::transport::shm::{ShmNode, SingleCopyUse};
 
 /// Ring size for `local` ranks on a node: `FERROCOLL_SHM_RING_BYTES` when
 /// set (`chosen`), else about 32 MiB of shared memory per node in all
@@ -191,9 +191,15 @@ pub(super) fn setup_shm(
     // it, and then the rings carry everything.
     let mode = settings.single_copy;
     let mut can_read_all = mode != SingleCopy::Off;
-    // Whether reading a peer's memory beat two copies through a ring (as
-    // timed here): page pinning makes process_vm_readv slow on some kernels
-    // and virtual machines.
+    // Whether reading a peer's memory is fast enough to replace two copies
+    // through a ring (as timed here): page pinning makes process_vm_readv
+    // slow on some kernels and virtual machines. One read replaces two
+    // copies and the ring's hand-offs (a sender waiting for room), so it
+    // pays well below a copy's speed: on the project's VM allgather and
+    // alltoall gained with reads timed here at 0.12-0.9 of a copy (the
+    // ranks probe at once, and the local copy is timed in cache, so the
+    // ratio is noisy and low). A tenth is the floor under which the
+    // kernel's read is taken to be broken.
     let mut pays = true;
     for (lp, &peer) in locals.iter().enumerate() {
         if peer == rank || !can_read_all {
@@ -211,7 +217,7 @@ pub(super) fn setup_shm(
             let addr: u64 = String::from_utf8_lossy(&addr).parse().unwrap_or(0);
             let pid = node_seg.peer_pid(lp).expect("attached");
             let (remote, local) = single_copy_speeds(pid, addr);
-            pays = remote > local / 1.5;
+            pays = remote > local / 10.0;
             if debug {
                 eprintln!(
                     "ferrocoll: rank {rank}: reading rank {peer}'s memory (process_vm_readv) {:.1} GB/s, \
@@ -249,7 +255,19 @@ pub(super) fn setup_shm(
         .collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let verdicts = store.wait(&refs)?;
-    node_seg.enable_single_copy(verdicts.iter().all(|v| v.first() == Some(&b'1')));
+    let which = if !verdicts.iter().all(|v| v.first() == Some(&b'1')) {
+        SingleCopyUse::Off
+    } else if mode == SingleCopy::On {
+        SingleCopyUse::All
+    } else if (1..locals.len()).contains(&crate::cost::online_cpus()) {
+        SingleCopyUse::ExchangesAndReductions
+    } else {
+        SingleCopyUse::Exchanges
+    };
+    if debug {
+        eprintln!("ferrocoll: rank {rank}: single copy for {which:?}");
+    }
+    node_seg.enable_single_copy(which);
     let map_all = verdicts.iter().all(|v| v.get(1) == Some(&b'1'));
     node_seg.enable_shared_buffers(map_all);
     let fast_all = verdicts.iter().all(|v| v.get(2) == Some(&b'1'));

@@ -32,9 +32,11 @@ pub(crate) enum BindMode {
 /// are read straight from the sender's memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SingleCopy {
-    /// When the kernel allows it and it timed faster than the rings.
+    /// When the kernel allows it and the read timed at start-up is not
+    /// broken-slow, for the calls it pays for
+    /// ([`crate::transport::shm::SingleCopyUse`]).
     Auto,
-    /// Whenever the kernel allows it.
+    /// Every call, whenever the kernel allows it.
     On,
     /// Never.
     Off,
@@ -135,7 +137,7 @@ impl LaunchSettings {
                 &[
                     (
                         "auto",
-                        "when measured faster than the rings",
+                        "allgather and alltoall (and allreduce and reduce-scatter with more ranks than cores)",
                         SingleCopy::Auto,
                     ),
                     ("on", "whenever the kernel allows", SingleCopy::On),

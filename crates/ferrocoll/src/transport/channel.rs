@@ -11,6 +11,8 @@ use std::io;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+use super::CallKind;
+
 /// A reliable, ordered byte stream to one peer, used without blocking.
 ///
 /// The engine writes whole frames as consecutive bytes (a frame may be split
@@ -68,9 +70,11 @@ pub(crate) trait Channel: Send {
         None
     }
 
-    /// Whether this channel's peer can be read directly
-    /// ([`Channel::read_remote`]): the single-copy path for large messages.
-    fn reads_remote(&self) -> bool {
+    /// Whether this channel's peer reads the large messages of a call of
+    /// `kind` directly from our memory ([`Channel::read_remote`]): the
+    /// single-copy path.
+    fn reads_remote(&self, kind: CallKind) -> bool {
+        let _ = kind;
         false
     }
 

@@ -425,6 +425,9 @@ impl State {
                     // In place, from our mapping of the sender's buffer.
                     let bytes = chan.shared_bytes(region, r.addr, r.len)?;
                     self.core.deliver_remote(&r, 0, bytes);
+                } else if let Some(dst) = self.core.remote_destination(&r) {
+                    // Stored unchanged: read straight into place.
+                    chan.read_remote(r.addr, dst)?;
                 } else {
                     let mut off = 0;
                     while off < r.len {
@@ -589,8 +592,8 @@ impl State {
 
 /// How send `s` travels over `chan` (see [`Route`]): large messages in a
 /// shared buffer to a peer that maps it go as where they are; large ones
-/// to a peer that can read our memory as their address (single copy, by
-/// the receiver); the rest through the stream, those longer than the
+/// to a peer that reads such calls' messages from our memory as their
+/// address (single copy, by the receiver); the rest through the stream, those longer than the
 /// eager limit as rendezvous sends.
 ///
 /// Only collectives' messages rendezvous: every rank issues a collective's
@@ -601,9 +604,10 @@ impl State {
 fn route(
     config: &TransportConfig,
     chan: Option<&dyn Channel>,
-    collective: bool,
+    header: &Header,
     s: &Outgoing<'_>,
 ) -> Route {
+    let collective = header.seq & Header::P2P_BIT == 0;
     let shared = (s.data.len() >= SHARED_BYTES && chan.is_some_and(|c| c.maps_shared()))
         .then(|| crate::shared::locate(s.data.as_ptr(), s.data.len()))
         .flatten();
@@ -613,7 +617,9 @@ fn route(
             region: u64::from(at.fd) << 32 | u64::from(at.generation),
         };
     }
-    if s.data.len() >= config.single_copy_bytes && chan.is_some_and(|c| c.reads_remote()) {
+    if s.data.len() >= config.single_copy_bytes
+        && chan.is_some_and(|c| c.reads_remote(header.sig.kind))
+    {
         return Route::Remote;
     }
     // The test hook counts data frames only when it is set, and exists only
@@ -666,7 +672,6 @@ impl Transport for Engine {
         let st_ref = &mut *st;
         let chans = &st_ref.chans;
         let config = &self.config;
-        let collective = header.seq & Header::P2P_BIT == 0;
         // SAFETY: `sink` and the memory of `sends` are borrowed for this
         // whole function, and the call is retired before it returns (on
         // every path below), while the engine's mutex serialises every use.
@@ -674,7 +679,7 @@ impl Transport for Engine {
             st_ref
                 .core
                 .add_call(header, sends, recvs, sink, start, deadline, |s| {
-                    route(config, chans[s.peer].as_deref(), collective, s)
+                    route(config, chans[s.peer].as_deref(), header, s)
                 })?
         };
         // A peer that took the bypass for this call (its message came

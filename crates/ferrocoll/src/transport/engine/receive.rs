@@ -470,6 +470,19 @@ impl Core {
         self.calls[r.call].is_some()
     }
 
+    /// Where remote read `r`'s bytes are stored unchanged, if they are (a
+    /// plain copy, not a reduction): the driver then reads the sender's
+    /// memory straight into place, one copy instead of two (into a bounce
+    /// buffer, then out of it).
+    pub(super) fn remote_destination(&mut self, r: &RemoteRead) -> Option<&mut [u8]> {
+        let c = self.calls[r.call].as_mut()?;
+        // SAFETY: the call is registered, so its sink is alive and its
+        // thread keeps it for the core (see `Core::add_call`); the slice
+        // borrows `self`, so the driver holds it only while it holds the
+        // core, under the engine's mutex.
+        unsafe { (*c.sink.0).destination(r.idx, 0, r.len) }
+    }
+
     /// Bytes `offset..offset + bytes.len()` of remote read `r`.
     pub(super) fn deliver_remote(&mut self, r: &RemoteRead, offset: usize, bytes: &[u8]) {
         if let Some(c) = self.calls[r.call].as_mut() {

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use memmap2::{Advice, MmapOptions};
 
 use super::doorbell::ShmDoorbell;
-use super::process::{own_pid, pid_alive};
+use super::process::{own_pid, pid_alive, SingleCopyUse};
 use super::ring::ShmChannel;
 use super::segment::*;
 use super::watch::Watcher;
@@ -36,8 +36,8 @@ pub(crate) struct ShmNode {
     taken: Vec<AtomicBool>,
     /// Whether the file was unlinked.
     unlinked: AtomicBool,
-    /// Channels made from now on use the single-copy path.
-    cma: bool,
+    /// Which calls channels made from now on send by the single-copy path.
+    cma: SingleCopyUse,
     /// Channels made from now on map peers' shared buffers.
     shared: bool,
     /// The thread that learns of dead peers at once (started with the
@@ -143,7 +143,7 @@ impl ShmNode {
             peers,
             taken: (0..local_size).map(|_| AtomicBool::new(false)).collect(),
             unlinked: AtomicBool::new(false),
-            cma: false,
+            cma: SingleCopyUse::Off,
             shared: false,
             watcher: OnceLock::new(),
         })
@@ -343,10 +343,11 @@ impl ShmNode {
         self.peers.get(local_peer)?.as_ref().map(|seg| seg.pid)
     }
 
-    /// Lets channels made from now on read their peer's memory directly
-    /// (the caller has checked with [`cma_read`](super::cma_read) that the kernel allows it).
-    pub(crate) fn enable_single_copy(&mut self, on: bool) {
-        self.cma = on;
+    /// Lets channels made from now on have their peer read the large
+    /// messages of the calls `which` carries from our memory (the caller has
+    /// checked with [`cma_read`](super::cma_read) that the kernel allows it).
+    pub(crate) fn enable_single_copy(&mut self, which: SingleCopyUse) {
+        self.cma = which;
     }
 
     /// Every local rank's segment, by local rank (ours at

@@ -5,6 +5,9 @@ use std::fs;
 use std::io;
 use std::path::Path;
 
+use crate::plan::Collective;
+use crate::transport::CallKind;
+
 /// This process's pid.
 pub(super) fn own_pid() -> u32 {
     std::process::id()
@@ -44,6 +47,50 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     }
 }
 
+/// Which calls' large messages a receiver reads straight from the sender's
+/// memory (the single-copy path, [`cma_read`]) instead of taking them
+/// through the ring. The ring costs two copies per message: the sender's
+/// into the ring and the receiver's out of it. The single copy costs one
+/// read by the kernel, slower per byte than a copy (it pins the sender's
+/// pages; 0.3-0.6 of a local copy on the project's VM), and leaves the
+/// sender's core idle. So it pays where every rank sends and receives at
+/// once and both copies land on the ranks' own cores (allgather, alltoall),
+/// and, on a host with more ranks than cores, for the all-at-once
+/// reductions too, where the ring's hand-offs wait on descheduled peers.
+/// It loses where the bytes flow one way (broadcast, gather, scatter,
+/// reduce): there the ring splits its two copies between two cores that
+/// would otherwise wait (bench/RESULTS.md, issue 20, the single copy read
+/// into place).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SingleCopyUse {
+    /// Every message through the rings.
+    Off,
+    /// Allgather, alltoall and alltoallv.
+    Exchanges,
+    /// Those, allreduce and reduce-scatter (a host with more ranks than
+    /// cores).
+    ExchangesAndReductions,
+    /// Every call (`FERROCOLL_SHM_SINGLE_COPY=on`).
+    All,
+}
+
+impl SingleCopyUse {
+    /// Whether the large messages of a call of `kind` take the single copy.
+    pub(crate) fn carries(self, kind: CallKind) -> bool {
+        use Collective::*;
+        match (self, kind) {
+            (SingleCopyUse::Off, _) => false,
+            (SingleCopyUse::All, _) => true,
+            (_, CallKind::Collective(AllGather | AllToAll | AllToAllV)) => true,
+            (
+                SingleCopyUse::ExchangesAndReductions,
+                CallKind::Collective(AllReduce | ReduceScatter),
+            ) => true,
+            _ => false,
+        }
+    }
+}
+
 /// Reads `dst.len()` bytes at `addr` in process `pid` with
 /// `process_vm_readv` (cross-memory attach: one copy, by the kernel, from
 /// the other process's pages into ours). Needs ptrace permission over the
@@ -75,4 +122,43 @@ pub(crate) fn cma_read(pid: u32, addr: u64, dst: &mut [u8]) -> io::Result<()> {
         done += n as usize;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod single_copy_tests {
+    use super::SingleCopyUse::{self, *};
+    use crate::plan::Collective::*;
+    use crate::transport::CallKind::{self, Collective as C, PointToPoint};
+
+    #[test]
+    fn each_use_carries_its_calls_and_no_others() {
+        let kinds: Vec<CallKind> = crate::plan::Collective::ALL
+            .into_iter()
+            .map(C)
+            .chain([PointToPoint])
+            .collect();
+        let carried = |use_| -> Vec<CallKind> {
+            kinds
+                .iter()
+                .copied()
+                .filter(|&k| SingleCopyUse::carries(use_, k))
+                .collect()
+        };
+        assert!(carried(Off).is_empty());
+        assert_eq!(carried(All), kinds);
+        assert_eq!(
+            carried(Exchanges),
+            [C(AllGather), C(AllToAll), C(AllToAllV)]
+        );
+        assert_eq!(
+            carried(ExchangesAndReductions),
+            [
+                C(AllReduce),
+                C(AllGather),
+                C(ReduceScatter),
+                C(AllToAll),
+                C(AllToAllV)
+            ]
+        );
+    }
 }

@@ -6,10 +6,11 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use super::process::{cma_read, pid_alive};
+use super::process::{cma_read, pid_alive, SingleCopyUse};
 use super::segment::{invalid_data, Segment, NOTICES};
 use super::watch::Watcher;
 use crate::transport::channel::Channel;
+use crate::transport::CallKind;
 
 /// The byte stream to and from one local peer.
 pub(super) struct ShmChannel {
@@ -36,8 +37,9 @@ pub(super) struct ShmChannel {
     pub(super) tail: u64,
     /// Inbound: last `head` seen (a lower bound of the real one).
     pub(super) head_seen: u64,
-    /// The peer's memory can be read with `process_vm_readv`.
-    pub(super) cma: bool,
+    /// Which calls' large messages the peer reads from our memory with
+    /// `process_vm_readv`.
+    pub(super) cma: SingleCopyUse,
     /// The peer's shared buffers can be mapped (`pidfd_getfd`): a pidfd of
     /// the peer once opened, and the buffers mapped so far (by region).
     pub(super) shared: bool,
@@ -72,8 +74,8 @@ impl ShmChannel {
 }
 
 impl Channel for ShmChannel {
-    fn reads_remote(&self) -> bool {
-        self.cma
+    fn reads_remote(&self, kind: CallKind) -> bool {
+        self.cma.carries(kind)
     }
 
     fn read_remote(&self, addr: u64, dst: &mut [u8]) -> io::Result<()> {
