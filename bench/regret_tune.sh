@@ -19,9 +19,10 @@
 # run's fastest algorithm scored on the others, reached only 60-71 %).
 # Also printed: auto's choice scored by the time of the forced candidate it
 # ran (the selection alone; auto's handle and that candidate's handle run
-# the same code, and their ratio is printed too), the oracle (the table's fastest, scored in the fresh runs:
-# how far the tuned order holds in other processes, the ceiling for any
-# table) and the spread of a forced candidate's median between fresh runs.
+# the same code, and their ratio is printed too), the oracle (the table's
+# fastest, scored in the fresh runs: how far the tuned order holds in other
+# processes, the ceiling for any table) and the spread of a forced
+# candidate's median between fresh runs.
 # Usage: bash bench/regret_tune.sh [TRANSPORT...]   (default: thread shm tcp)
 # REGRET_RANKS (default "2 4"), REGRET_MAX (largest size, default 64M),
 # REGRET_COLLS (default allreduce allgather reducescatter alltoall bcast),

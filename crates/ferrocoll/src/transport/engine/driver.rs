@@ -592,9 +592,9 @@ impl State {
 
 /// How send `s` travels over `chan` (see [`Route`]): large messages in a
 /// shared buffer to a peer that maps it go as where they are; large ones
-/// to a peer that reads such calls' messages from our memory as their
-/// address (single copy, by the receiver); the rest through the stream, those longer than the
-/// eager limit as rendezvous sends.
+/// to a peer that reads this kind of call's messages from our memory as
+/// their address (single copy, by the receiver); the rest through the
+/// stream, those longer than the eager limit as rendezvous sends.
 ///
 /// Only collectives' messages rendezvous: every rank issues a collective's
 /// calls in the same order, so waiting for the receiver to reach the call
