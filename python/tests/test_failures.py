@@ -4,7 +4,7 @@ deadline, through torch's Work.wait() and its futures, instead of a hang."""
 from __future__ import annotations
 
 import time
-from typing import Tuple
+from typing import Any, Callable, Tuple
 
 import pytest
 
@@ -91,9 +91,9 @@ def test_a_lost_rank_is_peer_lost_on_the_survivor() -> None:
     assert took < DEADLINE + 3, took
 
 
-def late_rank() -> Tuple[str, str, float]:
-    """Rank 1 arrives after the deadline."""
-    import torch
+def _rank_1_late(call: Callable[[], Any]) -> Tuple[str, str, float]:
+    """Rank 1 arrives after the deadline; rank 0 runs ``call`` and reports
+    how it failed: (error class, message, seconds it took)."""
     import torch.distributed as dist
 
     _init()
@@ -103,10 +103,18 @@ def late_rank() -> Tuple[str, str, float]:
         return ("slept", "", 0.0)
     start = time.monotonic()
     try:
-        dist.all_reduce(torch.ones(16))
+        call()
         return ("no error", "", 0.0)
     except Exception as e:  # noqa: BLE001
         return (type(e).__name__, str(e), time.monotonic() - start)
+
+
+def late_rank() -> Tuple[str, str, float]:
+    """Rank 1 arrives after the deadline of an all_reduce."""
+    import torch
+    import torch.distributed as dist
+
+    return _rank_1_late(lambda: dist.all_reduce(torch.ones(16)))
 
 
 def test_a_late_rank_is_a_timeout_naming_it() -> None:
@@ -115,6 +123,23 @@ def test_a_late_rank_is_a_timeout_naming_it() -> None:
     assert name == "Timeout", (name, msg)
     assert "for rank 1" in msg, msg
     assert DEADLINE - 0.5 < took < DEADLINE + 3, took
+
+
+def late_to_monitored_barrier() -> Tuple[str, str, float]:
+    """Rank 1 does not reach ``dist.monitored_barrier`` in time."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    return _rank_1_late(lambda: dist.monitored_barrier(timeout=timedelta(seconds=DEADLINE / 2)))
+
+
+def test_monitored_barrier_names_the_late_rank_within_its_timeout() -> None:
+    out = ranks.run(2, late_to_monitored_barrier, allow_failure=True)
+    name, msg, took = out[0]
+    assert name == "Timeout", (name, msg)
+    assert "rank 1" in msg, msg
+    assert DEADLINE / 2 - 0.5 < took < DEADLINE / 2 + 3, took
 
 
 def numpy_mismatch() -> Tuple[str, str]:

@@ -3,6 +3,8 @@ result computed in the same job (a gloo group over the same ranks)."""
 
 from __future__ import annotations
 
+import functools
+from datetime import timedelta
 from typing import Any, Callable, List
 
 import pytest
@@ -247,4 +249,87 @@ def compare_with_gloo(counts: List[int]) -> List[str]:
 def test_operations_match_gloo(n: int) -> None:
     counts = [0, 1, 1000] if n == 2 else [0, 5]
     for bad in ranks.run(n, compare_with_gloo, counts, timeout=400):
+        assert bad == []
+
+
+def groups_and_bitwise() -> List[str]:
+    """``dist.split_group``, ``dist.monitored_barrier`` and the bitwise
+    all_reduce on ferrocoll, against gloo where gloo has the call."""
+    import torch
+    import torch.distributed as dist
+
+    import ferrocoll.torch  # noqa: F401
+
+    dist.init_process_group("ferrocoll")
+    gloo = dist.new_group(backend="gloo")
+    r, n = dist.get_rank(), dist.get_world_size()
+    bad: List[str] = []
+    R = dist.ReduceOp
+
+    # Bitwise reductions, every integer type and bool, uneven and empty sizes.
+    for dtype in [torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool]:
+        for op in (R.BAND, R.BOR, R.BXOR):
+            for count in (0, 1, 37):
+                v = (torch.arange(count) * (r + 3) + r) % 11
+                mine, theirs = v.to(dtype), v.to(dtype)
+                dist.all_reduce(mine, op=op)
+                dist.all_reduce(theirs, op=op, group=gloo)
+                if not torch.equal(mine, theirs):
+                    bad.append(f"rank {r}: all_reduce {op} {dtype} x{count}: {mine[:6]} want {theirs[:6]}")
+    # Coalesced and asynchronous, through a future.
+    a, b = torch.tensor([1, 2, 4], dtype=torch.int64) << r, torch.tensor([r + 1], dtype=torch.int64)
+    dist.all_reduce_coalesced([a, b], op=R.BOR, async_op=True).wait()
+    c = torch.tensor([r + 1, 3], dtype=torch.int32)
+    (got,) = dist.all_reduce(c, op=R.BXOR, async_op=True).get_future().wait()
+    if got.tolist() != [functools.reduce(lambda x, y: x ^ y, range(1, n + 1)), 3 if n % 2 else 0]:
+        bad.append(f"rank {r}: BXOR through the future: {got.tolist()}")
+    want = sum(1 << s for s in range(n))
+    if a.tolist() != [want, want * 2, want * 4] or b.item() != functools.reduce(
+        lambda x, y: x | y, range(1, n + 1)
+    ):
+        bad.append(f"rank {r}: coalesced BOR: {a.tolist()} {b.tolist()}")
+    try:
+        dist.all_reduce(torch.ones(2), op=R.BAND)
+        bad.append(f"rank {r}: BAND of float32 did not fail")
+    except RuntimeError as e:
+        if "BAND needs integer or bool tensors" not in str(e):
+            bad.append(f"rank {r}: BAND of float32: {e}")
+
+    # split_group: each split in its own order (the list position is the
+    # group rank), a rank in no split, and a split of a split.
+    reverse = dist.split_group(split_ranks=[list(reversed(range(n)))])
+    if dist.get_rank(reverse) != n - 1 - r or dist.get_process_group_ranks(reverse) != list(
+        reversed(range(n))
+    ):
+        bad.append(f"rank {r}: reversed split: group rank {dist.get_rank(reverse)}")
+    t = torch.full((3,), float(r))
+    dist.broadcast(t, group=reverse, group_src=0)  # group rank 0 is world rank n - 1
+    if t.tolist() != [float(n - 1)] * 3:
+        bad.append(f"rank {r}: broadcast in the reversed split: {t.tolist()}")
+    odd = dist.split_group(split_ranks=[[g] for g in range(1, n, 2)])
+    if (odd is dist.GroupMember.NON_GROUP_MEMBER) != (r % 2 == 0):
+        bad.append(f"rank {r}: split of odd ranks gave {odd}")
+    halves = dist.split_group(reverse, split_ranks=[list(range(0, n, 2)), list(range(1, n, 2))])
+    t = torch.ones(1) * r
+    dist.all_reduce(t, group=halves)
+    group_rank = n - 1 - r
+    want = sum(n - 1 - g for g in range(group_rank % 2, n, 2))
+    if t.item() != want:
+        bad.append(f"rank {r}: all_reduce in a split of a split: {t.item()} want {want}")
+    # Groups made after the splits still agree across ranks (torch names
+    # them from a counter every rank must advance alike).
+    after = dist.new_group(list(range(n)))
+    t = torch.ones(2) * r
+    dist.all_reduce(t, group=after)
+    if t.tolist() != [float(sum(range(n)))] * 2:
+        bad.append(f"rank {r}: new_group after the splits: {t.tolist()}")
+    dist.monitored_barrier(timeout=timedelta(seconds=30))
+    dist.monitored_barrier(group=halves, timeout=30.0)
+    dist.barrier()
+    dist.destroy_process_group()
+    return bad
+
+
+def test_split_group_monitored_barrier_and_bitwise_ops() -> None:
+    for bad in ranks.run(3, groups_and_bitwise, timeout=300):
         assert bad == []

@@ -6,7 +6,10 @@
 
 Importing this module registers the backend (``devices=["cpu"]``) and, under
 ``ferrocoll run``, sets torch's ``env://`` variables from ferrocoll's; the rest
-of a training script (DDP, FSDP2, ``dist.all_reduce`` ...) is unchanged. See
+of a training script (DDP, FSDP2, ``dist.all_reduce`` ...) is unchanged.
+``dist.split_group`` and ``dist.monitored_barrier``, which torch runs only on
+groups with a C++ backend, are wrapped to accept ferrocoll groups as well
+(:mod:`ferrocoll.torch.groups`). See
 :mod:`ferrocoll.torch.backend` for what each operation does.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import os
 
 from .backend import ProcessGroupFerrocoll, register
+from .groups import install as _install_group_functions
 
 __all__ = ["ProcessGroupFerrocoll", "register", "env_from_ferrocoll_run"]
 
@@ -41,3 +45,4 @@ def env_from_ferrocoll_run() -> bool:
 
 env_from_ferrocoll_run()
 register()
+_install_group_functions()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 from datetime import timedelta
 from typing import Any, List, Optional, Tuple
 
@@ -38,10 +39,33 @@ import torch.distributed as dist
 import ferrocoll
 from ferrocoll import _ferrocoll as _core
 
-from .specs import _FAST_OPS, _REDUCIBLE, _adjacent, _bytes_spec, _check_cpu, _fail, _reduce_spec
+from .specs import (
+    _BITWISE,
+    _FAST_OPS,
+    _REDUCIBLE,
+    _adjacent,
+    _bytes_spec,
+    _check_cpu,
+    _fail,
+    _RedOp,
+    _reduce_spec,
+)
 from .work import FerrocollWork, _combine, _Staged
 
 __all__ = ["ProcessGroupFerrocoll", "FerrocollWork", "register"]
+
+
+#: The tag of ``monitored_barrier``'s messages (torch users' tags are small).
+_MONITORED_BARRIER_TAG = 0xFFFF_FF00
+
+
+def _bitwise(tensors: List[torch.Tensor], op: Any) -> bool:
+    """Whether an all_reduce with ``op`` takes the gather-and-fold path
+    (BAND, BOR, BXOR; bool BAND and BOR are MIN and MAX instead)."""
+    kind = op.op if hasattr(op, "op") else op
+    if kind not in _BITWISE:
+        return False
+    return not (kind in (_RedOp.BAND, _RedOp.BOR) and all(t.dtype == torch.bool for t in tensors))
 
 
 def _tag_of(name: str) -> int:
@@ -156,6 +180,8 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
                 return FerrocollWork([h], tensors, (t,))
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
+        if _bitwise(tensors, opts.reduceOp):
+            return self._bitwise_allreduce(tensors, opts)
         t = tensors[0]
         _check_cpu(t, "allreduce tensor")
         code, op, scale, units = _reduce_spec(t, opts.reduceOp)
@@ -180,6 +206,8 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             _check_cpu(t, f"allreduce_coalesced tensor {i}")
             if t.dtype != tensors[0].dtype:
                 raise _fail("allreduce_coalesced needs tensors of one dtype")
+        if _bitwise(tensors, opts.reduceOp):
+            return self._bitwise_allreduce(tensors, opts)
         code, op, scale, units = _reduce_spec(tensors[0], opts.reduceOp)
         if _adjacent(tensors):
             total = sum(t.numel() for t in tensors) * units
@@ -207,6 +235,44 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
             copies=copies,
         )
         return FerrocollWork([h], tensors, (flat,) + tuple(tensors), staged)
+
+    def _bitwise_allreduce(self, tensors: List[torch.Tensor], opts: Any) -> FerrocollWork:
+        """BAND, BOR or BXOR of integer (or bool BXOR) tensors: an all_gather
+        of each, folded with torch's bitwise operator when it completes."""
+        kind = opts.reduceOp.op if hasattr(opts.reduceOp, "op") else opts.reduceOp
+        fold = _BITWISE[kind]
+        n = self.size()
+        handles, keep, parts = [], [], []
+        for i, t in enumerate(tensors):
+            _check_cpu(t, f"allreduce tensor {i}")
+            if t.is_floating_point() or t.is_complex():
+                raise _fail(f"{kind.name} needs integer or bool tensors, got {t.dtype}")
+            if t.numel() == 0:
+                continue
+            src = t.contiguous()
+            gathered = torch.empty(n * src.numel(), dtype=t.dtype)
+            code, units = _bytes_spec(src)
+            handles.append(
+                self._submit(
+                    opts,
+                    "all_gather",
+                    dtype=code,
+                    send=self._ptr(src, units),
+                    recv=self._ptr(gathered, units),
+                )
+            )
+            keep += [src, gathered]
+            parts.append((t, gathered))
+
+        def post() -> None:
+            for t, gathered in parts:
+                rows = gathered.view(n, -1)
+                acc = rows[0].clone()
+                for row in rows[1:]:
+                    fold(acc, row, out=acc)
+                t.copy_(acc.view(t.shape))
+
+        return FerrocollWork(handles, list(tensors), tuple(keep), None, post)
 
     # -- broadcast / reduce -------------------------------------------------
 
@@ -567,11 +633,62 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         return FerrocollWork([self._submit(opts, "barrier")], [], ())
 
     def monitored_barrier(self, timeout: Optional[timedelta] = None, wait_all_ranks: bool = False) -> None:
-        """A barrier whose timeout names the rank it waited for (ferrocoll's
-        Timeout and PeerLost say which)."""
-        secs = timeout.total_seconds() if timeout is not None else None
-        h = self._comm.submit("barrier", async_op=True, timeout=secs, eager=True)
-        h.wait()
+        """gloo's monitored barrier: every rank reports to group rank 0,
+        which waits for each in turn within ``timeout`` (from its start; with
+        ``wait_all_ranks``, the whole timeout for each) and then releases
+        them. Rank 0's error names the rank that did not report ("Rank 1
+        failed to pass monitoredBarrier in 2000 ms", or all of them with
+        ``wait_all_ranks``); the others' error says that rank 0 failed. The
+        errors are ferrocoll's (``Timeout``, ``PeerLost``), with gloo's words
+        first. ``dist.monitored_barrier`` reaches this method through
+        :mod:`ferrocoll.torch.groups`."""
+        secs = timeout.total_seconds() if timeout is not None else self._timeout
+        ms = f"{secs * 1000:.0f} ms" if secs is not None else "the default timeout"
+        token = torch.zeros(1, dtype=torch.uint8)
+        me, n = self.rank(), self.size()
+
+        def p2p(kind: str, peer: int, left: Optional[float]) -> None:
+            buf = (token.data_ptr(), 1)
+            args = {"send": buf} if kind == "send" else {"recv": buf}
+            kw = {} if left is None else {"timeout": max(left, 1e-3)}
+            self._comm.submit(
+                kind, "u8", peer=peer, tag=_MONITORED_BARRIER_TAG, async_op=True, eager=True, **kw, **args
+            ).wait()
+
+        if me != 0:
+            try:
+                p2p("send", 0, secs)
+                p2p("recv", 0, secs)
+            except ferrocoll.Error as e:
+                raise type(e)(
+                    f"Rank {me} successfully reached monitoredBarrier, but received errors while waiting "
+                    f"for send/recv from rank 0. Please check rank 0 logs for faulty rank. ({e})"
+                ) from e
+            return
+        start = time.monotonic()
+        failed: List[Tuple[int, BaseException]] = []
+        for peer in range(1, n):
+            left = None if secs is None else (secs if wait_all_ranks else secs - (time.monotonic() - start))
+            if left is not None and left <= 0:
+                raise ferrocoll.Timeout(
+                    f"[Rank 0]: Rank 0 timed out in monitoredBarrier after {ms}; ranks 1 to {peer - 1} "
+                    f"reported, rank {peer} and those after it were not waited for"
+                )
+            try:
+                p2p("recv", peer, left)
+            except ferrocoll.Error as e:
+                if not wait_all_ranks:
+                    raise type(e)(
+                        f"[Rank 0]: Rank {peer} failed to pass monitoredBarrier in {ms} ({e})"
+                    ) from e
+                failed.append((peer, e))
+        if failed:
+            names = ", ".join(str(p) for p, _ in failed)
+            raise type(failed[0][1])(
+                f"[Rank 0]: Ranks {names} failed to pass monitoredBarrier in {ms} ({failed[0][1]})"
+            )
+        for peer in range(1, n):
+            p2p("send", peer, secs)
 
     def send(self, tensors: List[torch.Tensor], dst: int, tag: int) -> FerrocollWork:
         handles, keep = [], []

@@ -39,6 +39,16 @@ _OPS = {
 }
 
 
+#: Bitwise reductions: ferrocoll has no kernels for them, so the backend's
+#: all_reduce gathers every rank's tensor and folds them with these (n
+#: times the tensor's memory; gloo offers them, NCCL does not). On bool
+#: tensors BAND and BOR are ferrocoll's MIN and MAX, on every call.
+_BITWISE = {
+    _RedOp.BAND: torch.bitwise_and,
+    _RedOp.BOR: torch.bitwise_or,
+    _RedOp.BXOR: torch.bitwise_xor,
+}
+
 #: The reductions of the allreduce fast path (no scale, no type change).
 _FAST_OPS = {_RedOp.SUM: "sum", _RedOp.AVG: "avg", _RedOp.MAX: "max", _RedOp.MIN: "min"}
 
@@ -63,8 +73,13 @@ def _reduce_spec(t: torch.Tensor, op: Any) -> Tuple[str, str, Optional[float], i
     """``(dtype code, op name, scale, elements per tensor element)`` for a
     reduction of ``t`` with torch's ReduceOp ``op``."""
     kind = op.op if hasattr(op, "op") else op
+    if t.dtype == torch.bool and kind in (_RedOp.BAND, _RedOp.BOR):
+        return _REDUCIBLE[t.dtype], "min" if kind == _RedOp.BAND else "max", None, 1
     if kind not in _OPS:
-        raise _fail(f"reduction {kind} is not supported (SUM, AVG, PRODUCT, MIN, MAX and PREMUL_SUM are)")
+        raise _fail(
+            f"reduction {kind} is not supported here (SUM, AVG, PRODUCT, MIN, MAX and PREMUL_SUM are; "
+            "BAND, BOR and BXOR in all_reduce, and BAND and BOR of bool tensors everywhere)"
+        )
     name = _OPS[kind]
     scale = None
     if kind == _RedOp.PREMUL_SUM:
