@@ -150,10 +150,19 @@ fn time_calls(
 
 /// Unit-parameter coefficients of the closed form, on a host of `cores`
 /// cores (the per-byte coefficients carry the core share, so the fit finds
-/// the speed of a rank with a core of its own).
-fn coefficients(algo: ferrocoll::Algorithm, shape: &Shape, cores: f64) -> Option<[f64; PARAMS]> {
+/// the speed of a rank with a core of its own), on a transport where only
+/// receivers copy or not ([`Profile::receiver_copies`]).
+fn coefficients(
+    algo: ferrocoll::Algorithm,
+    shape: &Shape,
+    cores: f64,
+    receiver_copies: bool,
+) -> Option<[f64; PARAMS]> {
     let huge = 1e300;
-    let unit = |alpha, beta, gamma| Profile::uniform(alpha, beta, gamma).with_cores(cores);
+    let unit = |alpha, beta, gamma| Profile {
+        receiver_copies,
+        ..Profile::uniform(alpha, beta, gamma).with_cores(cores)
+    };
     let rounds = cost::predict(algo, shape, &unit(1.0, huge, 0.0))?.latency;
     let bytes = cost::predict(algo, shape, &unit(0.0, 1.0, 0.0))?.bandwidth;
     let reduced = cost::predict(algo, shape, &unit(0.0, huge, 1.0))?.compute;
@@ -427,6 +436,12 @@ fn refit_beta_on_large(points: &[Point], x: [f64; PARAMS]) -> [f64; PARAMS] {
     fit(&large, fixed)
 }
 
+/// Whether only a message's receiver moves its bytes on `comm`'s
+/// transport: on threads a receive copies from the sender's buffer.
+fn receivers_copy(comm: &Communicator) -> bool {
+    comm.transport_name() == "thread"
+}
+
 /// Every collective of [`CALIBRATED`] with every algorithm, over `sizes`,
 /// timed on `comm` (each point the fastest of `repeat` batches on the
 /// slowest rank).
@@ -453,7 +468,7 @@ fn measure(
                 let seconds = time_calls(comm, &c, coll, count, iters, repeat)?;
                 let mut shape = Shape::new(coll, n, count, elem);
                 shape.topology = comm.topology().clone();
-                if let Some(coef) = coefficients(algo, &shape, cores) {
+                if let Some(coef) = coefficients(algo, &shape, cores, receivers_copy(comm)) {
                     points.push(Point {
                         coll,
                         algo: algo.name(),
@@ -622,6 +637,7 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     // fits (the cache regime is the memory's, so it comes from intra).
     let first = &classes[0].1;
     let mut profile = Profile::uniform(0.0, 1.0, gamma).with_cores(cores);
+    profile.receiver_copies = transport_name == "thread";
     profile.copy = copy;
     profile.intra = link_of(&first.x);
     profile.inter = link_of(&classes.last().expect("a class").1.x);

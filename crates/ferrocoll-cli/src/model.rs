@@ -79,6 +79,12 @@ pub struct ModelArgs {
     /// core per rank.
     #[arg(long, default_value_t = 0.0)]
     cores: f64,
+    /// Only a message's receiver moves its bytes (a receive copies from the
+    /// sender's buffer, as on the thread transport): a rank pays per byte
+    /// for what it receives, not for the larger of what it sends and
+    /// receives.
+    #[arg(long)]
+    receiver_copies: bool,
     /// Bandwidth between nodes (defaults to --beta).
     #[arg(long, value_parser = parse_rate)]
     beta_inter: Option<f64>,
@@ -302,6 +308,7 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
         beta_mem: args.beta_mem.unwrap_or(0.0),
         inter_ports: args.inter_ports,
         cores: args.cores,
+        receiver_copies: args.receiver_copies,
     };
     if args.compress.is_some() && (args.coll != Collective::AllReduce || args.dtype != DType::F32) {
         return Err(CliError::Usage(

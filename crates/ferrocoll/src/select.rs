@@ -277,7 +277,7 @@ impl Chooser<'_> {
             }
             Profile::default_path(self.transport)
                 .and_then(|path| Profile::load(&path).ok())
-                .unwrap_or_else(Profile::thread_default)
+                .unwrap_or_else(|| Profile::builtin(self.transport))
         })
     }
 

@@ -27,6 +27,11 @@ use ferrocoll::{Algorithm, Collective, Topology};
 
 fn profiles() -> Vec<Profile> {
     let mut p = base_profiles();
+    // A transport whose receivers alone move the bytes (threads).
+    p.push(Profile {
+        receiver_copies: true,
+        ..p[0].clone()
+    });
     {
         // A per-message overhead o (LogGP) on both link classes, and a
         // cost for local copies.
@@ -48,6 +53,7 @@ fn profiles() -> Vec<Profile> {
             beta_mem: 0.0,
             inter_ports: 0.0,
             cores: 0.0,
+            receiver_copies: false,
         };
         p.push(with_o.clone());
         with_o.inter = with_o.intra;
@@ -78,6 +84,7 @@ fn base_profiles() -> Vec<Profile> {
             beta_mem: 0.0,
             inter_ports: 0.0,
             cores: 0.0,
+            receiver_copies: false,
         },
     ]
 }
@@ -193,6 +200,29 @@ fn each_case(mut f: impl FnMut(&Case)) {
     }
 }
 
+/// The algorithms whose closed forms price [`Profile::receiver_copies`]
+/// exactly: the one-round forms of cost/direct.rs, and the ones where every
+/// rank sends and receives alike in every round.
+fn receiver_copies_exact(algo: Algorithm) -> bool {
+    use Algorithm as A;
+    matches!(
+        algo,
+        A::Direct
+            | A::Star
+            | A::Linear
+            | A::Pairwise
+            | A::Ring
+            | A::Ring2
+            | A::Pipeline
+            | A::Bruck
+            | A::Halving
+            | A::HalvingDoubling
+            | A::Torus2d
+            | A::Mesh2d
+            | A::RsGather
+    )
+}
+
 #[test]
 fn closed_forms_agree_with_the_plans() {
     let mut checked = 0;
@@ -218,7 +248,16 @@ fn closed_forms_agree_with_the_plans() {
             };
             checked += 1;
             let rel = if exact { 1e-9 } else { 0.02 };
-            let ok = if algo == Algorithm::DoubleBinaryTree {
+            let ok = if profile.receiver_copies && !receiver_copies_exact(algo) {
+                // Where only receivers copy, a sender is free once its
+                // message is posted, so a rank that sends in one round and
+                // receives in the next overlaps the two; the closed forms
+                // outside direct.rs charge the sender's round as before
+                // (Profile::receiver_copies): an upper bound, with exact
+                // rounds.
+                model.total() >= walked.total() * (1.0 - 1e-9)
+                    && close(model.latency, walked.latency, 0.10)
+            } else if algo == Algorithm::DoubleBinaryTree {
                 // The two trees' critical path depends on
                 // the depth each rank gets in each tree:
                 // no exact closed form in N, M and the
@@ -306,6 +345,7 @@ fn loggp_profiles() -> Vec<(Profile, bool)> {
         beta_mem: 0.0,
         inter_ports: 0.0,
         cores: 0.0,
+        receiver_copies: false,
     };
     let mut differ = same.clone();
     differ.inter.overhead = 3e-6;

@@ -82,13 +82,18 @@ pub(super) fn predict(algo: Algorithm, shape: &Shape, profile: &Profile) -> Opti
 type Traffic = Option<(f64, f64, usize)>;
 
 /// One round of one rank: each link class it uses costs α + (k-1)·o +
-/// max(sent, received)/β, the classes in parallel (the slower counts), plus
-/// `reduced`·γ.
+/// max(sent, received)/β (received/β where only receivers copy,
+/// [`Profile::receiver_copies`]), the classes in parallel (the slower
+/// counts), plus `reduced`·γ.
 fn round(profile: &Profile, intra: Traffic, inter: Traffic, reduced: f64) -> Cost {
     let class = |traffic: Traffic, link: &super::LinkParams| {
         traffic.map_or(Cost::ZERO, |(sent, received, messages)| Cost {
             latency: link.alpha + messages.saturating_sub(1) as f64 * link.overhead,
-            bandwidth: sent.max(received) / link.beta,
+            bandwidth: if profile.receiver_copies {
+                received
+            } else {
+                sent.max(received)
+            } / link.beta,
             compute: 0.0,
         })
     };
@@ -246,7 +251,9 @@ fn direct_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
 
 /// Direct broadcast: the root sends M to each of the N-1 others at once:
 /// α + (N-2)·o + (N-1)·M/β (on several nodes: L-1 messages of M intra
-/// against N-L inter; a receiver's own α + M/β never exceeds that).
+/// against N-L inter; a receiver's own α + M/β never exceeds that). Where
+/// only receivers copy, the root's part is α + (N-2)·o and a receiver's
+/// α + M/β: the N-1 copies run at once.
 fn direct_broadcast(shape: &Shape, profile: &Profile) -> Cost {
     let (n, l, m) = (shape.n, local(shape), shape.bytes());
     let root = round(
@@ -255,22 +262,35 @@ fn direct_broadcast(shape: &Shape, profile: &Profile) -> Cost {
         on(n - l, (n - l) as f64 * m, 0.0),
         0.0,
     );
-    let receiver = round(profile, None, (n > l).then_some((0.0, m, 1)), 0.0);
-    slower(root, receiver)
+    // A receiver on the root's node, and one on another node.
+    let near = round(profile, (l > 1).then_some((0.0, m, 1)), None, 0.0);
+    let far = round(profile, None, (n > l).then_some((0.0, m, 1)), 0.0);
+    slower(slower(root, near), far)
 }
 
 /// Linear gather (scatter): the root receives (sends) C from (to) each of
-/// the N-1 others in one round: α + (N-2)·o + (N-1)·C/β.
+/// the N-1 others in one round: α + (N-2)·o + (N-1)·C/β (a scatter's leaves
+/// α + C/β each where only receivers copy).
 fn linear(shape: &Shape, profile: &Profile) -> Cost {
     let (n, l, c) = (shape.n, local(shape), shape.bytes());
-    let root = round(
-        profile,
-        on(l - 1, (l - 1) as f64 * c, 0.0),
-        on(n - l, (n - l) as f64 * c, 0.0),
-        0.0,
-    );
-    let leaf = round(profile, None, (n > l).then_some((c, 0.0, 1)), 0.0);
-    slower(root, leaf)
+    // (sent, received) of the root's and of a leaf's one message.
+    let gather = shape.coll == Collective::Gather;
+    let (root_of, leaf) = if gather {
+        ((0.0, 1.0), (c, 0.0))
+    } else {
+        ((1.0, 0.0), (0.0, c))
+    };
+    let root_side = |peers: usize| {
+        on(
+            peers,
+            root_of.0 * peers as f64 * c,
+            root_of.1 * peers as f64 * c,
+        )
+    };
+    let root = round(profile, root_side(l - 1), root_side(n - l), 0.0);
+    let near = round(profile, (l > 1).then_some((leaf.0, leaf.1, 1)), None, 0.0);
+    let far = round(profile, None, (n > l).then_some((leaf.0, leaf.1, 1)), 0.0);
+    slower(slower(root, near), far)
 }
 
 /// Star allreduce: everyone sends M to rank 0, which folds the N-1 buffers
@@ -406,6 +426,7 @@ mod tests {
             beta_mem: 0.0,
             inter_ports: 0.0,
             cores: 0.0,
+            receiver_copies: false,
         }
     }
 
@@ -494,6 +515,61 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Where only receivers copy, a root sending to many peers at once pays
+    /// nothing per byte and a receiver pays for its one message; a root
+    /// receiving from many (gather) pays for all of them either way. Where
+    /// senders copy too, nothing changes.
+    #[test]
+    fn receiver_copies_moves_the_byte_cost_to_the_receivers() {
+        let push = Profile::uniform(2e-6, 1e9, 0.0);
+        let pull = Profile {
+            receiver_copies: true,
+            ..push.clone()
+        };
+        let (n, count) = (5usize, 1000usize);
+        let m = (count * 4) as f64;
+        let cost = |coll, p: &Profile| {
+            let s = shape(coll, &[n], count, 0);
+            predict(
+                if coll == Collective::Broadcast {
+                    Algorithm::Direct
+                } else {
+                    Algorithm::Linear
+                },
+                &s,
+                p,
+            )
+            .unwrap()
+        };
+        let (bcast_push, bcast_pull) = (
+            cost(Collective::Broadcast, &push),
+            cost(Collective::Broadcast, &pull),
+        );
+        assert!((bcast_push.bandwidth - (n - 1) as f64 * m / 1e9).abs() < 1e-15);
+        assert!(
+            (bcast_pull.bandwidth - m / 1e9).abs() < 1e-15,
+            "{bcast_pull:?}"
+        );
+        let (scatter_push, scatter_pull) = (
+            cost(Collective::Scatter, &push),
+            cost(Collective::Scatter, &pull),
+        );
+        assert!((scatter_push.bandwidth - (n - 1) as f64 * m / 1e9).abs() < 1e-15);
+        assert!((scatter_pull.bandwidth - m / 1e9).abs() < 1e-15);
+        let (gather_push, gather_pull) = (
+            cost(Collective::Gather, &push),
+            cost(Collective::Gather, &pull),
+        );
+        assert_eq!(gather_push.bandwidth, gather_pull.bandwidth);
+        assert!((gather_pull.bandwidth - (n - 1) as f64 * m / 1e9).abs() < 1e-15);
+        // Symmetric rounds cost the same either way.
+        let s = shape(Collective::AllToAll, &[n], count, 0);
+        assert_eq!(
+            predict(Algorithm::Direct, &s, &push).unwrap(),
+            predict(Algorithm::Direct, &s, &pull).unwrap()
+        );
     }
 
     /// Seed 004's lockstep sum for pairwise alltoallv bounds the plan's time

@@ -11,8 +11,9 @@
 //!   plus the overhead o for each message beyond the first on the busier
 //!   direction (k messages: alpha + (k-1)·o), plus the larger of the bytes it
 //!   sends and the bytes it receives on that class, over beta (one full-duplex port per class; concurrent messages of
-//!   a round share it), the classes working in parallel (the round waits for
-//!   the slowest);
+//!   a round share it; only the bytes it receives where receivers alone copy,
+//!   [`Profile::receiver_copies`]), the classes working in parallel (the round
+//!   waits for the slowest);
 //! * plus gamma times the bytes it reduces (receive-reduce and local reduce)
 //!   and the profile's copy cost times the bytes it copies locally (a copy
 //!   onto its own source, which the executor skips, is free).
@@ -179,7 +180,11 @@ fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profil
             let extra = (sends[c].max(recvs[c]) - 1) as f64;
             let t = Cost {
                 latency: links[c].alpha + extra * links[c].overhead,
-                bandwidth: sent[c].max(received[c]) / links[c].beta,
+                bandwidth: if profile.receiver_copies {
+                    received[c]
+                } else {
+                    sent[c].max(received[c])
+                } / links[c].beta,
                 compute: 0.0,
             };
             if t.total() > comm.total() {
