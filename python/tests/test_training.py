@@ -166,3 +166,56 @@ def test_comm_hooks_unused_parameters_and_hsdp_match_gloo() -> None:
     theirs = ranks.run(4, train_patterns, "gloo", timeout=400, hard_exit=True)
     for rank in range(4):
         assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
+
+
+def train_join_and_torch_hooks(backend: str) -> Dict[str, "torch.Tensor"]:
+    """DDP under ``Join`` with uneven inputs (the reducer holds the forward
+    pass's all_reduce from C++ and waits on it at the end of the backward
+    pass), then torch's PowerSGD hook (its future callbacks issue an
+    all_reduce and wait for its future inside the callback, on the thread
+    that resolved the first)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    from torch.distributed.algorithms.join import Join
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ferrocoll.torch  # noqa: F401
+
+    dist.init_process_group(backend)
+    r = dist.get_rank()
+    gen = torch.Generator().manual_seed(300 + r)
+    out: Dict[str, "torch.Tensor"] = {}
+    joined = DDP(_model(), bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(joined.parameters(), lr=0.05)
+    with Join([joined]):
+        for _ in range(4 + 2 * r):
+            x, y = torch.randn(16, 32, generator=gen), torch.randn(16, 8, generator=gen)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(joined(x), y).backward()
+            opt.step()
+    out.update({f"join.{k}": v.detach().clone() for k, v in joined.module.state_dict().items()})
+    # One bucket: with several, PowerSGD's callbacks issue their nested
+    # all_reduces from several threads in an order that differs by rank
+    # (gloo then hangs; ferrocoll ends every rank with a Mismatch).
+    hooked = DDP(_model())
+    state = powerSGD_hook.PowerSGDState(
+        process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2
+    )
+    hooked.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    opt = torch.optim.SGD(hooked.parameters(), lr=0.05)
+    for _ in range(5):
+        x, y = torch.randn(16, 32, generator=gen), torch.randn(16, 8, generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(hooked(x), y).backward()
+        opt.step()
+    out.update({f"powersgd.{k}": v.detach().clone() for k, v in hooked.module.state_dict().items()})
+    dist.destroy_process_group()
+    return out
+
+
+def test_join_with_uneven_inputs_and_torch_powersgd_match_gloo() -> None:
+    ours = ranks.run(3, train_join_and_torch_hooks, "ferrocoll", timeout=300)
+    theirs = ranks.run(3, train_join_and_torch_hooks, "gloo", timeout=300, hard_exit=True)
+    for a, b in zip(ours, theirs):
+        assert _close(a, b) == []

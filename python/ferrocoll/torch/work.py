@@ -4,6 +4,7 @@ staging of non-contiguous tensors and tensor lists."""
 
 from __future__ import annotations
 
+import collections
 import threading
 from datetime import timedelta
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -53,6 +54,60 @@ class _Staged:
         self.back = []
 
 
+#: How many finished works, and how many bytes of their tensors, stay alive
+#: after their calls end (see :class:`_Lifetimes`).
+_RECENT_WORKS = 1024
+_RECENT_BYTES = 256 << 20
+
+
+class _Lifetimes:
+    """Keeps each :class:`FerrocollWork` alive while its calls run, and for
+    a while after they end.
+
+    torch's C++ side can hold a work that Python has dropped: DDP's
+    ``Join`` hands the forward pass's all_reduce to the reducer, which waits
+    on it at the end of the backward pass, and functional collectives
+    register works by tensor. A Python subclass of ``Work`` held only from
+    C++ loses its Python half (pybind11 keeps the C++ object, not the Python
+    one): the tensors its call writes into were freed under ferrocoll's
+    worker (heap corruption in a DDP ``Join`` run), and a later ``wait()``
+    from C++ finds no Python method. So every work whose calls still run
+    when it is made is kept here, in the order made; the oldest go once their calls have ended and more than
+    :data:`_RECENT_WORKS` works, or more than :data:`_RECENT_BYTES` of their
+    tensors, are kept (a C++ holder waits within a training step, after far
+    fewer works). Checking the oldest on each new work costs no thread
+    hand-off, where a completion callback per work would take the GIL on
+    ferrocoll's completer thread for every call.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._works: collections.deque = collections.deque()
+        self._bytes = 0
+
+    def keep(self, work: "FerrocollWork", nbytes: int) -> None:
+        with self._lock:
+            self._works.append((work, nbytes))
+            self._bytes += nbytes
+            while len(self._works) > _RECENT_WORKS or self._bytes > _RECENT_BYTES:
+                oldest, b = self._works[0]
+                if not oldest.is_completed():
+                    break
+                self._works.popleft()
+                self._bytes -= b
+
+
+_LIFETIMES = _Lifetimes()
+
+#: Set on a thread while it resolves a torch future (and so runs the
+#: future's callbacks, which torch runs on the resolving thread).
+_resolving = threading.local()
+
+
+def _tensor_bytes(items: Sequence[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in items if isinstance(t, torch.Tensor))
+
+
 class FerrocollWork(dist.Work):
     """torch's Work over one or more ferrocoll handles.
 
@@ -80,6 +135,14 @@ class FerrocollWork(dist.Work):
         self._error: Optional[BaseException] = None
         self._future: Optional[torch.futures.Future] = None
         self._pending = len(handles)
+        # A call still running (queued, not run eagerly) is kept alive until
+        # it ends and a while after (_Lifetimes); one that ran eagerly no
+        # longer touches its tensors, and torch's synchronous calls wait on
+        # it at once.
+        for h in handles:
+            if not h.is_completed():
+                _LIFETIMES.keep(self, _tensor_bytes(outputs) + _tensor_bytes(keep))
+                break
 
     # -- completion -------------------------------------------------------
 
@@ -152,9 +215,27 @@ class FerrocollWork(dist.Work):
         if not self._handles:
             self._deliver(None)
             return fut
+        if getattr(_resolving, "active", False):
+            # Asked for inside another future's callback, on the thread
+            # that resolves futures in completion order (ferrocoll's
+            # completer): a callback that waits for this future (torch's
+            # PowerSGD hook) would block the only thread that could resolve
+            # it. A thread of its own waits for this one instead; the order
+            # in which callbacks issue calls stays the completion order.
+            threading.Thread(target=self._wait_and_deliver, name="ferrocoll-future", daemon=True).start()
+            return fut
         for h in self._handles:
             h.on_complete(self._part_done)
         return fut
+
+    def _wait_and_deliver(self) -> None:
+        error: Optional[BaseException] = None
+        for h in self._handles:
+            try:
+                h.wait(None)
+            except BaseException as e:  # noqa: BLE001 - delivered through the future
+                error = error or e
+        self._deliver(error or self.exception())
 
     def _part_done(self, exc: Optional[BaseException]) -> None:
         with self._lock:
@@ -171,10 +252,15 @@ class FerrocollWork(dist.Work):
         fut = self._future
         if fut is None or fut.done():
             return
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(self._outputs)
+        outer = getattr(_resolving, "active", False)
+        _resolving.active = True
+        try:
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(self._outputs)
+        finally:
+            _resolving.active = outer
 
 
 def _combine(works: List[FerrocollWork], outputs: List[torch.Tensor]) -> FerrocollWork:
