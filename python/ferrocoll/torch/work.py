@@ -72,13 +72,18 @@ class _Lifetimes:
     one): the tensors its call writes into were freed under ferrocoll's
     worker (heap corruption in a DDP ``Join`` run), and a later ``wait()``
     from C++ finds no Python method. So every work whose calls still run
-    when it is made is kept here, in the order made; the oldest go once their calls have ended and more than
-    :data:`_RECENT_WORKS` works, or more than :data:`_RECENT_BYTES` of their
-    tensors, are kept (a C++ holder waits within a training step, after far
-    fewer works). Checking the oldest on each new work costs no thread
-    hand-off, where a completion callback per work would take the GIL on
-    ferrocoll's completer thread for every call.
+    when it is made is kept here, in the order made. The oldest go once
+    their calls have ended and more than :data:`_RECENT_WORKS` works, or
+    more than :data:`_RECENT_BYTES` of their tensors, are kept (a C++ holder
+    waits within a training step, after far fewer works); one still running
+    moves to the back instead. Checking the oldest on each new work costs
+    no thread hand-off, where a completion callback per work would take the
+    GIL on ferrocoll's completer thread for every call.
     """
+
+    #: Running works moved to the back per new work, at most (a receive
+    #: nobody sends to must not make each call scan them all).
+    _ROTATIONS = 8
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -89,11 +94,15 @@ class _Lifetimes:
         with self._lock:
             self._works.append((work, nbytes))
             self._bytes += nbytes
+            rotations = 0
             while len(self._works) > _RECENT_WORKS or self._bytes > _RECENT_BYTES:
-                oldest, b = self._works[0]
+                oldest, b = self._works.popleft()
                 if not oldest.is_completed():
-                    break
-                self._works.popleft()
+                    self._works.append((oldest, b))
+                    rotations += 1
+                    if rotations >= self._ROTATIONS:
+                        break
+                    continue
                 self._bytes -= b
 
 
