@@ -219,3 +219,97 @@ def test_join_with_uneven_inputs_and_torch_powersgd_match_gloo() -> None:
     theirs = ranks.run(3, train_join_and_torch_hooks, "gloo", timeout=300, hard_exit=True)
     for a, b in zip(ours, theirs):
         assert _close(a, b) == []
+
+
+def sparse_training(backend: str) -> Dict[str, "torch.Tensor"]:
+    """DDP over a model with ``nn.Embedding(sparse=True)`` (its gradient is a
+    sparse COO tensor, which DDP allreduces on its own), then direct sparse
+    all_reduce calls: hybrid (sparse and dense dimensions), a rank with no
+    entries, and a second (default) stream of dense calls around them."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ferrocoll.torch  # noqa: F401
+
+    dist.init_process_group(backend)
+    r, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(7)
+
+    class Bag(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(50, 8, sparse=True)
+            self.head = torch.nn.Linear(8, 1)
+
+        def forward(self, ids: "torch.Tensor") -> "torch.Tensor":
+            return self.head(self.emb(ids).mean(1))
+
+    model = DDP(Bag())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(400 + r)
+    for _ in range(8):
+        ids = torch.randint(0, 50, (6, 4), generator=gen)
+        opt.zero_grad()
+        model(ids).pow(2).mean().backward()
+        opt.step()
+    out = {f"ddp.{k}": v.detach().clone() for k, v in model.module.state_dict().items()}
+    # Rank r holds entries at rows 0..r-1 (rank 0 none), each a 2x3 dense block.
+    rows = torch.arange(r, dtype=torch.int64).reshape(1, r)
+    t = torch.sparse_coo_tensor(rows, torch.full((r, 2, 3), float(r + 1)), (n, 2, 3))
+    before = torch.ones(5)
+    dist.all_reduce(before)
+    dist.all_reduce(t)
+    after = torch.ones(5) * r
+    work = dist.all_reduce(after, async_op=True)
+    work.wait()
+    out["hybrid"] = t.to_dense()
+    out["dense_around"] = torch.cat([before, after])
+    dist.destroy_process_group()
+    return out
+
+
+def test_sparse_gradients_train_like_gloo() -> None:
+    """The parameters within the module's tolerance (the dense head's
+    gradient is summed in another order than gloo's); the direct calls,
+    whose values are small integers, exactly."""
+    import torch
+
+    ours = ranks.run(3, sparse_training, "ferrocoll")
+    theirs = ranks.run(3, sparse_training, "gloo", hard_exit=True)
+    for rank in range(3):
+        assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
+        for k in ("hybrid", "dense_around"):
+            assert torch.equal(ours[rank][k], theirs[rank][k]), f"rank {rank}: {k}"
+    torch.manual_seed(7)
+    untrained = torch.nn.Embedding(50, 8, sparse=True).weight.detach()
+    assert not torch.allclose(ours[0]["ddp.emb.weight"], untrained), "training moved no embedding row"
+    # Row 0 is held by ranks 1 and 2 (2 + 3), row 1 by rank 2 only.
+    assert ours[0]["hybrid"][0].eq(5.0).all() and ours[0]["hybrid"][1].eq(3.0).all()
+    assert ours[0]["hybrid"][2].eq(0.0).all()
+
+
+def sparse_mismatch(backend: str) -> str:
+    import torch
+    import torch.distributed as dist
+
+    import ferrocoll
+    import ferrocoll.torch  # noqa: F401
+
+    dist.init_process_group(backend)
+    r = dist.get_rank()
+    shape = (4, 2) if r == 0 else (4, 3)
+    t = torch.sparse_coo_tensor(torch.zeros(1, 1, dtype=torch.int64), torch.ones(1, shape[1]), shape)
+    try:
+        dist.all_reduce(t)
+    except ferrocoll.Error as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        dist.destroy_process_group()
+    return "no error"
+
+
+def test_sparse_allreduce_of_different_shapes_is_an_error() -> None:
+    got = ranks.run(2, sparse_mismatch, "ferrocoll")
+    for text in got:
+        assert text.startswith("Mismatch: ") and "sparse allreduce" in text, text

@@ -178,6 +178,8 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
                         "all_reduce", code, p, p, op, async_op=True, eager=eager, timeout=self._timeout
                     )
                 return FerrocollWork([h], tensors, (t,))
+        if any(isinstance(t, torch.Tensor) and t.is_sparse for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         if _bitwise(tensors, opts.reduceOp):
@@ -273,6 +275,79 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
                 t.copy_(acc.view(t.shape))
 
         return FerrocollWork(handles, list(tensors), tuple(keep), None, post)
+
+    def _sparse_allreduce(self, tensors: List[torch.Tensor], opts: Any) -> FerrocollWork:
+        """SUM of sparse COO tensors (DDP's gradients of ``nn.Embedding(sparse=True)``),
+        as gloo does it: every rank's coalesced indices and values are
+        gathered, summed in rank order and coalesced; the result replaces
+        each input (``copy_``) and is the work's output.
+
+        The gathers are padded to the largest ``nnz`` (one all_gather of the
+        counts first), so the call waits for them here: it runs after every
+        call issued before it, and the work it returns is complete."""
+        kind = opts.reduceOp.op if hasattr(opts.reduceOp, "op") else opts.reduceOp
+        if kind != _RedOp.SUM:
+            raise _fail(f"allreduce of sparse tensors supports SUM only (as gloo), got {kind.name}")
+        for i, t in enumerate(tensors):
+            if not isinstance(t, torch.Tensor) or t.device.type != "cpu" or t.layout != torch.sparse_coo:
+                raise _fail(f"allreduce tensor {i}: sparse allreduce takes sparse COO CPU tensors only")
+            if t.shape != tensors[0].shape or t.dtype != tensors[0].dtype:
+                raise _fail("allreduce of several sparse tensors needs one shape and dtype")
+        local = tensors[0]
+        for t in tensors[1:]:
+            local = local + t
+        local = local.coalesce()
+        n = self.size()
+        sparse_dim, dense_shape = local.sparse_dim(), tuple(local.shape[local.sparse_dim() :])
+        nnz = local._nnz()
+        # What every rank must agree on, and its nnz: a mismatch is an error, not a wrong sum.
+        meta = torch.tensor([nnz, sparse_dim, local.dim(), *local.shape], dtype=torch.int64)
+        metas = torch.empty(n * meta.numel(), dtype=torch.int64)
+        self._wait_all([self._gather_raw(opts, meta, metas)])
+        metas = metas.view(n, -1)
+        for peer in range(n):
+            if not torch.equal(metas[peer, 1:], meta[1:]):
+                raise ferrocoll.Mismatch(
+                    f"ferrocoll backend: sparse allreduce: rank {self.rank()} has shape "
+                    f"{list(local.shape)} with {sparse_dim} sparse dimensions, rank {peer} "
+                    f"{metas[peer, 3:].tolist()} with {int(metas[peer, 1])}"
+                )
+        counts = metas[:, 0].tolist()
+        width = max(counts)
+        indices = torch.zeros(sparse_dim, width, dtype=torch.int64)
+        indices[:, :nnz] = local._indices()
+        values = torch.zeros((width,) + dense_shape, dtype=local.dtype)
+        values[:nnz] = local._values()
+        all_indices = torch.empty((n,) + tuple(indices.shape), dtype=torch.int64)
+        all_values = torch.empty((n,) + tuple(values.shape), dtype=local.dtype)
+        self._wait_all(
+            [self._gather_raw(opts, indices, all_indices), self._gather_raw(opts, values, all_values)]
+        )
+        total = None
+        for peer in range(n):
+            c = counts[peer]
+            part = torch.sparse_coo_tensor(
+                all_indices[peer, :, :c], all_values[peer, :c], local.shape, dtype=local.dtype
+            )
+            total = part if total is None else total + part
+        assert total is not None
+        total = total.coalesce()
+        for t in tensors:
+            t.copy_(total)
+        return FerrocollWork([], list(tensors), ())
+
+    def _gather_raw(self, opts: Any, src: torch.Tensor, dst: torch.Tensor) -> Any:
+        """all_gather of the contiguous ``src`` into ``dst`` (``size`` times
+        its elements), queued behind earlier calls."""
+        code, units = _bytes_spec(src)
+        return self._submit(
+            opts, "all_gather", dtype=code, send=self._ptr(src, units), recv=self._ptr(dst, units)
+        )
+
+    @staticmethod
+    def _wait_all(handles: List[Any]) -> None:
+        for h in handles:
+            h.wait(None)
 
     # -- broadcast / reduce -------------------------------------------------
 
