@@ -327,7 +327,12 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         for peer in range(n):
             c = counts[peer]
             part = torch.sparse_coo_tensor(
-                all_indices[peer, :, :c], all_values[peer, :c], local.shape, dtype=local.dtype
+                all_indices[peer, :, :c],
+                all_values[peer, :c],
+                local.shape,
+                dtype=local.dtype,
+                # A peer's indices out of range must be an error, not a wild write.
+                check_invariants=True,
             )
             total = part if total is None else total + part
         assert total is not None
