@@ -66,3 +66,34 @@ def test_ddp_example_under_both_launchers() -> None:
     assert under_torchrun.returncode == 0, under_torchrun.stdout + under_torchrun.stderr
     a, b = _losses(under_run.stdout), _losses(under_torchrun.stdout)
     assert len(a) == 4 and a == b, (a, b)
+
+
+def backend_by_name_only() -> List[str]:
+    """A script that never imports ferrocoll: torch's plugin hook must have
+    registered the backend by the time ``import torch`` returns."""
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("ferrocoll")
+    t = torch.full((3,), float(dist.get_rank() + 1))
+    dist.all_reduce(t)
+    name = dist.get_backend()
+    dist.destroy_process_group()
+    return [name, str(t.tolist()), str("ferrocoll.torch" in sys.modules)]
+
+
+def test_import_torch_registers_the_backend() -> None:
+    got = ranks.run(2, backend_by_name_only)
+    assert got == [["ferrocoll", "[3.0, 3.0, 3.0]", "True"]] * 2, got
+
+
+def test_autoload_can_be_turned_off() -> None:
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    probe = (
+        "import sys, torch.distributed as d; "
+        "print('ferrocoll' in d.Backend.backend_list, 'ferrocoll' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["False", "False"], out.stdout + out.stderr
