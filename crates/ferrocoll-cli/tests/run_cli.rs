@@ -152,7 +152,9 @@ fn a_failing_rank_stops_the_run_with_its_status() {
     assert_eq!(out.status.code(), Some(3), "{stderr}");
     assert!(elapsed < Duration::from_secs(10), "took {elapsed:?}");
     assert!(
-        stderr.contains("rank 1 exited with status 3; stopping the other ranks"),
+        stderr.contains(
+            "rank 1 exited with status 3 (the first rank to fail); stopping the other ranks"
+        ),
         "{stderr}"
     );
 }

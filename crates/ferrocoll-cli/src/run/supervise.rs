@@ -148,7 +148,18 @@ pub(super) fn report_failure(
         first.split(' ').next()?.parse::<usize>().ok()
     });
     let Some(c) = culprit.filter(|&c| c != rank) else {
-        eprintln!("ferrocoll run: rank {rank} {}{tail}", describe(status));
+        // No rank names another origin: this one, reaped first, failed
+        // first (whether or not the survivors wrote their blame before it
+        // was reaped: they often have not yet when its panic ends it).
+        let first = if status.success() {
+            ""
+        } else {
+            " (the first rank to fail)"
+        };
+        eprintln!(
+            "ferrocoll run: rank {rank} {}{first}{tail}",
+            describe(status)
+        );
         return exit_code(status);
     };
     // The culprit may run on another host (a multi-host run): then its own
