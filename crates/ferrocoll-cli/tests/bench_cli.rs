@@ -453,9 +453,16 @@ fn auto_model_runs_what_the_model_predicts_cheapest() {
                 "--beta",
                 "17GB/s",
                 "--gamma",
-                "0.1ns",
+                "0.02ns",
                 "--overhead",
                 "0.6us",
+                "--copy",
+                "0.017ns",
+                "--cache",
+                "32MiB",
+                "--beta-mem",
+                "8GB/s",
+                "--receiver-copies",
                 "--json",
             ])
             .output()

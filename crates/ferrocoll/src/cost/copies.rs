@@ -55,7 +55,7 @@
 //! them against the plans with a copy cost).
 
 use super::Shape;
-use crate::plan::{Algorithm, Collective};
+use crate::plan::{block, Algorithm, Collective};
 
 /// Bytes copied locally on the critical path of `algo` for `shape`
 /// (N >= 2 and a nonzero count, as [`super::predict`] ensures).
@@ -77,6 +77,33 @@ pub(super) fn on_path(algo: Algorithm, shape: &Shape) -> f64 {
             }
         }
         (C::AllGather | C::AllToAll | C::Gather | C::Scatter, _) => c,
+        _ => 0.0,
+    }
+}
+
+/// Bytes the busiest rank folds from scratch: arrivals it stored in one
+/// round and reduces in a later one ([`crate::plan::Op::Reduce`]), whose
+/// round trip through scratch costs a copy on top of the fold (a fold on
+/// arrival reads the message once). The direct reduce-scatter and
+/// allreduce fold N-2 of their N-1 arrivals so (the largest block's, for
+/// uneven blocks), the star's hub N-2 whole buffers, and from N = 4 on a
+/// double binary tree rank with two children its second child's segments
+/// (its half of the buffer). The other plans fold every arrival on arrival.
+/// The cost forms charge the same bytes on their critical paths
+/// (`direct.rs`, `tree.rs`).
+pub(super) fn staged(algo: Algorithm, shape: &Shape) -> f64 {
+    use Algorithm as A;
+    use Collective as C;
+    let n = shape.n;
+    if n < 3 {
+        return 0.0;
+    }
+    let e = shape.elem_size as f64;
+    match (shape.coll, algo) {
+        (C::ReduceScatter, A::Direct) => (n - 2) as f64 * shape.bytes(),
+        (C::AllReduce, A::Direct) => (n - 2) as f64 * block(shape.count, n, 0).1 as f64 * e,
+        (C::AllReduce, A::Star) => (n - 2) as f64 * shape.bytes(),
+        (C::AllReduce, A::DoubleBinaryTree) if n >= 4 => block(shape.count, 2, 0).1 as f64 * e,
         _ => 0.0,
     }
 }

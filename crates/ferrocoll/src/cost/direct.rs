@@ -15,17 +15,21 @@
 //! * direct alltoallv: α + (N-2)·o + max_i max(Σ_{j≠i} n_ij, Σ_{j≠i} n_ji)/β:
 //!   one round, the busiest port; zero-length messages are sent too, so even
 //!   an all-zero exchange costs α + (N-2)·o.
-//! * direct reduce-scatter: α + (N-2)·o + (N-1)·C/β + (N-1)·C·γ (one arrival
-//!   folded on the fly, the other N-2 in a local round).
-//! * direct allreduce (mesh): 2·α + 2(N-2)·o + 2(N-1)/N·M/β + (N-1)/N·M·γ;
-//!   with uneven blocks b_i (the N blocks of the buffer) rank i's rounds move
-//!   max(M - b_i, (N-1)·b_i) and reduce b_i then (N-2)·b_i, and each round
-//!   waits for the slowest rank (everyone exchanges with everyone; messages
-//!   of empty blocks are skipped, so they add no o).
+//! * direct reduce-scatter: α + (N-2)·o + (N-1)·C/β + (N-1)·C·γ + (N-2)·C·δ
+//!   (one arrival folded on the fly, the other N-2 stored in scratch and
+//!   folded in a local round: their round trip through scratch costs δ, the
+//!   copy cost, per byte).
+//! * direct allreduce (mesh): 2·α + 2(N-2)·o + 2(N-1)/N·M/β + (N-1)/N·M·γ +
+//!   (N-2)/N·M·δ; with uneven blocks b_i (the N blocks of the buffer) rank
+//!   i's rounds move max(M - b_i, (N-1)·b_i) and reduce b_i then (N-2)·b_i
+//!   (staged: (N-2)·b_i·δ), and each round waits for the slowest rank
+//!   (everyone exchanges with everyone; messages of empty blocks are
+//!   skipped, so they add no o).
 //! * direct broadcast: α + (N-2)·o + (N-1)·M/β (the root sends N-1 copies at
 //!   once).
-//! * star allreduce: 2·α + 2(N-2)·o + 2(N-1)·M/β + (N-1)·M·γ (rank 0
-//!   receives and sends N-1 whole buffers, reduces N-1 of them).
+//! * star allreduce: 2·α + 2(N-2)·o + 2(N-1)·M/β + (N-1)·M·γ + (N-2)·M·δ
+//!   (rank 0 receives and sends N-1 whole buffers, reduces N-1 of them,
+//!   N-2 from scratch).
 //! * linear gather / scatter: α + (N-2)·o + (N-1)·C/β (the root's port, N-1
 //!   messages).
 //! * pairwise reduce-scatter: (N-1)·(α + C/β + C·γ) (one message each way
@@ -181,14 +185,28 @@ fn copy(shape: &Shape, profile: &Profile, i: usize) -> Cost {
 }
 
 /// Direct reduce-scatter: one round exchanging C with every peer and folding
-/// one arrival, then a local round folding the other N-2:
-/// α + (N-2)·o + (N-1)·C/β + (N-1)·C·γ.
+/// one arrival, then a local round folding the other N-2 from scratch:
+/// α + (N-2)·o + (N-1)·C/β + (N-1)·C·γ + (N-2)·C·δ.
 fn direct_reduce_scatter(shape: &Shape, profile: &Profile) -> Cost {
     let (n, l, c) = (shape.n, local(shape), shape.bytes());
     let intra = (l - 1) as f64 * c;
     let inter = (n - l) as f64 * c;
     let exchange = round(profile, on(l - 1, intra, intra), on(n - l, inter, inter), c);
-    exchange + round(profile, None, None, (n - 2) as f64 * c)
+    exchange + round(profile, None, None, (n - 2) as f64 * c) + staged(profile, (n - 2) as f64 * c)
+}
+
+/// The round trip through scratch of `bytes` that arrived in one round and
+/// are folded in a later one (a local reduce from a scratch slot), at the
+/// profile's copy cost: a fold on arrival reads the message once, a staged
+/// one writes it to scratch and reads it back (measured, bench/RESULTS.md,
+/// 2026-12-05: 4 thread ranks, direct reduce-scatter 1.3-1.6x the time of
+/// pairwise from 512 KiB, whose folds are all on arrival).
+fn staged(profile: &Profile, bytes: f64) -> Cost {
+    Cost {
+        latency: 0.0,
+        bandwidth: 0.0,
+        compute: bytes * profile.copy,
+    }
 }
 
 /// Direct (mesh) allreduce: direct reduce-scatter of the N blocks b_i of the
@@ -243,7 +261,7 @@ fn direct_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
                 on(own_near.max(near_peers), to_near, near),
                 on(own_far.max(far_peers), to_far, far),
                 (n - 2) as f64 * b,
-            ),
+            ) + staged(profile, (n - 2) as f64 * b),
         );
     }
     first + second
@@ -310,7 +328,7 @@ fn star_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
         on(l - 1, near, 0.0),
         on(n - l, far, 0.0),
         (n - 2) as f64 * m,
-    );
+    ) + staged(profile, (n - 2) as f64 * m);
     let hub = gather + spread;
     // Leaves on rank 0's node (intra) and on other nodes (inter).
     let leaves = [

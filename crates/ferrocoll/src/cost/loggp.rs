@@ -395,7 +395,7 @@ fn candidates(algo: Algorithm, shape: &Shape) -> Option<Vec<Busiest>> {
             .map(|i| super::copies::own(shape, i))
             .fold(0.0, f64::max)
     } else {
-        super::copies::on_path(algo, shape)
+        super::copies::on_path(algo, shape) + super::copies::staged(algo, shape)
     };
     // Butterfly allreduce with L odd: a core rank that serves no extra rank
     // sends a copy of its input (cost/copies.rs).

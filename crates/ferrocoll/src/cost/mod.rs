@@ -57,7 +57,11 @@ pub struct Profile {
     pub gamma: f64,
     /// Seconds to copy one byte locally: a plan's [`crate::plan::Op::Copy`]
     /// between two different spans (a rank's own block into its output, a
-    /// scratch copy that keeps an in-place call correct, Bruck's packing).
+    /// scratch copy that keeps an in-place call correct, Bruck's packing),
+    /// and the round trip through scratch of an arrival folded in a later
+    /// round ([`crate::plan::Op::Reduce`] from a scratch slot: the direct
+    /// and star allreduce, the direct reduce-scatter, a double binary tree
+    /// rank's second child), which a fold on arrival does not make.
     /// 0 (free) in profiles written before it existed.
     #[serde(default)]
     pub copy: f64,

@@ -20,7 +20,7 @@
 //! rs_gather reduce         T = N·alpha + (N-2)·o + (N-1)·B/beta + (M - |b_(root+1)|)/beta
 //!                              + (N-1)·B·gamma
 //!                            = N·alpha + (N-2)·o + 2(N-1)/N·M/beta + (N-1)/N·M·gamma   (N | count)
-//! dbtree allreduce         T = (2D + S - 1)·alpha + (W - 2D - S + 1)·o + W·s/beta + C·s·gamma
+//! dbtree allreduce         T = (2D + S - 1)·alpha + (W - 2D - S + 1)·o + W·s/beta + C·s·gamma (+ C/2·s·copy from N = 4)
 //!     S >= 3:  W = 2(2D + S - 1) + max(S - 1, min(3S - 2D - 1 - 2m, 2S - 2 - 2m)),
 //!              C = 2(S + D) - 4
 //!     S = 2:   W = 4D + m,      C = 2D
@@ -311,11 +311,22 @@ fn dbtree(shape: &Shape, profile: &Profile) -> Cost {
             (sf - 1.0).max((3.0 * sf - 2.0 * d - 1.0 - 2.0 * dm).min(2.0 * sf - 2.0 - 2.0 * dm));
         (2.0 * (2.0 * d + sf - 1.0) + busiest, 2.0 * (sf + d) - 4.0)
     };
+    // From N = 4 on, the path runs through ranks with two children, which
+    // fold one child's segment on arrival and the other's from scratch a
+    // round later: half the folds pay the scratch round trip (a copy). Not
+    // when N = 2^(D-1) + 1 (dm = 2) and the pipeline does not fill (S <= 2):
+    // the path then climbs through ranks with a single child (the walk
+    // finds no staged fold on it).
+    let staged = if n >= 4 && (dm == 1.0 || segs >= 3) {
+        reduced / 2.0
+    } else {
+        0.0
+    };
     let l = link(shape, profile, 4.0 * s);
     let rounds = 2.0 * d + sf - 1.0;
     Cost {
         latency: rounds * l.alpha + (moved - rounds).max(0.0) * l.overhead,
         bandwidth: moved * s / l.beta,
-        compute: reduced * s * profile.gamma,
+        compute: reduced * s * profile.gamma + staged * s * profile.copy,
     }
 }

@@ -16,7 +16,9 @@
 //!   waits for the slowest);
 //! * plus gamma times the bytes it reduces (receive-reduce and local reduce)
 //!   and the profile's copy cost times the bytes it copies locally (a copy
-//!   onto its own source, which the executor skips, is free).
+//!   onto its own source, which the executor skips, is free) and the bytes
+//!   a local reduce folds: its operand was staged in scratch by an earlier
+//!   receive, a round trip a fold on arrival does not make.
 //!
 //! The time of a collective is the latest finish over
 //! all ranks, and its latency, bandwidth and compute terms are the ones
@@ -169,7 +171,12 @@ fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profil
                 recvs[c] += 1;
                 reduced += dst.len as f64 * elem;
             }
-            Op::Reduce { dst, .. } => reduced += dst.len as f64 * elem,
+            // A local reduce folds an operand staged in scratch by an
+            // earlier receive: that round trip costs a copy as well.
+            Op::Reduce { dst, .. } => {
+                reduced += dst.len as f64 * elem;
+                copied += dst.len as f64 * elem;
+            }
             Op::Copy { dst, src } => copied += copy_len(dst, src) as f64 * elem,
         }
     }
@@ -234,7 +241,9 @@ pub fn walk_cpu(plans: &[Plan], elem_size: usize, profile: &Profile, topology: &
                     Op::RecvReduce { peer, dst, .. } => {
                         cpu += o[class(peer)] + dst.len as f64 * elem * profile.gamma;
                     }
-                    Op::Reduce { dst, .. } => cpu += dst.len as f64 * elem * profile.gamma,
+                    Op::Reduce { dst, .. } => {
+                        cpu += dst.len as f64 * elem * (profile.gamma + profile.copy);
+                    }
                     Op::Copy { dst, src } => {
                         cpu += copy_len(dst, src) as f64 * elem * profile.copy;
                     }
