@@ -313,3 +313,44 @@ def test_sparse_allreduce_of_different_shapes_is_an_error() -> None:
     got = ranks.run(2, sparse_mismatch, "ferrocoll")
     for text in got:
         assert text.startswith("Mismatch: ") and "sparse allreduce" in text, text
+
+
+def compiled_training(backend: str) -> Dict[str, "torch.Tensor"]:
+    """``torch.compile`` over a DDP model (Dynamo traces DDP's pre-forward,
+    which calls the group's broadcast) and over a function with a functional
+    all_reduce; the ``aot_eager`` backend needs no C compiler."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as fc
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import ferrocoll.torch  # noqa: F401
+
+    dist.init_process_group(backend)
+    r = dist.get_rank()
+    model = DDP(_model())
+    step = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(500 + r)
+    for _ in range(4):
+        x, y = torch.randn(16, 32, generator=gen), torch.randn(16, 8, generator=gen)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(step(x), y).backward()
+        opt.step()
+    out = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+
+    @torch.compile(backend="aot_eager")
+    def doubled_sum(t: "torch.Tensor") -> "torch.Tensor":
+        return fc.all_reduce(t * 2, "sum", dist.group.WORLD) + 1
+
+    out["functional"] = doubled_sum(torch.full((4,), float(r + 1)))
+    dist.destroy_process_group()
+    return out
+
+
+def test_torch_compile_of_ddp_and_functional_collectives_matches_gloo() -> None:
+    ours = ranks.run(2, compiled_training, "ferrocoll", timeout=400)
+    theirs = ranks.run(2, compiled_training, "gloo", timeout=400, hard_exit=True)
+    for rank in range(2):
+        assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
+        assert ours[rank]["functional"].tolist() == [7.0] * 4

@@ -817,6 +817,59 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         return work
 
 
+#: The methods torch calls on a process group to communicate (and the few
+#: others that reach ferrocoll), which :func:`_run_eagerly_under_compile` marks.
+_COMMUNICATING_METHODS = (
+    "allreduce",
+    "allreduce_coalesced",
+    "broadcast",
+    "reduce",
+    "allgather",
+    "allgather_coalesced",
+    "all_gather_single",
+    "_allgather_base",
+    "all_gather_single_coalesced",
+    "allgather_into_tensor_coalesced",
+    "reduce_scatter_single",
+    "_reduce_scatter_base",
+    "reduce_scatter",
+    "reduce_scatter_single_coalesced",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "alltoall_base",
+    "alltoall",
+    "gather",
+    "gather_single",
+    "gather_into_tensor",
+    "scatter",
+    "barrier",
+    "monitored_barrier",
+    "send",
+    "recv",
+    "recv_anysource",
+    "abort",
+    "set_timeout",
+)
+
+
+def _run_eagerly_under_compile(cls: type) -> None:
+    """Marks ``cls``'s communicating methods with ``torch.compiler.disable``.
+
+    ``torch.compile`` treats a ``ProcessGroup`` as an opaque object whose
+    registered members it may touch. A C++ backend's methods are opaque to
+    it; this class's are Python, so Dynamo inlines them and fails on the
+    first attribute it does not know (``_submit``: a compiled DDP model's
+    pre-forward broadcast ended in ``UnsafeScriptObjectError`` where gloo
+    ran). Disabled, each call is a graph break that runs eagerly, as a C++
+    backend's does (about 0.4 us more per call, measured on a 2-rank
+    8-byte ``all_reduce``)."""
+    for name in _COMMUNICATING_METHODS:
+        setattr(cls, name, torch.compiler.disable(getattr(cls, name)))
+
+
+_run_eagerly_under_compile(ProcessGroupFerrocoll)
+
+
 # ---- creation ---------------------------------------------------------------
 
 _world_lock = threading.Lock()
