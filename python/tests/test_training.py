@@ -10,7 +10,7 @@ real error (a dropped or doubled gradient moves parameters by ~1e-2).
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -57,6 +57,14 @@ def train_ddp(backend: str, steps: int) -> Dict[str, "torch.Tensor"]:
     return params
 
 
+def _on_both(n: int, fn: Any, *args: Any, **kw: Any) -> Tuple[List[Any], List[Any]]:
+    """``fn(backend, *args)`` on ``n`` ranks with ferrocoll, then with gloo
+    (whose ranks end hard: see ``ranks.run``); the two lists of results."""
+    ours = ranks.run(n, fn, "ferrocoll", *args, **kw)
+    theirs = ranks.run(n, fn, "gloo", *args, hard_exit=True, **kw)
+    return ours, theirs
+
+
 def _close(a: Dict[str, "torch.Tensor"], b: Dict[str, "torch.Tensor"]) -> List[str]:
     import torch
 
@@ -69,8 +77,7 @@ def _close(a: Dict[str, "torch.Tensor"], b: Dict[str, "torch.Tensor"]) -> List[s
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_ddp_matches_gloo(n: int) -> None:
-    ours = ranks.run(n, train_ddp, "ferrocoll", 50)
-    theirs = ranks.run(n, train_ddp, "gloo", 50, hard_exit=True)
+    ours, theirs = _on_both(n, train_ddp, 50)
     untrained = {k: v for k, v in _model().state_dict().items()}
     for rank in range(n):
         assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
@@ -109,8 +116,7 @@ def train_fsdp2(backend: str, steps: int) -> Dict[str, "torch.Tensor"]:
 
 
 def test_fsdp2_matches_gloo() -> None:
-    ours = ranks.run(2, train_fsdp2, "ferrocoll", 20)
-    theirs = ranks.run(2, train_fsdp2, "gloo", 20, hard_exit=True)
+    ours, theirs = _on_both(2, train_fsdp2, 20)
     for rank in range(2):
         assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
 
@@ -162,8 +168,7 @@ def train_patterns(backend: str) -> Dict[str, "torch.Tensor"]:
 
 
 def test_comm_hooks_unused_parameters_and_hsdp_match_gloo() -> None:
-    ours = ranks.run(4, train_patterns, "ferrocoll", timeout=400)
-    theirs = ranks.run(4, train_patterns, "gloo", timeout=400, hard_exit=True)
+    ours, theirs = _on_both(4, train_patterns, timeout=400)
     for rank in range(4):
         assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
 
@@ -215,8 +220,7 @@ def train_join_and_torch_hooks(backend: str) -> Dict[str, "torch.Tensor"]:
 
 
 def test_join_with_uneven_inputs_and_torch_powersgd_match_gloo() -> None:
-    ours = ranks.run(3, train_join_and_torch_hooks, "ferrocoll", timeout=300)
-    theirs = ranks.run(3, train_join_and_torch_hooks, "gloo", timeout=300, hard_exit=True)
+    ours, theirs = _on_both(3, train_join_and_torch_hooks, timeout=300)
     for a, b in zip(ours, theirs):
         assert _close(a, b) == []
 
@@ -275,8 +279,7 @@ def test_sparse_gradients_train_like_gloo() -> None:
     whose values are small integers, exactly."""
     import torch
 
-    ours = ranks.run(3, sparse_training, "ferrocoll")
-    theirs = ranks.run(3, sparse_training, "gloo", hard_exit=True)
+    ours, theirs = _on_both(3, sparse_training)
     for rank in range(3):
         assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
         for k in ("hybrid", "dense_around"):
@@ -349,8 +352,7 @@ def compiled_training(backend: str) -> Dict[str, "torch.Tensor"]:
 
 
 def test_torch_compile_of_ddp_and_functional_collectives_matches_gloo() -> None:
-    ours = ranks.run(2, compiled_training, "ferrocoll", timeout=400)
-    theirs = ranks.run(2, compiled_training, "gloo", timeout=400, hard_exit=True)
+    ours, theirs = _on_both(2, compiled_training, timeout=400)
     for rank in range(2):
         assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
         assert ours[rank]["functional"].tolist() == [7.0] * 4

@@ -47,6 +47,7 @@ from .specs import (
     _bytes_spec,
     _check_cpu,
     _fail,
+    _op_kind,
     _RedOp,
     _reduce_spec,
 )
@@ -62,7 +63,7 @@ _MONITORED_BARRIER_TAG = 0xFFFF_FF00
 def _bitwise(tensors: List[torch.Tensor], op: Any) -> bool:
     """Whether an all_reduce with ``op`` takes the gather-and-fold path
     (BAND, BOR, BXOR; bool BAND and BOR are MIN and MAX instead)."""
-    kind = op.op if hasattr(op, "op") else op
+    kind = _op_kind(op)
     if kind not in _BITWISE:
         return False
     return not (kind in (_RedOp.BAND, _RedOp.BOR) and all(t.dtype == torch.bool for t in tensors))
@@ -241,7 +242,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
     def _bitwise_allreduce(self, tensors: List[torch.Tensor], opts: Any) -> FerrocollWork:
         """BAND, BOR or BXOR of integer (or bool BXOR) tensors: an all_gather
         of each, folded with torch's bitwise operator when it completes."""
-        kind = opts.reduceOp.op if hasattr(opts.reduceOp, "op") else opts.reduceOp
+        kind = _op_kind(opts.reduceOp)
         fold = _BITWISE[kind]
         n = self.size()
         handles, keep, parts = [], [], []
@@ -253,16 +254,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
                 continue
             src = t.contiguous()
             gathered = torch.empty(n * src.numel(), dtype=t.dtype)
-            code, units = _bytes_spec(src)
-            handles.append(
-                self._submit(
-                    opts,
-                    "all_gather",
-                    dtype=code,
-                    send=self._ptr(src, units),
-                    recv=self._ptr(gathered, units),
-                )
-            )
+            handles.append(self._gather_raw(opts, src, gathered))
             keep += [src, gathered]
             parts.append((t, gathered))
 
@@ -285,7 +277,7 @@ class ProcessGroupFerrocoll(dist.ProcessGroup):
         The gathers are padded to the largest ``nnz`` (one all_gather of the
         counts first), so the call waits for them here: it runs after every
         call issued before it, and the work it returns is complete."""
-        kind = opts.reduceOp.op if hasattr(opts.reduceOp, "op") else opts.reduceOp
+        kind = _op_kind(opts.reduceOp)
         if kind != _RedOp.SUM:
             raise _fail(f"allreduce of sparse tensors supports SUM only (as gloo), got {kind.name}")
         for i, t in enumerate(tensors):

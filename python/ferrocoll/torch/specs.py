@@ -69,10 +69,15 @@ def _check_cpu(t: torch.Tensor, what: str) -> None:
         raise _fail(f"{what} is sparse; ferrocoll moves dense tensors only")
 
 
+def _op_kind(op: Any) -> Any:
+    """The ``RedOpType`` of torch's ``ReduceOp`` (or of a ``RedOpType`` itself)."""
+    return op.op if hasattr(op, "op") else op
+
+
 def _reduce_spec(t: torch.Tensor, op: Any) -> Tuple[str, str, Optional[float], int]:
     """``(dtype code, op name, scale, elements per tensor element)`` for a
     reduction of ``t`` with torch's ReduceOp ``op``."""
-    kind = op.op if hasattr(op, "op") else op
+    kind = _op_kind(op)
     if t.dtype == torch.bool and kind in (_RedOp.BAND, _RedOp.BOR):
         return _REDUCIBLE[t.dtype], "min" if kind == _RedOp.BAND else "max", None, 1
     if kind not in _OPS:

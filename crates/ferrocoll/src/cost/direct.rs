@@ -192,7 +192,9 @@ fn direct_reduce_scatter(shape: &Shape, profile: &Profile) -> Cost {
     let intra = (l - 1) as f64 * c;
     let inter = (n - l) as f64 * c;
     let exchange = round(profile, on(l - 1, intra, intra), on(n - l, inter, inter), c);
-    exchange + round(profile, None, None, (n - 2) as f64 * c) + staged(profile, (n - 2) as f64 * c)
+    exchange
+        + round(profile, None, None, (n - 2) as f64 * c)
+        + scratch_round_trip(profile, (n - 2) as f64 * c)
 }
 
 /// The round trip through scratch of `bytes` that arrived in one round and
@@ -201,7 +203,7 @@ fn direct_reduce_scatter(shape: &Shape, profile: &Profile) -> Cost {
 /// one writes it to scratch and reads it back (measured, bench/RESULTS.md,
 /// 2026-12-05: 4 thread ranks, direct reduce-scatter 1.3-1.6x the time of
 /// pairwise from 512 KiB, whose folds are all on arrival).
-fn staged(profile: &Profile, bytes: f64) -> Cost {
+fn scratch_round_trip(profile: &Profile, bytes: f64) -> Cost {
     Cost {
         latency: 0.0,
         bandwidth: 0.0,
@@ -261,7 +263,7 @@ fn direct_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
                 on(own_near.max(near_peers), to_near, near),
                 on(own_far.max(far_peers), to_far, far),
                 (n - 2) as f64 * b,
-            ) + staged(profile, (n - 2) as f64 * b),
+            ) + scratch_round_trip(profile, (n - 2) as f64 * b),
         );
     }
     first + second
@@ -328,7 +330,7 @@ fn star_all_reduce(shape: &Shape, profile: &Profile) -> Cost {
         on(l - 1, near, 0.0),
         on(n - l, far, 0.0),
         (n - 2) as f64 * m,
-    ) + staged(profile, (n - 2) as f64 * m);
+    ) + scratch_round_trip(profile, (n - 2) as f64 * m);
     let hub = gather + spread;
     // Leaves on rank 0's node (intra) and on other nodes (inter).
     let leaves = [
