@@ -1,5 +1,5 @@
 //! One call on one rank: registering it, posting its sends, taking and
-//! checking the messages it expects, and waiting (yields, then sleeps,
+//! checking the messages it expects, and waiting (polls, then sleeps,
 //! looking at the peers it waits on) until every post is consumed.
 
 use std::sync::atomic::Ordering;
@@ -136,6 +136,9 @@ impl ThreadTransport {
         let mut remaining = recvs.len();
         let mut taken: Vec<(usize, Post)> = Vec::new();
         let mut spins = 0;
+        // Polling lasts `fabric.spin` from the last message taken: a long
+        // call whose steps each wait briefly keeps polling through all.
+        let mut spin_until = start + fabric.spin;
         // When the peers were last looked at, and how many ranks had left
         // then (see below).
         let mut checked: Option<(Instant, usize)> = None;
@@ -162,6 +165,7 @@ impl ThreadTransport {
                 if let Some(err) = failed {
                     return Err(err);
                 }
+                spin_until = Instant::now() + fabric.spin;
                 continue;
             }
             let pending = {
@@ -205,11 +209,11 @@ impl ThreadTransport {
                     return Err(self.timeout(header, peer, start));
                 }
             }
-            if spins < SPINS {
-                // Yield instead of sleeping at first: the sender is
-                // usually a few microseconds away, and a futex sleep and
-                // wake-up costs more than that.
-                spins += 1;
+            if spins < SPINS || now < spin_until {
+                // Poll instead of sleeping at first: the sender is usually
+                // a few microseconds away, and a futex sleep and wake-up
+                // costs more than that (see the module documentation).
+                spins = spins.saturating_add(1);
                 std::thread::yield_now();
                 continue;
             }

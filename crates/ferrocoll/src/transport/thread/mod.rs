@@ -4,13 +4,24 @@
 //! the sender stays inside [`Transport::exchange`] until the receiver has
 //! consumed it. The receiver hands the sender's memory straight to its sink,
 //! so a ring step reduces directly from the neighbour's buffer: one pass over
-//! the data, no intermediate copy. A waiting rank first yields its core a
-//! few times (the peer is usually microseconds away), then sleeps on its
-//! condition variable, woken by whatever concerns it (a post, a consumed
-//! send, a verdict, a rank leaving, an abort) and at least every 50 ms:
-//! never a busy spin, which oversubscribed machines (8 ranks on 2 cores)
-//! need.
+//! the data, no intermediate copy. A waiting rank first polls, yielding
+//! its core between looks (16 times, and for up to 200 us when the group
+//! has a core per rank; `FERROCOLL_SPIN_US` sets the time, as for the
+//! process transports), then sleeps on its condition variable, woken by
+//! whatever concerns it (a post, a consumed send, a verdict, a rank
+//! leaving, an abort) and at least every 50 ms: never an endless spin,
+//! which oversubscribed machines (8 ranks on 2 cores) need.
 //!
+//! Why poll by time where the cores allow: with 16 yields only (a few
+//! microseconds when the core is free) a rank whose peer was later than
+//! that slept, and the futex wake-up on this machine's VM costs tens of
+//! microseconds; the late peer then made *its* peer sleep in the next
+//! step, so a process settled into one of two modes for good: a 2-rank
+//! 128 KiB allreduce ran at 12-15 us in some processes and 50-128 us in
+//! others, with 6 context switches a call (bench/RESULTS.md, issue 19).
+//! With more ranks than cores the 16 yields stay: polling for longer
+//! there measured no better (4 ranks on 2 cores, 1 KiB - 16 MiB).
+
 //! The rules are the process transports' (`engine/`):
 //!
 //! - **Matching.** A message matches a receive by (source, [`Header::key`])
@@ -56,9 +67,16 @@ use self::verdicts::mismatch;
 use super::{Header, Incoming, Outgoing, Sink, Transport};
 use crate::error::{Error, Result};
 
-/// Yields before the first sleep while waiting for a message; yielding (not
-/// spinning) keeps oversubscribed ranks from starving the one they wait for.
+/// Polls (each after a yield) of a waiting call before it may sleep, and
+/// before it first looks at what its peers are doing (mismatch and
+/// lost-rank checks; then once per [`POLL`]). Yielding, not spinning,
+/// keeps oversubscribed ranks from starving the one they wait for.
 const SPINS: u32 = 16;
+
+/// How long a waiting rank keeps polling before it sleeps when every rank
+/// of the group has a core: the process transports' figure
+/// (`engine/driver.rs`).
+const SPIN_DEDICATED: Duration = Duration::from_micros(200);
 
 /// Longest sleep between checks; what no wake-up announces (a peer entering
 /// or ending a call) is noticed within this.
@@ -83,11 +101,27 @@ pub struct ThreadFabric {
     /// peer may have left because of a verdict that is on its way to this
     /// rank too, and then that verdict is the error, not the peer's absence.
     publishing: Mutex<()>,
+    /// How long a waiting call keeps polling (beyond its [`SPINS`] polls)
+    /// before it sleeps.
+    spin: Duration,
 }
 
 impl ThreadFabric {
     /// A fabric for `n` ranks.
+    ///
+    /// A waiting rank polls for up to 200 us when there are no more ranks
+    /// than CPUs this process may run on, and 16 times only otherwise;
+    /// `FERROCOLL_SPIN_US` (when set and valid) gives the time instead.
     pub fn new(n: usize) -> Arc<ThreadFabric> {
+        let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let spin = crate::transport::config::TransportConfig::from_env()
+            .ok()
+            .and_then(|c| c.spin)
+            .unwrap_or(if n <= cpus {
+                SPIN_DEDICATED
+            } else {
+                Duration::ZERO
+            });
         Arc::new(ThreadFabric {
             ranks: (0..n)
                 .map(|_| Slot {
@@ -101,6 +135,7 @@ impl ThreadFabric {
             departures: AtomicUsize::new(0),
             culprit: AtomicUsize::new(NO_CULPRIT),
             publishing: Mutex::new(()),
+            spin,
         })
     }
 
