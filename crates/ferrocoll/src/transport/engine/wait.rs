@@ -26,7 +26,14 @@ impl Engine {
         id: usize,
         start: Instant,
     ) -> (MutexGuard<'a, State>, Result<()>) {
-        let spin_until = start + self.spin_time();
+        // Polling lasts the spin time from the call's start and from the
+        // last time bytes moved through a channel that is not a socket: a
+        // large call whose chunks stream through a shared-memory ring
+        // waits briefly for each, and sleeping on the doorbell there (a
+        // futex wake-up each time, tens of microseconds on this VM) made a
+        // 2-rank 16 MiB shm allreduce 1.5x slower (bench/RESULTS.md,
+        // issue 20).
+        let mut spin_until = start + self.spin_time();
         let mut probed = false;
         loop {
             let token = self.bell.token();
@@ -49,7 +56,11 @@ impl Engine {
                 // at once reads each packet as it lands (a system call
                 // each, and the socket's lock taken from the sender).
                 let now = Instant::now();
-                if now < spin_until || !st.all_polled() {
+                if !st.all_polled() {
+                    spin_until = now + self.spin_time();
+                    continue;
+                }
+                if now < spin_until {
                     continue;
                 }
                 st = self.sleep(st, id, token, now);
