@@ -62,6 +62,9 @@ fn bench_refuses_bad_configuration_by_name() {
         ("FERROCOLL_AUTO", "0"),
         ("FERROCOLL_DEBUG", "verbose"),
         ("FERROCOLL_PROFILE", "/nonexistent/profile.json"),
+        // The thread transport's one knob (how long a waiting rank polls).
+        ("FERROCOLL_SPIN_US", "soon"),
+        ("FERROCOLL_SPIN_US", "1000001"),
     ] {
         let out = ferrocoll(SMALL, &[(var, value)]);
         let what = format!("{var}={value}");

@@ -51,7 +51,9 @@ where
     run_with(n, config, f)
 }
 
-/// [`run`] with an explicit configuration (the environment is not read).
+/// [`run`] with an explicit configuration (of the environment only the
+/// transport's `FERROCOLL_SPIN_US` is read; a bad value is an
+/// [`Error::Config`]).
 pub fn run_with<R, F>(n: usize, config: Config, f: F) -> Result<Vec<R>>
 where
     R: Send,
@@ -63,7 +65,8 @@ where
     if let Some(topo) = &config.topology {
         topo.check_size(n)?;
     }
-    let fabric = ThreadFabric::new(n);
+    let spin = spin_from_env()?;
+    let fabric = ThreadFabric::with_spin(n, spin);
     let mut spawn_error = None;
     let outcomes: Vec<std::thread::Result<R>> = std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(n);
@@ -113,4 +116,26 @@ where
         }
     }
     Ok(results)
+}
+
+/// `FERROCOLL_SPIN_US`, the one knob of the process transports that a run
+/// of threads honours (how long a waiting rank polls before it sleeps).
+/// Only that variable is read: the others are the process transports' and
+/// cannot fail a run of threads.
+fn spin_from_env() -> Result<Option<std::time::Duration>> {
+    let spin_only = |name: &str| {
+        (name == "FERROCOLL_SPIN_US")
+            .then(|| crate::env::process(name))
+            .flatten()
+    };
+    Ok(crate::transport::config::TransportConfig::from_lookup(spin_only)?.spin)
+}
+
+/// Checks the environment variables [`run`] reads ([`Config::from_env`]'s
+/// and `FERROCOLL_SPIN_US`, which [`run_with`] reads too), so that a
+/// program can refuse a bad one before it prints or starts anything.
+pub fn check_env() -> Result<()> {
+    Config::from_env()?;
+    spin_from_env()?;
+    Ok(())
 }

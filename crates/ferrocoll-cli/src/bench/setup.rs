@@ -50,6 +50,7 @@ impl Setup {
         // (local::run and init read the same variables again), including a
         // FERROCOLL_TOPO that does not fit the ranks.
         let config = ferrocoll::Config::from_env().map_err(CliError::Lib)?;
+        ferrocoll::local::check_env().map_err(CliError::Lib)?;
         if let Some(topo) = &config.topology {
             topo.check_size(n).map_err(|e| {
                 CliError::Lib(ferrocoll::Error::Config {

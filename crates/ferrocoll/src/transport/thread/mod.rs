@@ -110,18 +110,22 @@ impl ThreadFabric {
     /// A fabric for `n` ranks.
     ///
     /// A waiting rank polls for up to 200 us when there are no more ranks
-    /// than CPUs this process may run on, and 16 times only otherwise;
-    /// `FERROCOLL_SPIN_US` (when set and valid) gives the time instead.
+    /// than CPUs this process may run on, and 16 times only otherwise.
     pub fn new(n: usize) -> Arc<ThreadFabric> {
+        Self::with_spin(n, None)
+    }
+
+    /// A fabric for `n` ranks whose waiting ranks poll for `spin` (as
+    /// `FERROCOLL_SPIN_US` asks; `None`: [`ThreadFabric::new`]'s choice)
+    /// before they sleep. The transports read no environment: the caller
+    /// passes what it read.
+    pub fn with_spin(n: usize, spin: Option<Duration>) -> Arc<ThreadFabric> {
         let cpus = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let spin = crate::transport::config::TransportConfig::from_env()
-            .ok()
-            .and_then(|c| c.spin)
-            .unwrap_or(if n <= cpus {
-                SPIN_DEDICATED
-            } else {
-                Duration::ZERO
-            });
+        let spin = spin.unwrap_or(if n <= cpus {
+            SPIN_DEDICATED
+        } else {
+            Duration::ZERO
+        });
         Arc::new(ThreadFabric {
             ranks: (0..n)
                 .map(|_| Slot {
