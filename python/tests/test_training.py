@@ -65,6 +65,12 @@ def _on_both(n: int, fn: Any, *args: Any, **kw: Any) -> Tuple[List[Any], List[An
     return ours, theirs
 
 
+def _assert_close_per_rank(ours: List[Any], theirs: List[Any]) -> None:
+    """Every rank's tensors on ferrocoll are close to the same rank's on gloo."""
+    for rank, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        assert _close(a, b) == [], f"rank {rank}"
+
+
 def _close(a: Dict[str, "torch.Tensor"], b: Dict[str, "torch.Tensor"]) -> List[str]:
     import torch
 
@@ -79,8 +85,8 @@ def _close(a: Dict[str, "torch.Tensor"], b: Dict[str, "torch.Tensor"]) -> List[s
 def test_ddp_matches_gloo(n: int) -> None:
     ours, theirs = _on_both(n, train_ddp, 50)
     untrained = {k: v for k, v in _model().state_dict().items()}
+    _assert_close_per_rank(ours, theirs)
     for rank in range(n):
-        assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
         # The ranks agree with each other, and training moved the parameters.
         assert _close(ours[rank], ours[0]) == []
     assert _close(ours[0], untrained) != []
@@ -117,8 +123,7 @@ def train_fsdp2(backend: str, steps: int) -> Dict[str, "torch.Tensor"]:
 
 def test_fsdp2_matches_gloo() -> None:
     ours, theirs = _on_both(2, train_fsdp2, 20)
-    for rank in range(2):
-        assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
+    _assert_close_per_rank(ours, theirs)
 
 
 def train_patterns(backend: str) -> Dict[str, "torch.Tensor"]:
@@ -169,8 +174,7 @@ def train_patterns(backend: str) -> Dict[str, "torch.Tensor"]:
 
 def test_comm_hooks_unused_parameters_and_hsdp_match_gloo() -> None:
     ours, theirs = _on_both(4, train_patterns, timeout=400)
-    for rank in range(4):
-        assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
+    _assert_close_per_rank(ours, theirs)
 
 
 def train_join_and_torch_hooks(backend: str) -> Dict[str, "torch.Tensor"]:
@@ -280,8 +284,8 @@ def test_sparse_gradients_train_like_gloo() -> None:
     import torch
 
     ours, theirs = _on_both(3, sparse_training)
+    _assert_close_per_rank(ours, theirs)
     for rank in range(3):
-        assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
         for k in ("hybrid", "dense_around"):
             assert torch.equal(ours[rank][k], theirs[rank][k]), f"rank {rank}: {k}"
     torch.manual_seed(7)
@@ -353,6 +357,6 @@ def compiled_training(backend: str) -> Dict[str, "torch.Tensor"]:
 
 def test_torch_compile_of_ddp_and_functional_collectives_matches_gloo() -> None:
     ours, theirs = _on_both(2, compiled_training, timeout=400)
+    _assert_close_per_rank(ours, theirs)
     for rank in range(2):
-        assert _close(ours[rank], theirs[rank]) == [], f"rank {rank}"
         assert ours[rank]["functional"].tolist() == [7.0] * 4

@@ -32,7 +32,7 @@ use crate::transport::{Header, Incoming, Outgoing, Sink, Transport};
 /// allreduce 0.82-1.07x (bench/RESULTS.md, issue 20 item 5). Each yield
 /// lets the core's other runnable threads go first; still, a waiting rank
 /// keeps its fair share of the core for up to that 1 ms per wait.
-const SPIN_DEDICATED: Duration = Duration::from_micros(200);
+pub(crate) const SPIN_DEDICATED: Duration = Duration::from_micros(200);
 const SPIN_SHARED: Duration = Duration::from_millis(1);
 
 /// How often a sleeping rank asks channels whether their peer still lives.

@@ -60,7 +60,7 @@ mod tests;
 mod verdict;
 mod wait;
 
-pub(crate) use driver::{Bypass, Engine, Link};
+pub(crate) use driver::{Bypass, Engine, Link, SPIN_DEDICATED};
 pub(crate) use faults::{Fault, Stray};
 pub(crate) use ledger::{Ledger, LedgerLock};
 pub(crate) use verdict::Verdict;

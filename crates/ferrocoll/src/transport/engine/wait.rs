@@ -33,7 +33,8 @@ impl Engine {
         // futex wake-up each time, tens of microseconds on this VM) made a
         // 2-rank 16 MiB shm allreduce 1.5x slower (bench/RESULTS.md,
         // issue 20).
-        let mut spin_until = start + self.spin_time();
+        let spin = self.spin_time();
+        let mut spin_until = start + spin;
         let mut probed = false;
         loop {
             let token = self.bell.token();
@@ -57,7 +58,7 @@ impl Engine {
                 // each, and the socket's lock taken from the sender).
                 let now = Instant::now();
                 if !st.all_polled() {
-                    spin_until = now + self.spin_time();
+                    spin_until = now + spin;
                     continue;
                 }
                 if now < spin_until {

@@ -21,7 +21,7 @@
 //! others, with 6 context switches a call (bench/RESULTS.md, issue 19).
 //! With more ranks than cores the 16 yields stay: polling for longer
 //! there measured no better (4 ranks on 2 cores, 1 KiB - 16 MiB).
-
+//!
 //! The rules are the process transports' (`engine/`):
 //!
 //! - **Matching.** A message matches a receive by (source, [`Header::key`])
@@ -64,6 +64,7 @@ use std::time::{Duration, Instant};
 use self::posts::Post;
 use self::state::{Slot, KEPT, NO_CULPRIT};
 use self::verdicts::mismatch;
+use super::engine::SPIN_DEDICATED;
 use super::{Header, Incoming, Outgoing, Sink, Transport};
 use crate::error::{Error, Result};
 
@@ -72,11 +73,6 @@ use crate::error::{Error, Result};
 /// lost-rank checks; then once per [`POLL`]). Yielding, not spinning,
 /// keeps oversubscribed ranks from starving the one they wait for.
 const SPINS: u32 = 16;
-
-/// How long a waiting rank keeps polling before it sleeps when every rank
-/// of the group has a core: the process transports' figure
-/// (`engine/driver.rs`).
-const SPIN_DEDICATED: Duration = Duration::from_micros(200);
 
 /// Longest sleep between checks; what no wake-up announces (a peer entering
 /// or ending a call) is noticed within this.
