@@ -32,6 +32,23 @@ def _model() -> "torch.nn.Module":
     )
 
 
+# Keeps each gloo rank's default process group alive until the process ends
+# (hard, with os._exit: see ``ranks.run``). Torch's gloo group joins its worker
+# threads in its destructor; when a future callback (PowerSGD's closures hold
+# the group) drops the last reference on one of those threads, the join throws
+# EDEADLK and the rank aborts ("Resource deadlock avoided", seen once in CI).
+_GLOO_GROUPS_KEPT: List[Any] = []
+
+
+def _destroy(backend: str) -> None:
+    """``destroy_process_group``, keeping gloo's group object alive (above)."""
+    import torch.distributed as dist
+
+    if backend == "gloo":
+        _GLOO_GROUPS_KEPT.append(dist.group.WORLD)
+    dist.destroy_process_group()
+
+
 def train_ddp(backend: str, steps: int) -> Dict[str, "torch.Tensor"]:
     import torch
     import torch.distributed as dist
@@ -53,7 +70,7 @@ def train_ddp(backend: str, steps: int) -> Dict[str, "torch.Tensor"]:
         loss.backward()
         opt.step()
     params = {k: v.detach().clone() for k, v in model.module.state_dict().items()}
-    dist.destroy_process_group()
+    _destroy(backend)
     return params
 
 
@@ -117,7 +134,7 @@ def train_fsdp2(backend: str, steps: int) -> Dict[str, "torch.Tensor"]:
         opt.step()
     # Gather the full parameters (a collective) to compare.
     full = {k: v.full_tensor().detach().clone() for k, v in model.state_dict().items()}
-    dist.destroy_process_group()
+    _destroy(backend)
     return full
 
 
@@ -168,7 +185,7 @@ def train_patterns(backend: str) -> Dict[str, "torch.Tensor"]:
         opt.step()
         opt.zero_grad()
     out.update({f"hsdp.{k}": v.full_tensor().detach().clone() for k, v in model.state_dict().items()})
-    dist.destroy_process_group()
+    _destroy(backend)
     return out
 
 
@@ -219,7 +236,7 @@ def train_join_and_torch_hooks(backend: str) -> Dict[str, "torch.Tensor"]:
         torch.nn.functional.mse_loss(hooked(x), y).backward()
         opt.step()
     out.update({f"powersgd.{k}": v.detach().clone() for k, v in hooked.module.state_dict().items()})
-    dist.destroy_process_group()
+    _destroy(backend)
     return out
 
 
@@ -273,7 +290,7 @@ def sparse_training(backend: str) -> Dict[str, "torch.Tensor"]:
     work.wait()
     out["hybrid"] = t.to_dense()
     out["dense_around"] = torch.cat([before, after])
-    dist.destroy_process_group()
+    _destroy(backend)
     return out
 
 
@@ -351,7 +368,7 @@ def compiled_training(backend: str) -> Dict[str, "torch.Tensor"]:
         return fc.all_reduce(t * 2, "sum", dist.group.WORLD) + 1
 
     out["functional"] = doubled_sum(torch.full((4,), float(r + 1)))
-    dist.destroy_process_group()
+    _destroy(backend)
     return out
 
 
