@@ -227,13 +227,82 @@ enum Target {
     },
 }
 
+/// A local op with its spans resolved to memory.
+#[derive(Clone, Copy)]
+enum Local {
+    /// `dst = src`, disjoint (an in-place no-op is never resolved).
+    Copy {
+        dst: *mut u8,
+        src: *const u8,
+        len: usize,
+    },
+    /// `dst = a op b`; `a` is `dst` or disjoint from it, `b` disjoint.
+    Reduce {
+        dst: *mut u8,
+        a: *const u8,
+        b: *const u8,
+        len: usize,
+    },
+}
+
+impl Local {
+    /// Runs the op.
+    ///
+    /// # Safety
+    ///
+    /// The pointers come from [`Resolver::locate`] (in bounds), the plan is
+    /// validated (the operands relate as the variants say), and no message
+    /// in flight touches these ranges: either none is in flight, or the op
+    /// is one of the round's overlapped ones, which the validator keeps
+    /// clear of every range the round's messages read or write.
+    unsafe fn run(self, dtype: DType, op: ReduceOp) {
+        match self {
+            // SAFETY: see the function's contract.
+            Local::Copy { dst, src, len } => unsafe { ptr::copy_nonoverlapping(src, dst, len) },
+            Local::Reduce { dst, a, b, len } => {
+                // SAFETY: see the function's contract.
+                let (ds, bs) = unsafe {
+                    (
+                        std::slice::from_raw_parts_mut(dst, len),
+                        std::slice::from_raw_parts(b, len),
+                    )
+                };
+                if a == dst.cast_const() {
+                    kernels::accumulate(dtype, op, ds, bs);
+                } else {
+                    // SAFETY: see the function's contract.
+                    let as_ = unsafe { std::slice::from_raw_parts(a, len) };
+                    kernels::combine(dtype, op, ds, as_, bs);
+                }
+            }
+        }
+    }
+}
+
 struct PlanSink {
     targets: Vec<Target>,
     dtype: DType,
     op: ReduceOp,
+    /// The round's overlapped local ops not yet run.
+    overlapped: Vec<Local>,
+}
+
+impl PlanSink {
+    /// Runs the round's overlapped local ops that have not run yet.
+    fn run_overlapped(&mut self) {
+        for work in self.overlapped.drain(..) {
+            // SAFETY: resolved by `Resolver::locate` from a validated plan's
+            // overlapped op, which touches nothing the round's messages do.
+            unsafe { work.run(self.dtype, self.op) };
+        }
+    }
 }
 
 impl Sink for PlanSink {
+    fn overlap(&mut self) {
+        self.run_overlapped();
+    }
+
     fn deliver(&mut self, index: usize, offset: usize, chunk: &[u8]) {
         let target = self.targets[index];
         let (Target::Store { len, .. }
@@ -355,44 +424,60 @@ pub(crate) fn execute(
         targets: Vec::new(),
         dtype: call.dtype,
         op: call.op,
+        overlapped: Vec::new(),
     };
     for round in &plan.rounds {
         sends.clear();
         recvs.clear();
         sink.targets.clear();
+        sink.overlapped.clear();
+        // Local ops listed after a message run while the round's messages
+        // are in flight (the transport calls `Sink::overlap`, or they run
+        // once the exchange returns); those before run first.
+        let mut in_flight = false;
         for op in &round.ops {
             match op {
                 Op::Copy { dst, src } => {
                     let (d, len) = res.locate(dst)?;
                     let (s, _) = res.locate(src)?;
-                    if d.cast_const() != s {
-                        // SAFETY: both ranges are in bounds (locate) and the
-                        // validated plan makes them disjoint or identical
-                        // (skipped above); local ops run with nothing in
-                        // flight.
-                        unsafe { ptr::copy_nonoverlapping(s, d, len) };
+                    // An in-place copy (same memory) is a no-op.
+                    if d.cast_const() != s && len > 0 {
+                        let work = Local::Copy {
+                            dst: d,
+                            src: s,
+                            len,
+                        };
+                        if in_flight {
+                            sink.overlapped.push(work);
+                        } else {
+                            // SAFETY: in bounds (locate), disjoint (the
+                            // validated plan, identical ranges skipped
+                            // above), and nothing is in flight yet.
+                            unsafe { work.run(call.dtype, call.op) };
+                        }
                     }
                 }
                 Op::Reduce { dst, a, b } => {
                     let (d, len) = res.locate(dst)?;
                     let (pa, _) = res.locate(a)?;
                     let (pb, _) = res.locate(b)?;
-                    // SAFETY: in bounds (locate); `b` is disjoint from `dst`
-                    // and `a` is `dst` or disjoint from it (validated), and no
-                    // message is in flight during local ops.
-                    unsafe {
-                        let bs = std::slice::from_raw_parts(pb, len);
-                        if pa == d {
-                            let ds = std::slice::from_raw_parts_mut(d, len);
-                            kernels::accumulate(call.dtype, call.op, ds, bs);
-                        } else {
-                            let ds = std::slice::from_raw_parts_mut(d, len);
-                            let as_ = std::slice::from_raw_parts(pa, len);
-                            kernels::combine(call.dtype, call.op, ds, as_, bs);
-                        }
+                    let work = Local::Reduce {
+                        dst: d,
+                        a: pa,
+                        b: pb,
+                        len,
+                    };
+                    if in_flight {
+                        sink.overlapped.push(work);
+                    } else {
+                        // SAFETY: in bounds (locate); `b` is disjoint from
+                        // `dst` and `a` is `dst` or disjoint from it
+                        // (validated), and nothing is in flight yet.
+                        unsafe { work.run(call.dtype, call.op) };
                     }
                 }
                 Op::Send { peer, src } => {
+                    in_flight = true;
                     let (s, len) = res.locate(src)?;
                     // SAFETY: in bounds (locate); a validated plan never
                     // writes this range while the round is in flight.
@@ -403,6 +488,7 @@ pub(crate) fn execute(
                     });
                 }
                 Op::Recv { peer, dst } => {
+                    in_flight = true;
                     let (d, len) = res.locate(dst)?;
                     recvs.push(Incoming {
                         peer: call.group[*peer],
@@ -411,6 +497,7 @@ pub(crate) fn execute(
                     sink.targets.push(Target::Store { dst: d, len });
                 }
                 Op::RecvReduce { peer, dst, local } => {
+                    in_flight = true;
                     let (d, len) = res.locate(dst)?;
                     let (l, _) = res.locate(local)?;
                     recvs.push(Incoming {
@@ -443,6 +530,7 @@ pub(crate) fn execute(
             call.transport
                 .exchange(&call.header, &sends, &recvs, &mut sink, call.deadline)?;
         }
+        sink.run_overlapped();
     }
     Ok(())
 }

@@ -261,3 +261,56 @@ fn the_checker_catches_broken_plans() {
     };
     assert!(match_messages(&[a, b]).unwrap_err().contains("expects"));
 }
+
+/// Local ops listed after a round's messages run while those are in flight:
+/// the checker accepts one that touches nothing the messages use, and
+/// refuses one that writes what a send reads or a receive writes, that reads
+/// what a receive writes, or that a message follows.
+#[test]
+fn overlapped_local_ops_keep_clear_of_the_messages() {
+    use ferrocoll::plan::{Op, Round, Span};
+    let req = PlanRequest::new(Collective::Broadcast, 2, 0, 8);
+    let plan = |ops: Vec<Op>| Plan {
+        rounds: vec![Round { ops }],
+        scratch: 4,
+    };
+    let send = Op::Send {
+        peer: 1,
+        src: Span::input(0, 8),
+    };
+    let recv = Op::Recv {
+        peer: 1,
+        dst: Span::output(4, 4),
+    };
+    let copy = |dst, src| Op::Copy { dst, src };
+    // The broadcast root's copy while its child reads the input: fine.
+    let root = plan(vec![send, copy(Span::output(0, 8), Span::input(0, 8))]);
+    assert_eq!(validate(&root, &req, Layout::OUT_OF_PLACE), Ok(()));
+    // In place the copy is a no-op, also fine.
+    let layout = Layout::in_place(&req).expect("broadcast has an in-place form");
+    assert_eq!(validate(&root, &req, layout), Ok(()));
+    // Writing what a receive writes.
+    let bad = plan(vec![recv, copy(Span::output(0, 8), Span::input(0, 8))]);
+    let err = validate(&bad, &req, Layout::OUT_OF_PLACE).unwrap_err();
+    assert!(err.contains("overlapped local op writes"), "{err}");
+    // Reading what a receive writes.
+    let bad = plan(vec![recv, copy(Span::scratch(0, 4), Span::output(4, 4))]);
+    let err = validate(&bad, &req, Layout::OUT_OF_PLACE).unwrap_err();
+    assert!(err.contains("overlapped local op reads"), "{err}");
+    // Writing what a send reads (the output, sent by a non-root).
+    let relay = Op::Send {
+        peer: 1,
+        src: Span::output(0, 4),
+    };
+    let bad = plan(vec![relay, copy(Span::output(0, 4), Span::input(0, 4))]);
+    let err = validate(&bad, &req, Layout::OUT_OF_PLACE).unwrap_err();
+    assert!(err.contains("overlapped local op writes"), "{err}");
+    // A message after an overlapped local op.
+    let bad = plan(vec![
+        relay,
+        copy(Span::scratch(0, 4), Span::input(4, 4)),
+        recv,
+    ]);
+    let err = validate(&bad, &req, Layout::OUT_OF_PLACE).unwrap_err();
+    assert!(err.contains("listed after an overlapped local op"), "{err}");
+}

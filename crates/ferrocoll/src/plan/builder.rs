@@ -36,6 +36,27 @@ pub(crate) fn single_rank(len: usize) -> Plan {
     p.finish()
 }
 
+/// A broadcast root's `plan` (its sends read only its input) with its copy
+/// of `count` input elements into its output listed after the first round's
+/// messages, so that it runs while they are in flight (with the
+/// shared-memory single copy, while the first child reads the input:
+/// bench/RESULTS.md, issue 20), or as the plan's only round when it has
+/// none. In place the copy is a no-op, which the executor skips.
+pub(crate) fn root_copy_overlapped(mut plan: Plan, count: usize) -> Plan {
+    let copy = Op::Copy {
+        dst: Span::output(0, count),
+        src: Span::input(0, count),
+    };
+    if count == 0 {
+        return plan;
+    }
+    match plan.rounds.first_mut() {
+        Some(first) => first.ops.push(copy),
+        None => plan.rounds.push(Round { ops: vec![copy] }),
+    }
+    plan
+}
+
 /// Builds a plan round by round; algorithms use it so that their code reads
 /// like the pseudo-code of the literature.
 #[derive(Default)]

@@ -95,6 +95,10 @@ pub fn validate(plan: &Plan, req: &PlanRequest, layout: Layout) -> Result<(), St
         let at = |what: &str| format!("round {ri}: {what}");
         let mut comm_reads: Vec<(usize, Span)> = Vec::new();
         let mut comm_writes: Vec<(usize, Span)> = Vec::new();
+        // Local ops after the round's messages run while those are in
+        // flight (`overlapped`); a message may not follow one.
+        let mut overlapped_reads: Vec<Span> = Vec::new();
+        let mut overlapped_writes: Vec<Span> = Vec::new();
         let mut local_done = false;
         for (oi, op) in round.ops.iter().enumerate() {
             let (reads, writes): (Vec<Span>, Vec<Span>) = match *op {
@@ -140,9 +144,13 @@ pub fn validate(plan: &Plan, req: &PlanRequest, layout: Layout) -> Result<(), St
                 Some(p) if p >= req.n || p == req.rank => {
                     return Err(at(&format!("peer {p} is not another rank of {}", req.n)));
                 }
+                Some(_) if !overlapped_reads.is_empty() || !overlapped_writes.is_empty() => {
+                    return Err(at("communication op listed after an overlapped local op"));
+                }
                 Some(_) => local_done = true,
                 None if local_done => {
-                    return Err(at("local op listed after communication ops"));
+                    overlapped_reads.extend(reads.iter().copied());
+                    overlapped_writes.extend(writes.iter().copied());
                 }
                 None => {}
             }
@@ -170,6 +178,27 @@ pub fn validate(plan: &Plan, req: &PlanRequest, layout: Layout) -> Result<(), St
                 comm_writes.extend(writes.iter().map(|s| (oi, *s)));
             }
             written.extend(writes.iter().filter(|s| s.len > 0));
+        }
+        // Overlapped local ops run at any moment while the messages are in
+        // flight: they may not write what a message reads or writes, nor
+        // read what a receive writes.
+        for w in &overlapped_writes {
+            if let Some((_, c)) = comm_reads
+                .iter()
+                .chain(&comm_writes)
+                .find(|(_, c)| layout.overlaps(w, c))
+            {
+                return Err(at(&format!(
+                    "overlapped local op writes {w:?}, which an in-flight message uses ({c:?})"
+                )));
+            }
+        }
+        for r in &overlapped_reads {
+            if let Some((_, c)) = comm_writes.iter().find(|(_, c)| layout.overlaps(r, c)) {
+                return Err(at(&format!(
+                    "overlapped local op reads {r:?} while a receive writes {c:?}"
+                )));
+            }
         }
         // Ops in flight together: a write may not meet another op's read or
         // write (a recv-reduce accumulating into its own local is fine).

@@ -257,10 +257,11 @@ pub(super) fn broadcast(req: &PlanRequest) -> Plan {
     }
     let mut round = p.round();
     if r == root {
-        round.copy(Span::output(0, count), Span::input(0, count));
         for k in 1..n {
             round.send((r + k) % n, Span::input(0, count));
         }
+        // Overlapped: runs while the peers receive.
+        round.copy(Span::output(0, count), Span::input(0, count));
     } else {
         round.recv(root, Span::output(0, count));
     }

@@ -9,10 +9,14 @@
 //!
 //! # Round semantics
 //!
-//! Within a round, the local ops ([`Op::Copy`], [`Op::Reduce`]) run first, in
-//! order; then every send and receive of the round is in flight at once (so a
-//! ring step sends and receives concurrently, and a direct all-to-all posts all
-//! its messages together). The round ends when all of them are done. Messages
+//! Within a round, the local ops ([`Op::Copy`], [`Op::Reduce`]) listed before
+//! its messages run first, in order; then every send and receive of the round
+//! is in flight at once (so a ring step sends and receives concurrently, and a
+//! direct all-to-all posts all its messages together). Local ops listed after
+//! the messages are *overlapped*: they run, in order, while the messages are
+//! in flight (a broadcast root's copy of its input into its output while a
+//! peer reads the input), so they may touch nothing the round's messages
+//! read or write. The round ends when all of them are done. Messages
 //! between one pair of ranks in one collective are matched in plan order
 //! (FIFO), so a rank may exchange several messages with the same peer.
 //!
@@ -70,7 +74,7 @@ mod torus;
 mod tree;
 
 pub use builder::block;
-pub(crate) use builder::{offsets, single_rank, PlanBuilder, RoundBuilder};
+pub(crate) use builder::{offsets, root_copy_overlapped, single_rank, PlanBuilder, RoundBuilder};
 pub use catalog::{Algorithm, Collective};
 pub use check::{inter_node_elements, match_messages, validate, Layout, MessageStats};
 pub(crate) use dbtree::segments as dbtree_segments;

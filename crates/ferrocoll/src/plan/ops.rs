@@ -116,7 +116,9 @@ impl Op {
 /// A set of ops in flight together (see the [module docs](super)).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Round {
-    /// The ops, local ones first in execution order.
+    /// The ops: local ones that run first, then the messages, then local
+    /// ones that run while the messages are in flight (see the module docs
+    /// of [`crate::plan`]).
     pub ops: Vec<Op>,
 }
 

@@ -7,7 +7,7 @@
 //! Latency-optimal; the root sends the whole buffer log2 N times, so rings win
 //! for large buffers.
 
-use super::{Plan, PlanBuilder, PlanRequest, Span};
+use super::{root_copy_overlapped, Plan, PlanBuilder, PlanRequest, Span};
 
 /// Virtual rank of `rank` in a tree rooted at `root`.
 fn vrank(req: &PlanRequest) -> usize {
@@ -60,15 +60,15 @@ fn broadcast_from(req: &PlanRequest, root_src: fn(usize, usize) -> Span) -> Plan
     p.finish()
 }
 
-/// Binomial broadcast.
+/// Binomial broadcast; the root copies its input into its output while its
+/// first child receives.
 pub(super) fn broadcast(req: &PlanRequest) -> Plan {
-    let mut p = PlanBuilder::default();
+    let plan = broadcast_from(req, Span::input);
     if vrank(req) == 0 {
-        p.round()
-            .copy(Span::output(0, req.count), Span::input(0, req.count));
+        root_copy_overlapped(plan, req.count)
+    } else {
+        plan
     }
-    p.append(broadcast_from(req, Span::input));
-    p.finish()
 }
 
 /// Binomial reduce into `acc` (the root's result lands in its output).

@@ -154,6 +154,14 @@ pub trait Sink {
         let _ = (index, offset, len);
         None
     }
+
+    /// Local work of the caller's that may run while this exchange's
+    /// messages are in flight (a plan's overlapped local ops, see
+    /// [`crate::plan`]): a transport calls it at most once per exchange,
+    /// after it has posted the sends, from the exchanging thread; the caller
+    /// does whatever was not done once the exchange returns. It touches no
+    /// memory of the exchange's messages. Default: nothing.
+    fn overlap(&mut self) {}
 }
 
 /// Moves bytes between the ranks of a group.

@@ -498,6 +498,17 @@ impl Core {
         }
     }
 
+    /// Runs call `id`'s overlapped local work ([`Sink::overlap`]), once its
+    /// first messages are out.
+    pub(super) fn overlap(&mut self, id: usize) {
+        if let Some(c) = self.calls.get_mut(id).and_then(Option::as_mut) {
+            // SAFETY: `id` is the calling thread's own registered call (its
+            // sink lives until the call is retired), and the engine's mutex,
+            // held through `&mut self`, makes this thread its only user.
+            unsafe { (*c.sink.0).overlap() };
+        }
+    }
+
     /// The outcome of call `id`: `None` while it waits.
     pub(super) fn poll_call(&mut self, id: usize) -> Option<Result<()>> {
         let c = self.calls[id].as_mut().expect("live call");

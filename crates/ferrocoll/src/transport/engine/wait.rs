@@ -36,9 +36,17 @@ impl Engine {
         let spin = self.spin_time();
         let mut spin_until = start + spin;
         let mut probed = false;
+        let mut overlapped = false;
         loop {
             let token = self.bell.token();
             let moved = st.progress();
+            if !overlapped {
+                // The call's first bytes are out (a single-copy send is
+                // posted, a ring holds what fits): the caller's local work
+                // runs now, while the peers read, rather than after.
+                overlapped = true;
+                st.core.overlap(id);
+            }
             if let Some(result) = st.core.poll_call(id) {
                 // Acknowledgements this call's receives queued (rendezvous
                 // senders wait for them) go out now: after its last call a

@@ -132,6 +132,9 @@ impl ThreadTransport {
             drop(st);
             fabric.ranks[s.peer].wake.notify_all();
         }
+        // The receivers copy from our memory from now on: the caller's
+        // local work runs meanwhile.
+        sink.overlap();
         let mut waiting: Vec<bool> = vec![true; recvs.len()];
         let mut remaining = recvs.len();
         let mut taken: Vec<(usize, Post)> = Vec::new();
