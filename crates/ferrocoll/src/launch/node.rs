@@ -260,9 +260,9 @@ pub(super) fn setup_shm(
     } else if mode == SingleCopy::On {
         SingleCopyUse::All
     } else if (1..locals.len()).contains(&crate::cost::online_cpus()) {
-        SingleCopyUse::ExchangesAndReductions
+        SingleCopyUse::ExchangesBroadcastsAndReductions
     } else {
-        SingleCopyUse::Exchanges
+        SingleCopyUse::ExchangesAndBroadcasts
     };
     if debug {
         eprintln!("ferrocoll: rank {rank}: single copy for {which:?}");

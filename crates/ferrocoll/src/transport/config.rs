@@ -19,8 +19,13 @@ const SOCKET_BUFFER: libc::c_int = 4 << 20;
 const DEFAULT_STREAMS: usize = 1;
 
 /// Messages at least this long go by the single-copy path when the channel
-/// has one, by default.
-const SINGLE_COPY_BYTES: usize = 64 << 10;
+/// has one, by default: 16 KiB, where the small-call fast path stops (on 2-4
+/// ranks). With 64 KiB, a 2-rank allgather or alltoall of 64 KiB (32 KiB
+/// messages) took 10-11 us through the rings and 5.2-5.3 us by the single
+/// copy, an in-place broadcast of 32 KiB 7.4 against 3.4 us; 4-rank
+/// allreduce and reduce-scatter, whose messages take it too on 2 cores,
+/// were alike or faster (bench/RESULTS.md, issue 20, 2026-12-06).
+const SINGLE_COPY_BYTES: usize = 16 << 10;
 
 /// Data messages longer than this wait for the receiver, by default (see
 /// [`TransportConfig::eager_bytes`]).
@@ -138,7 +143,7 @@ impl TransportConfig {
                 0,
                 usize::MAX,
                 "bytes",
-                "; 0 turns the single-copy path off, the default is 65536",
+                "; 0 turns the single-copy path off, the default is 16384",
             )? {
                 0 => usize::MAX,
                 b => b,

@@ -51,25 +51,27 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
 /// memory (the single-copy path, [`cma_read`]) instead of taking them
 /// through the ring. The ring costs two copies per message: the sender's
 /// into the ring and the receiver's out of it. The single copy costs one
-/// read by the kernel, slower per byte than a copy (it pins the sender's
-/// pages; 0.3-0.6 of a local copy on the project's VM), and leaves the
-/// sender's core idle. So it pays where every rank sends and receives at
-/// once and both copies land on the ranks' own cores (allgather, alltoall),
-/// and, on a host with more ranks than cores, for the all-at-once
+/// read by the kernel, slower per byte than a copy out of cache (it pins
+/// the sender's pages), and leaves the sender's core idle. So it pays where
+/// every rank sends and receives at once and both copies land on the ranks'
+/// own cores (allgather, alltoall), for broadcasts (the ring's two copies
+/// ran one after the other, not overlapped: a 2-rank in-place broadcast took
+/// 0.3-0.7 of the ring's time from 64 KiB to 16 MiB, and so did a 4-rank
+/// one), and, on a host with more ranks than cores, for the all-at-once
 /// reductions too, where the ring's hand-offs wait on descheduled peers.
-/// It loses where the bytes flow one way (broadcast, gather, scatter,
-/// reduce): there the ring splits its two copies between two cores that
-/// would otherwise wait (bench/RESULTS.md, issue 20, the single copy read
-/// into place).
+/// It loses for gather, scatter and reduce at 2 ranks, where the ring splits
+/// its two copies between two cores that would otherwise wait
+/// (bench/RESULTS.md, issue 20: "the single copy read into place" and
+/// "broadcasts read the root's memory").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SingleCopyUse {
     /// Every message through the rings.
     Off,
-    /// Allgather, alltoall and alltoallv.
-    Exchanges,
+    /// Allgather, alltoall, alltoallv and broadcast.
+    ExchangesAndBroadcasts,
     /// Those, allreduce and reduce-scatter (a host with more ranks than
     /// cores).
-    ExchangesAndReductions,
+    ExchangesBroadcastsAndReductions,
     /// Every call (`FERROCOLL_SHM_SINGLE_COPY=on`).
     All,
 }
@@ -81,9 +83,9 @@ impl SingleCopyUse {
         match (self, kind) {
             (SingleCopyUse::Off, _) => false,
             (SingleCopyUse::All, _) => true,
-            (_, CallKind::Collective(AllGather | AllToAll | AllToAllV)) => true,
+            (_, CallKind::Collective(AllGather | AllToAll | AllToAllV | Broadcast)) => true,
             (
-                SingleCopyUse::ExchangesAndReductions,
+                SingleCopyUse::ExchangesBroadcastsAndReductions,
                 CallKind::Collective(AllReduce | ReduceScatter),
             ) => true,
             _ => false,
@@ -147,13 +149,14 @@ mod single_copy_tests {
         assert!(carried(Off).is_empty());
         assert_eq!(carried(All), kinds);
         assert_eq!(
-            carried(Exchanges),
-            [C(AllGather), C(AllToAll), C(AllToAllV)]
+            carried(ExchangesAndBroadcasts),
+            [C(Broadcast), C(AllGather), C(AllToAll), C(AllToAllV)]
         );
         assert_eq!(
-            carried(ExchangesAndReductions),
+            carried(ExchangesBroadcastsAndReductions),
             [
                 C(AllReduce),
+                C(Broadcast),
                 C(AllGather),
                 C(ReduceScatter),
                 C(AllToAll),
