@@ -51,10 +51,6 @@ pub(super) fn all_to_all(req: &PlanRequest) -> Plan {
     let (soff, roff) = (offsets(&send_counts), offsets(&recv_counts));
     let mut p = PlanBuilder::default();
     let mut round = p.round();
-    round.copy(
-        Span::output(roff[r], recv_counts[r]),
-        Span::input(soff[r], send_counts[r]),
-    );
     for k in 1..n {
         let to = (r + k) % n;
         if always || send_counts[to] > 0 {
@@ -67,6 +63,12 @@ pub(super) fn all_to_all(req: &PlanRequest) -> Plan {
             round.recv(from, Span::output(roff[from], recv_counts[from]));
         }
     }
+    // The rank's own block, overlapped with the messages (listed after
+    // them): no message reads or writes it.
+    round.copy(
+        Span::output(roff[r], recv_counts[r]),
+        Span::input(soff[r], send_counts[r]),
+    );
     p.finish()
 }
 
@@ -79,11 +81,12 @@ pub(super) fn gather(req: &PlanRequest) -> Plan {
     }
     let mut round = p.round();
     if r == root {
-        round.copy(Span::output(r * c, c), Span::input(0, c));
         for k in 1..n {
             let from = (r + k) % n;
             round.recv(from, Span::output(from * c, c));
         }
+        // Overlapped with the receives: the root's own block.
+        round.copy(Span::output(r * c, c), Span::input(0, c));
     } else {
         round.send(root, Span::input(0, c));
     }
@@ -99,11 +102,12 @@ pub(super) fn scatter(req: &PlanRequest) -> Plan {
     }
     let mut round = p.round();
     if r == root {
-        round.copy(Span::output(0, c), Span::input(r * c, c));
         for k in 1..n {
             let to = (r + k) % n;
             round.send(to, Span::input(to * c, c));
         }
+        // Overlapped with the sends: the root's own block.
+        round.copy(Span::output(0, c), Span::input(r * c, c));
     } else {
         round.recv(root, Span::output(0, c));
     }
@@ -204,9 +208,6 @@ pub(super) fn all_gather(req: &PlanRequest) -> Plan {
     }
     let mut p = PlanBuilder::default();
     let mut round = p.round();
-    // In place the input is output block r, so this copy is a no-op and the
-    // sends read memory that no receive of the round writes.
-    round.copy(Span::output(r * c, c), Span::input(0, c));
     for k in 1..n {
         round.send((r + k) % n, Span::input(0, c));
     }
@@ -214,6 +215,10 @@ pub(super) fn all_gather(req: &PlanRequest) -> Plan {
         let from = (r + n - k) % n;
         round.recv(from, Span::output(from * c, c));
     }
+    // Own block, overlapped with the messages (listed after them): in place
+    // the input is output block r, so it is a no-op, and the sends read
+    // memory that no receive writes.
+    round.copy(Span::output(r * c, c), Span::input(0, c));
     p.finish()
 }
 

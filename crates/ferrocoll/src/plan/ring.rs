@@ -162,14 +162,17 @@ pub(super) fn all_gather(req: &PlanRequest) -> Plan {
         let recv_b = (r + 2 * n - s - 1) % n;
         let mut round = p.round();
         if s == 0 {
-            // Local ops run before the round's messages; in place this copy
-            // is a no-op (the input is the rank's block of the output).
-            round.copy(Span::output(r * c, c), Span::input(0, c));
             round.send(right, Span::input(0, c));
         } else {
             round.send(right, Span::output(send_b * c, c));
         }
         round.recv(left, Span::output(recv_b * c, c));
+        if s == 0 {
+            // Overlapped with the first step's messages (listed after
+            // them): the rank's own block, which no receive writes. In place
+            // it is a no-op (the input is that block of the output).
+            round.copy(Span::output(r * c, c), Span::input(0, c));
+        }
     }
     p.finish()
 }
