@@ -436,12 +436,6 @@ fn refit_beta_on_large(points: &[Point], x: [f64; PARAMS]) -> [f64; PARAMS] {
     fit(&large, fixed)
 }
 
-/// Whether only a message's receiver moves its bytes on `comm`'s
-/// transport: on threads a receive copies from the sender's buffer.
-fn receivers_copy(comm: &Communicator) -> bool {
-    comm.transport_name() == "thread"
-}
-
 /// Every collective of [`CALIBRATED`] with every algorithm, over `sizes`,
 /// timed on `comm` (each point the fastest of `repeat` batches on the
 /// slowest rank).
@@ -468,7 +462,7 @@ fn measure(
                 let seconds = time_calls(comm, &c, coll, count, iters, repeat)?;
                 let mut shape = Shape::new(coll, n, count, elem);
                 shape.topology = comm.topology().clone();
-                if let Some(coef) = coefficients(algo, &shape, cores, receivers_copy(comm)) {
+                if let Some(coef) = coefficients(algo, &shape, cores, comm.receivers_copy(coll)) {
                     points.push(Point {
                         coll,
                         algo: algo.name(),

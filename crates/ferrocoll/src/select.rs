@@ -188,6 +188,10 @@ pub(crate) struct Chooser<'a> {
     pub tune: &'a TuneSetting,
     /// The transport's name, which names the calibrated file.
     pub transport: &'static str,
+    /// The transport itself, asked which calls its receivers alone copy
+    /// ([`crate::transport::Transport::receivers_copy`]); `None`: the
+    /// profile says.
+    pub carrier: Option<&'a dyn crate::transport::Transport>,
     /// The group's size and topology.
     pub n: usize,
     pub topology: &'a Topology,
@@ -232,7 +236,7 @@ impl Chooser<'_> {
         let best = match self.measured(coll, bytes) {
             Some(found) => (found.winner(), Decider::Table),
             None => (
-                cost::candidates(&self.model_shape(coll, bytes), self.profile())
+                cost::candidates(&self.model_shape(coll, bytes), &self.profile_for(coll))
                     .first()?
                     .0,
                 Decider::Model,
@@ -281,6 +285,26 @@ impl Chooser<'_> {
         })
     }
 
+    /// The profile that prices a call of `coll`: [`Chooser::profile`], with
+    /// [`Profile::receiver_copies`] on where the transport's receivers
+    /// alone move that call's bytes (the shared-memory single copy, which
+    /// carries some collectives and not others). Measured on 4 shm ranks
+    /// (bench/RESULTS.md, issue 20, 2026-12-06): with broadcasts read from
+    /// the root's memory, the direct broadcast took 30-120 us at 128-512 KiB
+    /// where the model, pricing the root's three sends, chose the tree
+    /// (51 us) and scatter-allgather (260 us).
+    fn profile_for(&self, coll: Collective) -> std::borrow::Cow<'_, Profile> {
+        let profile = self.profile();
+        if !profile.receiver_copies && self.carrier.is_some_and(|t| t.receivers_copy(coll)) {
+            std::borrow::Cow::Owned(Profile {
+                receiver_copies: true,
+                ..profile.clone()
+            })
+        } else {
+            std::borrow::Cow::Borrowed(profile)
+        }
+    }
+
     /// The algorithm a call of `count` elements of `dtype` would use and
     /// its predicted cost (`None` without a closed form, and for
     /// alltoallv, whose cost depends on every pair's counts, which no rank
@@ -296,7 +320,7 @@ impl Chooser<'_> {
             return Ok((algo, None));
         }
         let shape = self.shape(coll, count, dtype.size());
-        Ok((algo, cost::predict(algo, &shape, self.profile())))
+        Ok((algo, cost::predict(algo, &shape, &self.profile_for(coll))))
     }
 
     /// Prints, the first time a shape is seen (`FERROCOLL_DEBUG=tune`),
@@ -313,7 +337,7 @@ impl Chooser<'_> {
             return;
         }
         let shape = self.shape(coll, count, dtype.size());
-        let ranked = cost::candidates(&shape, self.profile());
+        let ranked = cost::candidates(&shape, &self.profile_for(coll));
         let measured = self.measured(coll, bytes);
         let decided = match (&measured, self.table()) {
             (Some(m), _) if m.between.0 == m.between.1 => {
@@ -450,10 +474,62 @@ mod tests {
             configured: Some(profile),
             tune: &TuneSetting::Off,
             transport: "thread",
+            carrier: None,
             n: topology.size(),
             topology,
             memo,
         }
+    }
+
+    #[test]
+    fn calls_whose_receivers_copy_are_priced_so() {
+        // A profile whose senders copy (as shm's and tcp's), and a carrier
+        // (the thread transport) whose receivers alone copy every call.
+        let profile = Profile::thread_default().with_cores(2.0);
+        assert!(!profile.receiver_copies);
+        let topology = Topology::flat(4);
+        let none = AlgoChoice::default();
+        let fabric = crate::transport::thread::ThreadFabric::new(4);
+        let carrier = fabric.transport(0);
+        let (memo, plain_memo) = (Memo::default(), Memo::default());
+        let c = Chooser {
+            carrier: Some(&carrier),
+            ..chooser(None, &none, true, &profile, &topology, &memo)
+        };
+        let plain = chooser(None, &none, true, &profile, &topology, &plain_memo);
+        let count = 1 << 20;
+        let shape = Shape::new(Collective::Broadcast, 4, count, 1);
+        let receivers = Profile {
+            receiver_copies: true,
+            ..profile.clone()
+        };
+        let (a, cost) = c.predict(Collective::Broadcast, count, DType::U8).unwrap();
+        assert_eq!(cost, cost::predict(a, &shape, &receivers));
+        let (b, cost) = plain
+            .predict(Collective::Broadcast, count, DType::U8)
+            .unwrap();
+        assert_eq!(cost, cost::predict(b, &shape, &profile));
+        // A root that sends to its three peers at once pays nothing per
+        // byte when they read it: the direct broadcast costs less so.
+        let direct = |carrier| {
+            let memo = Memo::default();
+            let c = Chooser {
+                carrier,
+                ..chooser(
+                    Some(Algorithm::Direct),
+                    &none,
+                    true,
+                    &profile,
+                    &topology,
+                    &memo,
+                )
+            };
+            let (a, cost) = c.predict(Collective::Broadcast, count, DType::U8).unwrap();
+            assert_eq!(a, Algorithm::Direct);
+            cost.unwrap().total()
+        };
+        let carried: &dyn crate::transport::Transport = &carrier;
+        assert!(direct(Some(carried)) < 0.8 * direct(None));
     }
 
     #[test]

@@ -261,6 +261,14 @@ impl Communicator {
         self.shared.transport.name()
     }
 
+    /// Whether the large messages of a call of `coll` are moved by their
+    /// receivers alone, straight from the sender's memory (threads; shared
+    /// memory where its single copy carries `coll`), as the cost model then
+    /// prices them ([`crate::cost::Profile::receiver_copies`]).
+    pub fn receivers_copy(&self, coll: Collective) -> bool {
+        self.shared.transport.receivers_copy(coll)
+    }
+
     /// Payload bytes this rank has handed its transport for other ranks
     /// on this communicator (every handle and every call, blocking or not,
     /// since it was made): the traffic counter a compressed collective
@@ -354,6 +362,7 @@ impl Communicator {
             configured: config.profile.as_ref(),
             tune: &config.tune,
             transport: self.transport_name(),
+            carrier: Some(&*self.shared.transport),
             n: self.size(),
             topology: &self.shared.topology,
             memo: &self.shared.choice,

@@ -206,6 +206,17 @@ pub trait Transport: Send + Sync {
     /// Short name for diagnostics and benchmark output (`thread`, `shm`, `tcp`).
     fn name(&self) -> &'static str;
 
+    /// Whether the large messages of a call of `coll` are moved by their
+    /// receivers alone, straight from the sender's memory, so that a sender
+    /// does no per-byte work (the cost model's
+    /// [`crate::cost::Profile::receiver_copies`]): the thread transport's
+    /// every call, the shared-memory transport's calls that its single-copy
+    /// path carries. Default: no (the sender copies into a ring or socket).
+    fn receivers_copy(&self, coll: crate::plan::Collective) -> bool {
+        let _ = coll;
+        false
+    }
+
     /// Receives one point-to-point message of `header` (a tag) of `len`
     /// bytes from whichever peer's arrives first, into `sink` (index 0),
     /// and returns that peer (MPI's `MPI_ANY_SOURCE`). Messages of one

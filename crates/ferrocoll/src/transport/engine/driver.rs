@@ -796,6 +796,21 @@ impl Transport for Engine {
         self.name
     }
 
+    /// Yes when every peer's channel reads this call kind's large messages
+    /// from our memory (the shared-memory single copy), and the single copy
+    /// is not turned off by size.
+    fn receivers_copy(&self, coll: crate::plan::Collective) -> bool {
+        let kind = crate::transport::CallKind::Collective(coll);
+        let st = self.lock();
+        self.config.single_copy_bytes != usize::MAX
+            && self.size > 1
+            && st
+                .chans
+                .iter()
+                .enumerate()
+                .all(|(p, c)| p == self.rank || c.as_ref().is_some_and(|c| c.reads_remote(kind)))
+    }
+
     fn positions(&self, comm: u64, ranks: &[usize], within: Duration) -> Vec<Option<String>> {
         let until = Instant::now() + within;
         let mut st = self.lock();

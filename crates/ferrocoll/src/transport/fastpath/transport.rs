@@ -77,6 +77,10 @@ impl Transport for FastTransport {
         self.engine.name()
     }
 
+    fn receivers_copy(&self, coll: crate::plan::Collective) -> bool {
+        self.engine.receivers_copy(coll)
+    }
+
     fn small_collectives(&self) -> Option<&dyn SmallCollectives> {
         Some(self)
     }

@@ -313,6 +313,11 @@ impl Transport for ThreadTransport {
         "thread"
     }
 
+    /// Always: a receive copies straight from the sender's buffer.
+    fn receivers_copy(&self, _coll: crate::plan::Collective) -> bool {
+        true
+    }
+
     /// Read straight from each rank's state: threads need not answer.
     fn positions(&self, comm: u64, ranks: &[usize], _within: Duration) -> Vec<Option<String>> {
         ranks
