@@ -70,11 +70,11 @@ pub(crate) trait Channel: Send {
         None
     }
 
-    /// Whether this channel's peer reads the large messages of a call of
-    /// `kind` directly from our memory ([`Channel::read_remote`]): the
-    /// single-copy path.
-    fn reads_remote(&self, kind: CallKind) -> bool {
-        let _ = kind;
+    /// Whether this channel's peer reads a message of `len` bytes of a call
+    /// of `kind` directly from our memory ([`Channel::read_remote`]): the
+    /// single-copy path (for messages of at least the single-copy size).
+    fn reads_remote(&self, kind: CallKind, len: usize) -> bool {
+        let _ = (kind, len);
         false
     }
 

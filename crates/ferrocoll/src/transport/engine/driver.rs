@@ -618,7 +618,7 @@ fn route(
         };
     }
     if s.data.len() >= config.single_copy_bytes
-        && chan.is_some_and(|c| c.reads_remote(header.sig.kind))
+        && chan.is_some_and(|c| c.reads_remote(header.sig.kind, s.data.len()))
     {
         return Route::Remote;
     }
@@ -804,11 +804,9 @@ impl Transport for Engine {
         let st = self.lock();
         self.config.single_copy_bytes != usize::MAX
             && self.size > 1
-            && st
-                .chans
-                .iter()
-                .enumerate()
-                .all(|(p, c)| p == self.rank || c.as_ref().is_some_and(|c| c.reads_remote(kind)))
+            && st.chans.iter().enumerate().all(|(p, c)| {
+                p == self.rank || c.as_ref().is_some_and(|c| c.reads_remote(kind, usize::MAX))
+            })
     }
 
     fn positions(&self, comm: u64, ranks: &[usize], within: Duration) -> Vec<Option<String>> {

@@ -59,15 +59,20 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
 /// 0.3-0.7 of the ring's time from 64 KiB to 16 MiB, and so did a 4-rank
 /// one), and, on a host with more ranks than cores, for the all-at-once
 /// reductions too, where the ring's hand-offs wait on descheduled peers.
-/// It loses for gather, scatter and reduce at 2 ranks, where the ring splits
-/// its two copies between two cores that would otherwise wait
-/// (bench/RESULTS.md, issue 20: "the single copy read into place" and
-/// "broadcasts read the root's memory").
+/// It loses for gather, scatter and large reduces at 2 ranks, where the
+/// ring splits its two copies between two cores that would otherwise wait;
+/// a reduce's messages up to [`REDUCE_SINGLE_COPY_BYTES`] take it where
+/// every rank has a core (the ring's hand-offs cost more than the copy
+/// there; on 4 ranks sharing 2 cores the 0.5-8 MiB reduces, pipelined in
+/// such messages, took 1.13-1.46x the time) (bench/RESULTS.md,
+/// issue 20: "the single copy read into place" and "broadcasts read the
+/// root's memory").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SingleCopyUse {
     /// Every message through the rings.
     Off,
-    /// Allgather, alltoall, alltoallv and broadcast.
+    /// Allgather, alltoall, alltoallv, broadcast, and reduces' messages up to
+    /// [`REDUCE_SINGLE_COPY_BYTES`] (every rank has a core).
     ExchangesAndBroadcasts,
     /// Those, allreduce and reduce-scatter (a host with more ranks than
     /// cores).
@@ -76,14 +81,25 @@ pub(crate) enum SingleCopyUse {
     All,
 }
 
+/// The longest message of a reduce that takes the single copy (unless it is
+/// off): a 2-rank binomial reduce took 0.64x the rings' time at 32 KiB,
+/// 0.74x at 128 KiB and 0.87x at 512 KiB that way, and 1.22-1.52x at 1-16
+/// MiB, where the non-root's copy into the ring runs beside the root's
+/// reduction (bench/RESULTS.md, issue 20, 2026-12-06).
+pub(crate) const REDUCE_SINGLE_COPY_BYTES: usize = 512 << 10;
+
 impl SingleCopyUse {
-    /// Whether the large messages of a call of `kind` take the single copy.
-    pub(crate) fn carries(self, kind: CallKind) -> bool {
+    /// Whether a message of `len` bytes of a call of `kind` (at least the
+    /// single-copy size) takes the single copy.
+    pub(crate) fn carries(self, kind: CallKind, len: usize) -> bool {
         use Collective::*;
         match (self, kind) {
             (SingleCopyUse::Off, _) => false,
             (SingleCopyUse::All, _) => true,
             (_, CallKind::Collective(AllGather | AllToAll | AllToAllV | Broadcast)) => true,
+            (SingleCopyUse::ExchangesAndBroadcasts, CallKind::Collective(Reduce)) => {
+                len <= REDUCE_SINGLE_COPY_BYTES
+            }
             (
                 SingleCopyUse::ExchangesBroadcastsAndReductions,
                 CallKind::Collective(AllReduce | ReduceScatter),
@@ -143,7 +159,7 @@ mod single_copy_tests {
             kinds
                 .iter()
                 .copied()
-                .filter(|&k| SingleCopyUse::carries(use_, k))
+                .filter(|&k| SingleCopyUse::carries(use_, k, usize::MAX))
                 .collect()
         };
         assert!(carried(Off).is_empty());
@@ -163,5 +179,20 @@ mod single_copy_tests {
                 C(AllToAllV)
             ]
         );
+    }
+
+    #[test]
+    fn reduces_take_it_up_to_their_size_limit() {
+        let limit = super::REDUCE_SINGLE_COPY_BYTES;
+        let use_ = ExchangesAndBroadcasts;
+        assert!(use_.carries(C(Reduce), 16 << 10));
+        assert!(use_.carries(C(Reduce), limit));
+        assert!(!use_.carries(C(Reduce), limit + 8));
+        // Other one-way calls keep the rings at any size, and so do reduces
+        // on a host with more ranks than cores.
+        assert!(!use_.carries(C(Gather), 16 << 10));
+        assert!(!ExchangesBroadcastsAndReductions.carries(C(Reduce), 16 << 10));
+        assert!(!Off.carries(C(Reduce), 16 << 10));
+        assert!(All.carries(C(Reduce), limit + 8));
     }
 }

@@ -74,8 +74,8 @@ impl ShmChannel {
 }
 
 impl Channel for ShmChannel {
-    fn reads_remote(&self, kind: CallKind) -> bool {
-        self.cma.carries(kind)
+    fn reads_remote(&self, kind: CallKind, len: usize) -> bool {
+        self.cma.carries(kind, len)
     }
 
     fn read_remote(&self, addr: u64, dst: &mut [u8]) -> io::Result<()> {
