@@ -1,5 +1,5 @@
 //! `FERROCOLL_COMPRESS=auto:CODEC`: whether an eligible allreduce (see
-//! [`super::setting`]) runs compressed, decided by the cost model.
+//! `super::setting`) runs compressed, decided by the cost model.
 //!
 //! The comparison ([`Comparison`]) is between the cheapest uncompressed
 //! allreduce algorithm ([`crate::cost::candidates`]) and the compressed

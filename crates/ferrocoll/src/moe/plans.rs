@@ -5,7 +5,7 @@
 //! the whole communicator for `direct` and `pairwise`, and for `two-level`
 //! and `rail` one per phase on the sub-communicators of `two_level.rs`
 //! (host, rail, host pair), with the counts of `two_level::View`, skipping a
-//! phase its group knows to be empty. [`plan`] builds rank r's calls from
+//! phase its group knows to be empty. `plan` builds rank r's calls from
 //! the same counts and the same plan functions the executor runs them with
 //! (the sub-communicators' all-to-all-v is `direct`, the default), maps the
 //! peers from sub-communicator ranks to ranks of the whole, and appends
@@ -20,7 +20,7 @@
 //! the simulator's local copies are free. A flat schedule that the
 //! dispatcher runs expert by expert (`passes.rs`, when the profile's copy
 //! cost outweighs E/P - 1 more start-ups) moves the same bytes in E/P calls;
-//! [`plan`] builds the one-call form.
+//! `plan` builds the one-call form.
 
 use crate::error::{Error, Result};
 use crate::plan::{self, Algorithm, Collective, Op, Plan, PlanRequest};

@@ -14,11 +14,11 @@
 //! `poll(2)`, so a ring step sends and receives at once (full duplex).
 //! A frame whose receive stores its payload unchanged (a copy, not a
 //! reduction) or keeps it as unexpected is read from the socket straight
-//! into that memory ([`Channel::recv_into`]); the rest goes through the
+//! into that memory (`Channel::recv_into`); the rest goes through the
 //! channel's staging buffer, which takes many small frames in one read.
 //! While a frame arrives, the socket's receive low-water mark is the rest
-//! of it (up to [`LOWAT_BYTES`]), so a sleeping receiver wakes for large
-//! reads ([`Channel::await_bytes`]).
+//! of it (up to `LOWAT_BYTES`), so a sleeping receiver wakes for large
+//! reads (`Channel::await_bytes`).
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
