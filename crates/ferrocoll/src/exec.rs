@@ -381,6 +381,36 @@ impl Resolver<'_, '_> {
         // points to (checked just above), so the offset stays in bounds.
         Ok((unsafe { base.add(start) }, len))
     }
+
+    /// The local op `op` with its spans resolved (bounds checked), or `None`
+    /// for a copy that is a no-op (in place, or empty) and for messages.
+    /// The validated plan makes a copy's operands disjoint or identical,
+    /// and a reduce's `b` disjoint from `dst` and `a` `dst` or disjoint.
+    fn local(&self, op: &Op) -> Result<Option<Local>> {
+        Ok(match op {
+            Op::Copy { dst, src } => {
+                let (d, len) = self.locate(dst)?;
+                let (s, _) = self.locate(src)?;
+                (d.cast_const() != s && len > 0).then_some(Local::Copy {
+                    dst: d,
+                    src: s,
+                    len,
+                })
+            }
+            Op::Reduce { dst, a, b } => {
+                let (d, len) = self.locate(dst)?;
+                let (pa, _) = self.locate(a)?;
+                let (pb, _) = self.locate(b)?;
+                Some(Local::Reduce {
+                    dst: d,
+                    a: pa,
+                    b: pb,
+                    len,
+                })
+            }
+            _ => None,
+        })
+    }
 }
 
 /// Runs `plan` on `mem`, with `scratch` (grown as the plan needs) as its
@@ -437,43 +467,15 @@ pub(crate) fn execute(
         let mut in_flight = false;
         for op in &round.ops {
             match op {
-                Op::Copy { dst, src } => {
-                    let (d, len) = res.locate(dst)?;
-                    let (s, _) = res.locate(src)?;
-                    // An in-place copy (same memory) is a no-op.
-                    if d.cast_const() != s && len > 0 {
-                        let work = Local::Copy {
-                            dst: d,
-                            src: s,
-                            len,
-                        };
+                Op::Copy { .. } | Op::Reduce { .. } => {
+                    if let Some(work) = res.local(op)? {
                         if in_flight {
                             sink.overlapped.push(work);
                         } else {
-                            // SAFETY: in bounds (locate), disjoint (the
-                            // validated plan, identical ranges skipped
-                            // above), and nothing is in flight yet.
+                            // SAFETY: resolved by `Resolver::local` from a
+                            // validated plan, and nothing is in flight yet.
                             unsafe { work.run(call.dtype, call.op) };
                         }
-                    }
-                }
-                Op::Reduce { dst, a, b } => {
-                    let (d, len) = res.locate(dst)?;
-                    let (pa, _) = res.locate(a)?;
-                    let (pb, _) = res.locate(b)?;
-                    let work = Local::Reduce {
-                        dst: d,
-                        a: pa,
-                        b: pb,
-                        len,
-                    };
-                    if in_flight {
-                        sink.overlapped.push(work);
-                    } else {
-                        // SAFETY: in bounds (locate); `b` is disjoint from
-                        // `dst` and `a` is `dst` or disjoint from it
-                        // (validated), and nothing is in flight yet.
-                        unsafe { work.run(call.dtype, call.op) };
                     }
                 }
                 Op::Send { peer, src } => {

@@ -43,13 +43,13 @@ pub(crate) fn single_rank(len: usize) -> Plan {
 /// bench/RESULTS.md, issue 20), or as the plan's only round when it has
 /// none. In place the copy is a no-op, which the executor skips.
 pub(crate) fn root_copy_overlapped(mut plan: Plan, count: usize) -> Plan {
+    if count == 0 {
+        return plan;
+    }
     let copy = Op::Copy {
         dst: Span::output(0, count),
         src: Span::input(0, count),
     };
-    if count == 0 {
-        return plan;
-    }
     match plan.rounds.first_mut() {
         Some(first) => first.ops.push(copy),
         None => plan.rounds.push(Round { ops: vec![copy] }),
