@@ -385,7 +385,9 @@ impl Communicator {
     /// moving at most 16 KiB per rank (per block for the block
     /// collectives) on 2-4 ranks (`3 * 16 KiB / (n - 1)` on `n` ranks, 96
     /// bytes at least: per-pair eager buffers in shared memory carry it),
-    /// and no algorithm is forced for it.
+    /// or is a reduce of any length or a broadcast of at most 64 KiB on 2-4
+    /// ranks (streamed through those buffers in 16 KiB parts), and no
+    /// algorithm is forced for it.
     pub fn uses_fast_path(&self, coll: Collective, count: usize, dtype: DType) -> bool {
         self.small_path(coll, count, dtype).is_some()
     }

@@ -58,7 +58,19 @@
 //! (so a call has one message per pair in flight), and at most 48 KiB
 //! from all peers together (`3 * EAGER_BYTES / (n - 1)`: 16 KiB on 2-4
 //! ranks, 12 KiB on 5, 7 KiB on 8, 3.2 KiB on 16); beyond that the plans,
-//! which move less than a whole contribution per peer, do better. The
+//! which move less than a whole contribution per peer, do better.
+//!
+//! **Streamed calls.** One-way calls longer than an eager buffer, reduces
+//! of any length and broadcasts up to 64 KiB on 2-4 ranks
+//! ([`small::streams`]), go as consecutive messages of one eager buffer
+//! each (a [`Piece`] apiece), in order, under the call's one key: the
+//! receiver reduces or copies each part in place while the sender writes
+//! the next, up to [`EAGER_BUFFERS`] parts ahead. Every part's packed
+//! signature carries its own length and the call's number of parts
+//! ([`pack::with_parts`]), so a streamed call against a whole one or a
+//! shorter one fails on its first message; the call counts as finished
+//! only with its last part, and the next parts of the ranks a part waits
+//! for may lie in the stash without being a mismatch. The
 //! eager buffers take 256 KiB of address space per ordered pair, of which
 //! only the touched pages are allocated (costs and layout in
 //! [`super::shm`]).
@@ -147,11 +159,11 @@ use std::time::{Duration, Instant};
 
 use super::engine::{Bypass, Fault, Ledger, LedgerLock, Link, Stray, Verdict};
 use super::shm::{EAGER_BUFFERS, EAGER_BYTES, SLOTS, SLOT_PAYLOAD};
-use super::Header;
+use super::{Header, Signature};
 use crate::error::{Error, Result};
 pub(crate) use mailbox::Mailboxes;
 use mailbox::SlotHeader;
-use pack::{describe, message_len, pack, packed_len};
+use pack::{describe, pack, packed_len, with_parts};
 
 /// What [`FastPath::exchange`] hands its passes: the payload for each rank
 /// it sends to, those ranks, the ranks it receives from, and where their
@@ -231,6 +243,19 @@ impl Books {
             .stash
             .iter()
             .position(|s| peer.map_or(true, |p| s.peer == p) && (s.head.comm, s.head.seq) == key)?;
+        Some(self.stash.remove(at))
+    }
+
+    /// Removes and returns the oldest stashed message with `key` from a
+    /// rank not in `from`.
+    fn take_stashed_from_others(&mut self, from: &[usize], key: (u64, u64)) -> Option<Stashed> {
+        if self.stash.is_empty() {
+            return None;
+        }
+        let at = self
+            .stash
+            .iter()
+            .position(|s| !from.contains(&s.peer) && (s.head.comm, s.head.seq) == key)?;
         Some(self.stash.remove(at))
     }
 
@@ -332,6 +357,33 @@ pub(crate) struct FastPath {
     blocked: AtomicBool,
     /// The books and the engine's ledger (see [`Books`]).
     books: Mutex<Books>,
+}
+
+/// Which of its call's messages a [`FastPath::exchange`] sends each peer
+/// and receives from each: the whole call's one, or one part of a streamed
+/// call (`small::streams`), whose payloads follow each other through the
+/// same mailboxes, in order, under the call's one key.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Piece {
+    /// Elements in this message (each payload), of the call's type.
+    pub(crate) count: usize,
+    /// Messages the call sends each peer (1: the whole call in one).
+    pub(crate) parts: usize,
+    /// Whether this is the call's last message: the call counts as
+    /// finished (for late-message checks) once it is in, not before, so
+    /// that a part still to come is never taken for a late message.
+    pub(crate) last: bool,
+}
+
+impl Piece {
+    /// The whole call `header` in one message.
+    pub(crate) fn whole(header: &Header) -> Piece {
+        Piece {
+            count: header.sig.count,
+            parts: 1,
+            last: true,
+        }
+    }
 }
 
 /// What one pass over the mailboxes achieved.
@@ -556,8 +608,10 @@ impl FastPath {
     /// `read` on what arrived: `read(parts)` where `parts.get(i)` is the
     /// payload from `from[i]`, in place in shared memory where it can be
     /// (the message is consumed, and its slot and eager buffer freed, once
-    /// `read` returns). Every message is [`message_len`] bytes (each payload
-    /// too). `got` is the caller's room for where each message lies (at
+    /// `read` returns). Every message is `piece.count` elements (each
+    /// payload too): the whole call's, or one part of a streamed call,
+    /// which `header` (the whole call's) still names in waits, probes and
+    /// errors. `got` is the caller's room for where each message lies (at
     /// least `from.len()` entries, all `Got::Waiting`).
     /// Waits at most `timeout` from when waiting starts.
     // The arguments are those of `Transport::exchange`, plus the engine's link.
@@ -570,14 +624,21 @@ impl FastPath {
         to: &[usize],
         from: &[usize],
         got: &mut [Got],
-        timeout: Duration,
+        (piece, timeout): (Piece, Duration),
         read: impl FnOnce(&Parts<'_>) -> R,
     ) -> Result<R> {
         assert!(to.len() < 32 && from.len() < 32 && got.len() >= from.len());
-        let len = message_len(&header.sig);
+        let len = piece.count.saturating_mul(header.sig.dtype.size());
         assert!(len <= EAGER_BYTES && payloads.len() == to.len());
         assert!(payloads.iter().all(|p| p.len() == len));
-        let sig = pack(&header.sig).expect("fast-path calls pack");
+        let message = Signature {
+            count: piece.count,
+            ..header.sig
+        };
+        let mut sig = pack(&message).expect("fast-path calls pack");
+        if piece.parts > 1 {
+            sig = with_parts(sig, piece.parts);
+        }
         if link.is_aborted() {
             return Err(Error::Aborted);
         }
@@ -594,7 +655,7 @@ impl FastPath {
         }
         let mut wait = Wait::new(link, timeout);
         let passes = (payloads, to, from, &mut *got);
-        let mut done = self.run_passes(link, header, sig, passes, &mut wait);
+        let mut done = self.run_passes(link, header, (sig, piece.last), passes, &mut wait);
         if wait.registered {
             match &mut done {
                 Ok(Some(books)) => books.ledger.bypass_done(header.key()),
@@ -673,7 +734,7 @@ impl FastPath {
         &self,
         link: &Link<'_>,
         header: &Header,
-        sig: u64,
+        (sig, last): (u64, bool),
         (payloads, to, from, got): Passes<'_, '_>,
         wait: &mut Wait,
     ) -> Result<Option<MutexGuard<'_, Books>>> {
@@ -682,7 +743,7 @@ impl FastPath {
         // Bit i: the message from `from[i]` was at the head of its mailbox
         // in the last pass (not taken: it is read in place once all are).
         let mut present = 0u32;
-        let eager = message_len(&header.sig) > SLOT_PAYLOAD;
+        let eager = packed_len(sig) > SLOT_PAYLOAD;
         let mut first = true;
         let books = loop {
             let mut books = self.books();
@@ -693,7 +754,7 @@ impl FastPath {
                 payloads,
                 (to, &mut to_send),
                 (from, &mut to_recv, &mut present, got),
-                first,
+                (first, last),
             );
             first = false;
             match pass {
@@ -734,7 +795,7 @@ impl FastPath {
         payloads: &[&[u8]],
         (to, to_send): (&[usize], &mut u32),
         (from, to_recv, present, got): (&[usize], &mut u32, &mut u32, &mut [Got]),
-        first: bool,
+        (first, last): (bool, bool),
     ) -> Pass {
         let key = header.key();
         if first && ledger.ledger.has_verdicts() {
@@ -763,7 +824,7 @@ impl FastPath {
             // in order) covers slots and buffers alike, since
             // EAGER_BUFFERS <= SLOTS: a sender may be SLOTS messages ahead
             // of its receiver, EAGER_BUFFERS when it needs a buffer.
-            let ahead = if message_len(&header.sig) > SLOT_PAYLOAD {
+            let ahead = if packed_len(sig) > SLOT_PAYLOAD {
                 EAGER_BUFFERS
             } else {
                 SLOTS
@@ -811,8 +872,15 @@ impl FastPath {
             return Pass::Waiting;
         }
         // Every message is here. One for this call from a rank it expects
-        // nothing from means that rank called something else here.
-        if let Some(s) = ledger.take_stashed(None, key) {
+        // nothing from means that rank called something else here (before
+        // a streamed call's last part, the next parts of the ranks it
+        // receives from may lie in the stash already: those are its own).
+        let stray = if last {
+            ledger.take_stashed(None, key)
+        } else {
+            ledger.take_stashed_from_others(from, key)
+        };
+        if let Some(s) = stray {
             return Pass::Failed(Problem::Mismatch {
                 peer: s.peer,
                 theirs: s.head.sig,
@@ -835,7 +903,9 @@ impl FastPath {
         self.held
             .store(self.held.load(Ordering::Relaxed) | held, Ordering::Relaxed);
         *to_recv = 0;
-        ledger.ledger.finish_on_bypass(header);
+        if last {
+            ledger.ledger.finish_on_bypass(header);
+        }
         Pass::Done
     }
 

@@ -24,8 +24,8 @@ pub(crate) fn message_len(sig: &Signature) -> usize {
 }
 
 /// Packs a signature into one word: count (16 bits), root (8, 0xFF for
-/// none), collective (8), element type (8), operator (8, 0xFF for none)
-/// and a mark. The message length is not stored: it is count x element
+/// none), collective (8), element type (8), operator (8, 0xFF for none),
+/// 8 bits left for [`with_parts`], and a mark. The message length is not stored: it is count x element
 /// size ([`packed_len`]), so a receiver checks the length of a payload in
 /// an eager buffer as it checks the rest of the signature. `None` when it
 /// does not fit, which no fast-path call does (their counts and roots are
@@ -51,7 +51,30 @@ pub(crate) fn pack(sig: &Signature) -> Option<u64> {
     )
 }
 
-/// The signature [`pack`] packed, if `word` is one.
+/// Bits 48-55 of a packed signature: how many messages a streamed call
+/// sends each peer (0 for a call of one message).
+const PARTS_SHIFT: u32 = 48;
+
+/// `word` (a [`pack`]ed signature of one message) marked as one of the
+/// `parts` messages of a streamed call (`parts` >= 2; 255 stands for 255
+/// or more; see `small::streams`). Both sides of a call mark alike, so a
+/// streamed call against a whole one, or one of another length of fewer
+/// than 255 parts, differs already in its first message; longer ones
+/// differ in their last part's length, or are told apart by the probes of
+/// a call that waits long, as every silent mismatch.
+pub(crate) fn with_parts(word: u64, parts: usize) -> u64 {
+    debug_assert!(parts >= 2);
+    word | (parts.min(0xFF) as u64) << PARTS_SHIFT
+}
+
+/// The parts [`with_parts`] marked in `word` (1 for a whole call, 255 for
+/// 255 or more).
+pub(crate) fn parts_of(word: u64) -> usize {
+    (((word >> PARTS_SHIFT) & 0xFF) as usize).max(1)
+}
+
+/// The signature [`pack`] packed, if `word` is one (for a part of a
+/// streamed call: that message's signature, its count the part's).
 pub(crate) fn unpack(word: u64) -> Option<Signature> {
     if word & (0xFF << 56) != PACK_MARK {
         return None;
@@ -82,7 +105,11 @@ pub(super) fn packed_len(word: u64) -> usize {
 pub(crate) fn describe(word: u64) -> String {
     unpack(word).map_or_else(
         || format!("an unreadable call (signature {word:#x})"),
-        |s| s.to_string(),
+        |s| match parts_of(word) {
+            1 => s.to_string(),
+            0xFF => format!("{s} (a part of a call sent in 255 or more parts)"),
+            parts => format!("{s} (a part of a call sent in {parts} parts)"),
+        },
     )
 }
 
@@ -124,6 +151,26 @@ mod tests {
             root: None,
         };
         assert_eq!(pack(&p2p), None);
+        // A streamed call's part: the same signature, its parts marked and
+        // told.
+        let part = Signature {
+            kind: CallKind::Collective(Collective::Broadcast),
+            dtype: DType::F32,
+            op: None,
+            count: 4096,
+            root: Some(1),
+        };
+        let whole = pack(&part).unwrap();
+        let marked = with_parts(whole, 16);
+        assert_ne!(marked, whole);
+        assert_eq!((parts_of(whole), parts_of(marked)), (1, 16));
+        assert_eq!(unpack(marked), Some(part));
+        assert_eq!(packed_len(marked), 16384);
+        assert!(describe(marked).ends_with("(a part of a call sent in 16 parts)"));
+        assert!(!describe(whole).contains("parts"));
+        let long = with_parts(whole, 4096);
+        assert_eq!(parts_of(long), 255);
+        assert!(describe(long).ends_with("in 255 or more parts)"));
         assert_eq!(unpack(0), None);
         assert_eq!(packed_len(0), 0);
         assert!(describe(0).contains("unreadable"));

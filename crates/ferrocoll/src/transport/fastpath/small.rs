@@ -18,8 +18,9 @@
 //! bit-identical results, equal to a sequential reduction.
 
 use std::cell::Cell;
+use std::time::{Duration, Instant};
 
-use super::{FastPath, Got, Parts, FAST_MAX_RANKS};
+use super::{FastPath, Got, Parts, Piece, FAST_MAX_RANKS};
 use crate::error::{Error, Result};
 use crate::exec::Memory;
 use crate::kernels;
@@ -73,16 +74,53 @@ pub(crate) fn max_message(n: usize) -> usize {
     (MAX_CALL_BYTES / n.saturating_sub(1).max(1)).clamp(SLOT_PAYLOAD, EAGER_BYTES)
 }
 
+/// Longest broadcast the fast path streams ([`streams`]): four eager
+/// buffers. A streamed part is copied twice (into the eager buffer by the
+/// root, out of it by the receiver, on two cores at once), where the plans'
+/// single copy reads the root's memory once; on 2 ranks the parts win at
+/// 32 KiB (0.71x the time), tie at 64 KiB and lose from 128 KiB (1.40x);
+/// bench/RESULTS.md, "Streamed broadcasts and reduces".
+pub(crate) const BROADCAST_STREAM_BYTES: usize = 4 * EAGER_BYTES;
+
+/// Largest group whose broadcasts and reduces are streamed ([`streams`]):
+/// the root writes (broadcast) or reduces (reduce) every peer's parts, so
+/// its work grows with the group; measured faster than the plans on 2, 3
+/// and 4 ranks.
+pub(crate) const STREAM_MAX_RANKS: usize = 4;
+
+/// Whether a broadcast or reduce of `bytes` among `n` ranks, too long for
+/// one message, goes through the fast path as consecutive messages of one
+/// eager buffer each (up to [`STREAM_MAX_RANKS`] ranks; broadcasts up to
+/// [`BROADCAST_STREAM_BYTES`], reduces of any length). These are one-way
+/// calls: the receiver copies or reduces each part, in place in the eager
+/// buffer, while the sender writes the next, a sender runs up to
+/// [`EAGER_BUFFERS`](crate::transport::shm::EAGER_BUFFERS) parts ahead of its receiver, and no frame, match or
+/// acknowledgement goes through the rings. A reduce so moves each byte
+/// once into shared memory and reads it once, reducing; through the rings
+/// the root, which in a loop of reduces posts its receive after the bytes
+/// arrived, copies them out of the ring first (2-rank reduce of 2 MiB:
+/// 0.53x the time).
+pub(crate) fn streams(coll: Collective, bytes: usize, n: usize) -> bool {
+    (2..=STREAM_MAX_RANKS).contains(&n)
+        && bytes > max_message(n)
+        && match coll {
+            Collective::Broadcast => bytes <= BROADCAST_STREAM_BYTES,
+            Collective::Reduce => true,
+            _ => false,
+        }
+}
+
 /// Whether a call of `count` elements of `dtype` (block collectives: per
 /// block)
-/// among `n` ranks fits the fast path ([`max_message`]). It depends only
-/// on what every rank of the call agrees on, so all ranks decide alike.
+/// among `n` ranks fits the fast path ([`max_message`], or [`streams`]).
+/// It depends only on what every rank of the call agrees on, so all ranks
+/// decide alike.
 pub(crate) fn eligible(coll: Collective, count: usize, dtype: DType, n: usize) -> bool {
     handles(coll)
         && (2..=FAST_MAX_RANKS).contains(&n)
         && count
             .checked_mul(dtype.size())
-            .is_some_and(|bytes| bytes <= max_message(n))
+            .is_some_and(|bytes| bytes <= max_message(n) || streams(coll, bytes, n))
 }
 
 /// Runs `call` on `mem` over `fast`, whose lengths must be those the
@@ -111,7 +149,10 @@ fn run_with<const PEERS: usize>(
 ) -> Result<()> {
     let (n, me, root) = (call.group.len(), call.rank, call.root);
     let len = call.count * call.dtype.size();
-    debug_assert!(len <= EAGER_BYTES && (2..=PEERS + 1).contains(&n));
+    let streamed = len > EAGER_BYTES;
+    debug_assert!(
+        (len <= EAGER_BYTES || streams(call.coll, len, n)) && (2..=PEERS + 1).contains(&n)
+    );
 
     let sends = match call.coll {
         Collective::Barrier => false,
@@ -159,17 +200,13 @@ fn run_with<const PEERS: usize>(
     ) {
         *slot = w;
     }
-    let others = &others[..n - 1];
-    let root_rank = [call.group[root]];
-    let none: &[usize] = &[];
-    let (to, from): (&[usize], &[usize]) = match call.coll {
-        Collective::Broadcast if me == root => (others, none),
-        Collective::Broadcast => (none, &root_rank),
-        Collective::Reduce if me == root => (none, others),
-        Collective::Reduce => (&root_rank, none),
-        _ => (others, others),
+    let ends = Ends {
+        others: &others[..n - 1],
+        root: [call.group[root]],
     };
-    let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+    if streamed {
+        return run_streamed::<PEERS>(fast, link, call, &ends, mem);
+    }
 
     // This rank's contribution is read until the output is written, after
     // every message arrived: in place (the output overlaps it) it is
@@ -186,7 +223,47 @@ fn run_with<const PEERS: usize>(
         copy.copy_from_slice(&mem.input()[..mine_len]);
         (&*copy, &mut mem.output()[..out_len])
     };
+    let piece = Piece::whole(&call.header);
+    let result = exchange_piece::<PEERS>(fast, link, call, &ends, piece, call.timeout, mine, out);
+    SCRATCH.set(scratch);
+    result
+}
+
+/// The ranks a call's messages go to or come from (transport ranks).
+struct Ends<'a> {
+    /// Every other rank of the group, in group order.
+    others: &'a [usize],
+    /// The root.
+    root: [usize; 1],
+}
+
+/// Sends this rank's part of one message of `call` (`mine`, `piece.count`
+/// elements a peer; a block collective's contribution holds every peer's
+/// block) and writes what it receives into `out` ([`write_output`]).
+#[allow(clippy::too_many_arguments)]
+fn exchange_piece<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    ends: &Ends<'_>,
+    piece: Piece,
+    timeout: Duration,
+    mine: &[u8],
+    out: &mut [u8],
+) -> Result<()> {
+    let (me, root) = (call.rank, call.root);
+    let len = piece.count * call.dtype.size();
+    let none: &[usize] = &[];
+    let (to, from): (&[usize], &[usize]) = match call.coll {
+        Collective::Broadcast if me == root => (ends.others, none),
+        Collective::Broadcast => (none, &ends.root),
+        Collective::Reduce if me == root => (none, ends.others),
+        Collective::Reduce => (&ends.root, none),
+        _ => (ends.others, ends.others),
+    };
+    let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
     // What each rank of `to` gets: its block, or the whole contribution.
+    let blocks = sends_blocks(call.coll);
     let mut payloads: [&[u8]; PEERS] = [&[]; PEERS];
     for (i, p) in payloads[..to.len()].iter_mut().enumerate() {
         *p = if blocks {
@@ -197,16 +274,93 @@ fn run_with<const PEERS: usize>(
             mine
         };
     }
-    let result = fast.exchange(
+    let this = SmallCall {
+        count: piece.count,
+        ..*call
+    };
+    fast.exchange(
         link,
         &call.header,
         &payloads[..to.len()],
         to,
         from,
         &mut got,
-        call.timeout,
-        |parts| write_output(call, mine, parts, out),
-    );
+        (piece, timeout),
+        |parts| write_output(&this, mine, parts, out),
+    )
+}
+
+/// A streamed broadcast or reduce ([`streams`]): the call's bytes as
+/// consecutive messages of one eager buffer each, under the call's key, so
+/// that the receiver copies (or reduces) one part while the sender writes
+/// the next. A sender runs up to [`EAGER_BUFFERS`](crate::transport::shm::EAGER_BUFFERS) parts ahead of its
+/// receiver.
+fn run_streamed<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    ends: &Ends<'_>,
+    mem: &mut Memory<'_>,
+) -> Result<()> {
+    let size = call.dtype.size();
+    let per_part = EAGER_BYTES / size;
+    let parts = call.count.div_ceil(per_part);
+    let until = Instant::now() + call.timeout;
+    let (me, root) = (call.rank, call.root);
+    // In place, a reduce's root reads each part of its input before it
+    // writes that part of its output: the part goes through this scratch.
+    let mut scratch = SCRATCH.take();
+    let mut result = Ok(());
+    for part in 0..parts {
+        let first = part * per_part;
+        let count = per_part.min(call.count - first);
+        let bytes = first * size..(first + count) * size;
+        let piece = Piece {
+            count,
+            parts,
+            last: part + 1 == parts,
+        };
+        let timeout = until.saturating_duration_since(Instant::now());
+        let exchange = |mine: &[u8], out: &mut [u8]| {
+            exchange_piece::<PEERS>(fast, link, call, ends, piece, timeout, mine, out)
+        };
+        // What this rank sends and writes: a broadcast's receivers send
+        // nothing, a reduce's non-roots write nothing.
+        let sends = !(call.coll == Collective::Broadcast && me != root);
+        let writes = !(call.coll == Collective::Reduce && me != root);
+        result = match mem.apart() {
+            Some((input, output)) => {
+                let mine = if sends {
+                    &input[bytes.clone()]
+                } else {
+                    &[][..]
+                };
+                let out = if writes {
+                    &mut output[bytes]
+                } else {
+                    &mut [][..]
+                };
+                exchange(mine, out)
+            }
+            // In place, a broadcast's root sends from its output, which is
+            // its input, and writes nothing.
+            None if call.coll == Collective::Broadcast && me == root => {
+                exchange(&mem.input()[bytes], &mut [])
+            }
+            None if sends && writes => {
+                scratch.clear();
+                scratch.resize(bytes.len().div_ceil(8), 0);
+                let copy = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut scratch)[..bytes.len()];
+                copy.copy_from_slice(&mem.input()[bytes.clone()]);
+                exchange(copy, &mut mem.output()[bytes])
+            }
+            None if sends => exchange(&mem.input()[bytes], &mut []),
+            None => exchange(&[], &mut mem.output()[bytes]),
+        };
+        if result.is_err() {
+            break;
+        }
+    }
     SCRATCH.set(scratch);
     result
 }
@@ -240,7 +394,9 @@ fn write_output<'p>(call: &SmallCall<'_>, mine: &'p [u8], parts: &'p Parts<'_>, 
                 kernels::accumulate(call.dtype, call.op, out, from(r));
             }
         }
-        Collective::Broadcast if me == root => out.copy_from_slice(mine),
+        Collective::Broadcast if me == root && !out.is_empty() => out.copy_from_slice(mine),
+        // A streamed broadcast's root in place has no output to write.
+        Collective::Broadcast if me == root => {}
         Collective::Broadcast => out.copy_from_slice(part(0)),
         Collective::AllGather | Collective::AllToAll => {
             for (r, block) in out.chunks_exact_mut(len.max(1)).enumerate() {
@@ -269,7 +425,15 @@ mod tests {
         assert!(eligible(Collective::AllGather, 2048, DType::F64, 4));
         assert!(!eligible(Collective::AllGather, 2049, DType::F64, 4));
         assert!(eligible(Collective::Reduce, 4096, DType::F32, 2));
-        assert!(!eligible(Collective::Reduce, 4097, DType::F32, 2));
+        assert!(!eligible(Collective::AllReduce, 4097, DType::F32, 2));
+        // Broadcasts and reduces past one eager buffer are streamed on up
+        // to 4 ranks: broadcasts up to 64 KiB, reduces of any length.
+        assert!(eligible(Collective::Reduce, 4097, DType::F32, 2));
+        assert!(eligible(Collective::Reduce, 1 << 30, DType::F32, 4));
+        assert!(!eligible(Collective::Reduce, 4097, DType::F32, 5));
+        assert!(eligible(Collective::Broadcast, 16384, DType::F32, 3));
+        assert!(!eligible(Collective::Broadcast, 16385, DType::F32, 3));
+        assert!(!eligible(Collective::Gather, 4097, DType::F32, 2));
         assert!(eligible(Collective::AllReduce, 3276, DType::U8, 16));
         assert!(!eligible(Collective::AllReduce, 3277, DType::U8, 16));
         assert!(!eligible(Collective::AllReduce, 2, DType::F32, 1));

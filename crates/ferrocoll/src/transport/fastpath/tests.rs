@@ -5,10 +5,10 @@
 
 use std::thread;
 
-use super::small::max_message;
+use super::small::{max_message, streams, BROADCAST_STREAM_BYTES, STREAM_MAX_RANKS};
 use super::{all_bits, bits};
 use crate::launch::init::tests::world;
-use crate::transport::shm::SLOT_PAYLOAD;
+use crate::transport::shm::{EAGER_BUFFERS, EAGER_BYTES, SLOT_PAYLOAD};
 use crate::{bf16, f16, Collective, Communicator, DType, Element, ReduceOp, TransportKind};
 
 /// Element types built from small integers (exact in every type).
@@ -38,7 +38,8 @@ fn value(r: usize, i: usize) -> u32 {
 
 /// The counts of `T` to try among `n` ranks: empty, uneven, both sides of
 /// a slot's payload, 97 bytes, and the last count on the fast path and the
-/// first past it (which must take the plans).
+/// first past it (which must take the plans, but for the streamed
+/// broadcasts and reduces).
 fn counts(n: usize, size: usize) -> Vec<(usize, bool)> {
     let max = max_message(n) / size;
     let mut c = vec![
@@ -67,9 +68,10 @@ fn collectives_of<T: Small>(comm: &Communicator) {
             Collective::AllToAll,
             Collective::ReduceScatter,
         ] {
+            let streamed = streams(coll, count * T::DTYPE.size(), n);
             assert_eq!(
                 comm.uses_fast_path(coll, count, T::DTYPE),
-                fast && n > 1,
+                (fast || streamed) && n > 1,
                 "{coll} {name} count {count} on {n} ranks: fast path?"
             );
         }
@@ -225,6 +227,162 @@ fn eager_calls_in_flight_and_on_two_communicators_at_once() {
             other.join().unwrap();
         });
     }
+}
+
+/// Broadcasts and reduces streamed in parts ([`streams`]): every root, in
+/// place and not, at part boundaries, past the eager buffers a pair has
+/// (a sender waits for its receiver mid-call), a loop of them (senders run
+/// ahead), and calls of other kinds between them. Each against a
+/// reference.
+fn streamed_calls<T: Small>(comm: &Communicator) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let per_part = EAGER_BYTES / T::DTYPE.size();
+    let bcast_max = BROADCAST_STREAM_BYTES / T::DTYPE.size();
+    let reduce_counts = [
+        per_part + 1,
+        2 * per_part,
+        2 * per_part + 3,
+        EAGER_BUFFERS * per_part,
+        (EAGER_BUFFERS + 2) * per_part + 5,
+    ];
+    for count in reduce_counts {
+        assert!(comm.uses_fast_path(Collective::Reduce, count, T::DTYPE));
+        let mine: Vec<T> = (0..count).map(|i| T::of(value(rank, i))).collect();
+        let want: Vec<T> = (0..count)
+            .map(|i| T::of((0..n).map(|r| value(r, i)).sum()))
+            .collect();
+        for root in 0..n {
+            let what = format!("{} count {count} n {n} root {root}", T::DTYPE);
+            let mut out = vec![T::of(0); if rank == root { count } else { 0 }];
+            comm.reduce(&mine, &mut out, ReduceOp::Sum, root).unwrap();
+            if rank == root {
+                assert!(out == want, "streamed reduce {what}");
+            }
+            let mut buf = mine.clone();
+            comm.reduce_in_place(&mut buf, ReduceOp::Sum, root).unwrap();
+            if rank == root {
+                assert!(buf == want, "streamed reduce in place {what}");
+            }
+        }
+    }
+    for count in [per_part + 1, 2 * per_part + 3, bcast_max] {
+        assert!(comm.uses_fast_path(Collective::Broadcast, count, T::DTYPE));
+        assert!(!comm.uses_fast_path(Collective::Broadcast, bcast_max + 1, T::DTYPE));
+        for root in 0..n {
+            let theirs: Vec<T> = (0..count).map(|i| T::of(value(root + 1, i))).collect();
+            let what = format!("{} count {count} n {n} root {root}", T::DTYPE);
+            let mut buf = if rank == root {
+                theirs.clone()
+            } else {
+                vec![T::of(0); count]
+            };
+            comm.broadcast_in_place(&mut buf, root).unwrap();
+            assert!(buf == theirs, "streamed bcast in place {what}");
+            let mut out = vec![T::of(0); count];
+            comm.broadcast(&theirs, &mut out, root).unwrap();
+            assert!(out == theirs, "streamed bcast {what}");
+        }
+    }
+    // A loop: each root's and non-root's calls run ahead of the others
+    // by up to a pair's eager buffers, with small calls between.
+    let count = 3 * per_part + 1;
+    for k in 0..20usize {
+        let mine: Vec<T> = (0..count).map(|i| T::of(value(rank + k, i))).collect();
+        let root = k % n;
+        let mut out = vec![T::of(0); count];
+        comm.reduce(&mine, &mut out, ReduceOp::Max, root).unwrap();
+        if rank == root {
+            let want: Vec<T> = (0..count)
+                .map(|i| T::of((0..n).map(|r| value(r + k, i)).max().unwrap()))
+                .collect();
+            assert!(out == want, "reduce {k} in a loop");
+        }
+        let mut b = vec![T::of(value(rank, k)); count];
+        comm.broadcast_in_place(&mut b, root).unwrap();
+        assert!(b.iter().all(|x| *x == T::of(value(root, k))), "bcast {k}");
+        if k % 5 == 0 {
+            let mut s = [T::of(1)];
+            comm.all_reduce_in_place(&mut s, ReduceOp::Sum).unwrap();
+            assert!(s[0] == T::of(n as u32));
+        }
+    }
+}
+
+#[test]
+fn streamed_broadcasts_and_reduces_on_2_to_4_ranks() {
+    for n in 2..=STREAM_MAX_RANKS {
+        world(n, TransportKind::Shm, |comm| {
+            streamed_calls::<f32>(&comm);
+            streamed_calls::<f64>(&comm);
+            streamed_calls::<bf16>(&comm);
+            streamed_calls::<u8>(&comm);
+        });
+    }
+    // Non-blocking streamed calls in flight together and with blocking
+    // ones: the parts of several calls interleave in the same mailboxes.
+    for n in [2, 3] {
+        world(n, TransportKind::Shm, |comm| {
+            let (rank, size) = (comm.rank(), comm.size());
+            let count = 2 * EAGER_BYTES / 4 + 7;
+            let reqs: Vec<_> = (0..4)
+                .map(|k| {
+                    let reduce =
+                        comm.ireduce(vec![(rank + k) as f32; count], ReduceOp::Sum, k % size);
+                    let bcast = comm.ibroadcast(vec![(rank * 10 + k) as f32; count], k % size);
+                    (reduce, bcast)
+                })
+                .collect();
+            let mut v = vec![1.0f32; count];
+            comm.reduce_in_place(&mut v, ReduceOp::Sum, 0).unwrap();
+            if rank == 0 {
+                assert!(v.iter().all(|x| *x == size as f32));
+            }
+            for (k, (reduce, bcast)) in reqs.into_iter().enumerate().rev() {
+                let got = reduce.wait().unwrap();
+                if rank == k % size {
+                    let want = (0..size).map(|r| (r + k) as f32).sum::<f32>();
+                    assert!(got.iter().all(|x| *x == want), "ireduce {k}");
+                }
+                let want = ((k % size) * 10 + k) as f32;
+                assert!(
+                    bcast.wait().unwrap().iter().all(|x| *x == want),
+                    "ibroadcast {k}"
+                );
+            }
+        });
+    }
+    // Past the largest group streamed, both take the plans.
+    world(STREAM_MAX_RANKS + 1, TransportKind::Shm, |comm| {
+        let count = EAGER_BYTES / 4 + 1;
+        assert!(!comm.uses_fast_path(Collective::Reduce, count, DType::F32));
+        assert!(!comm.uses_fast_path(Collective::Broadcast, count, DType::F32));
+    });
+}
+
+/// A streamed call against a peer's call of another length or kind fails
+/// on both sides with a mismatch naming both (no hang).
+#[test]
+fn streamed_calls_of_different_lengths_are_a_mismatch() {
+    let per_part = EAGER_BYTES / 4;
+    world(2, TransportKind::Shm, |comm| {
+        let rank = comm.rank();
+        // 3 parts against 2: the first message's marks differ.
+        let count = if rank == 0 {
+            3 * per_part
+        } else {
+            2 * per_part
+        };
+        let mut buf = vec![1.0f32; count];
+        let err = comm.broadcast_in_place(&mut buf, 0);
+        if rank == 1 {
+            let msg = err.expect_err("a broadcast of other length").to_string();
+            assert!(
+                msg.contains("mismatch") || msg.contains("Mismatch"),
+                "{msg}"
+            );
+            assert!(msg.contains("3 parts"), "{msg}");
+        }
+    });
 }
 
 #[test]
