@@ -339,11 +339,9 @@ impl Core {
     /// its sender may reuse the buffer.
     pub(super) fn take_unexpected(&mut self, key: (u64, u64)) -> Option<(usize, Unexpected)> {
         for peer in 0..self.peers.len() {
-            let q = &mut self.peers[peer].unexpected;
-            let Some(at) = q.iter().position(|u| u.header.key() == key) else {
+            let Some(msg) = self.peers[peer].unexpected.take_first(key) else {
                 continue;
             };
-            let msg = q.remove(at).expect("position is valid");
             if let Some((addr, _)) = msg.remote {
                 self.queue_ack(peer, &msg.header, addr);
             }

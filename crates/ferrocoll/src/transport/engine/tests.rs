@@ -992,3 +992,40 @@ fn direct_receive_checks_the_checksum() {
     );
     b.retire(r);
 }
+
+/// The unexpected-message backlog keeps its per-call counts with its
+/// queue: a call's messages come out oldest first, and a call with none
+/// left is not reported as waiting (which would hold back later messages
+/// of that call, FIFO, or report a late mismatch).
+#[test]
+fn backlog_counts_follow_the_queue() {
+    use super::core::Backlog;
+    use super::frames::Unexpected;
+    let message = |seq: u64, len: usize| Unexpected {
+        header: header(seq, len),
+        len,
+        data: Vec::new(),
+        remote: None,
+        corrupt: false,
+        ack: None,
+    };
+    let mut b = Backlog::default();
+    for (seq, len) in [(1, 10), (2, 20), (1, 11), (3, 30), (2, 21)] {
+        b.push_back(message(seq, len));
+    }
+    assert!(b.has(header(1, 0).key()) && b.has(header(3, 0).key()));
+    assert!(!b.has(header(4, 0).key()));
+    assert_eq!(b.position(header(3, 0).key()), Some(3));
+    let lens = |b: &mut Backlog, seq: u64| {
+        std::iter::from_fn(|| b.take_first(header(seq, 0).key()).map(|u| u.len)).collect::<Vec<_>>()
+    };
+    assert_eq!(lens(&mut b, 2), vec![20, 21]);
+    assert!(!b.has(header(2, 0).key()));
+    assert_eq!(b.position(header(3, 0).key()), Some(2));
+    let at = b.position(header(1, 0).key()).unwrap();
+    assert_eq!(b.remove(at).map(|u| u.len), Some(10));
+    assert!(b.has(header(1, 0).key()));
+    assert_eq!(lens(&mut b, 1), vec![11]);
+    assert_eq!(lens(&mut b, 3), vec![30]);
+    assert!(!b.has(header(1, 0).key()) && b.position(header(3, 0).key()).is_none());
+}
