@@ -56,8 +56,9 @@ pub(crate) struct TransportConfig {
     /// matched it to a posted receive (rendezvous, as MPI's beyond its
     /// eager limit; the bytes still stream at once). Without it a rank that
     /// runs ahead (the non-root of a loop of reduces) had the receiver
-    /// buffer an unbounded queue of unexpected messages (`usize::MAX`:
-    /// never wait; the variable's 0 turns waiting off).
+    /// buffer an unbounded queue of unexpected messages; of the shorter
+    /// ones every 64th in a row to one peer waits too (`usize::MAX`: never
+    /// wait, neither; the variable's 0 turns waiting off).
     pub eager_bytes: usize,
     /// `FERROCOLL_SOCKET_BUFFER`: the kernel socket buffer size asked for
     /// on every TCP stream (0: the kernel's default).

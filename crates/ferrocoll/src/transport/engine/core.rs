@@ -49,7 +49,21 @@ pub(super) struct Peer {
     /// read so too, so that a staging read does not take the start of the
     /// next (likely large) payload along.
     pub(super) direct: bool,
+    /// Eager collective data messages sent to the peer since the last one
+    /// that waited for its match ([`EAGER_RUN`]).
+    pub(super) eager_run: u32,
 }
+
+/// Longest run of eager collective messages to one peer: every
+/// `EAGER_RUN`-th further one waits for the peer to match it, as a message
+/// past the eager limit does. A rank that runs ahead (a broadcast root's
+/// loop of small calls) so stays at most this many calls ahead of a peer
+/// that buffers what it has not asked for yet, instead of any number: 20,000
+/// broadcasts of 4 KiB ahead had the receiver keep 80 MB and run its calls at
+/// a quarter of its speed (bench/RESULTS.md, "The engine's unexpected
+/// messages"). Collectives only, as every rendezvous (see
+/// `driver::route`); one acknowledgement per run.
+pub(super) const EAGER_RUN: u32 = 64;
 
 /// A peer's messages that arrived before a call received them, oldest
 /// first, with a count per call key. Whether one of a key waits is what
@@ -181,6 +195,9 @@ pub(crate) struct Core {
     spare: Vec<Vec<u64>>,
     /// Tokens of our rendezvous sends handed out so far.
     tokens: u64,
+    /// Whether runs of eager messages end in one that waits ([`EAGER_RUN`]);
+    /// off where waiting is (`FERROCOLL_EAGER_BYTES=0`).
+    eager_runs: bool,
 }
 
 /// Set in every rendezvous token, so that a token never equals the
@@ -218,8 +235,10 @@ impl Core {
                     lost: None,
                     said_bye: false,
                     direct: false,
+                    eager_run: 0,
                 })
                 .collect(),
+            eager_runs: true,
             calls: Vec::new(),
             culprit: None,
             reported_lost: Vec::new(),
@@ -234,6 +253,12 @@ impl Core {
             spare: Vec::new(),
             tokens: 0,
         }
+    }
+
+    /// Whether runs of eager collective messages to a peer end in one that
+    /// waits for its match ([`EAGER_RUN`]; on by default).
+    pub(super) fn limit_eager_runs(&mut self, on: bool) {
+        self.eager_runs = on;
     }
 
     /// A buffer for an unexpected message of `len` bytes, reused from one
@@ -487,6 +512,18 @@ impl Core {
                 return;
             }
         };
+        // A run of eager messages to one peer ends in one that waits.
+        let collective = header.seq & Header::P2P_BIT == 0;
+        let peer = &mut self.peers[s.peer];
+        let rendezvous = if rendezvous || !collective || !self.eager_runs {
+            rendezvous
+        } else {
+            peer.eager_run += 1;
+            peer.eager_run >= EAGER_RUN
+        };
+        if rendezvous {
+            peer.eager_run = 0;
+        }
         let mut frame = Frame::data(*header, s.data.len());
         if self.checksums {
             frame.addr = CRC_PRESENT | u64::from(crc32c::crc32c(s.data));

@@ -128,7 +128,9 @@ impl Engine {
     ) -> Engine {
         let connected: Vec<bool> = channels.iter().map(Option::is_some).collect();
         let ledger: Arc<dyn LedgerLock> = Arc::new(Mutex::new(Ledger::new()));
-        let core = Core::new(rank, &connected, config.checksums, ledger);
+        let mut core = Core::new(rank, &connected, config.checksums, ledger);
+        // No waiting at all when the user turned the eager limit off.
+        core.limit_eager_runs(config.eager_bytes != usize::MAX);
         let aborted = Arc::clone(core.aborted_flag());
         let broken = Arc::clone(core.broken_flag());
         Engine {

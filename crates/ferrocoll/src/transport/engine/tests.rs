@@ -1029,3 +1029,68 @@ fn backlog_counts_follow_the_queue() {
     assert_eq!(lens(&mut b, 3), vec![30]);
     assert!(!b.has(header(1, 0).key()) && b.position(header(3, 0).key()).is_none());
 }
+
+/// A run of eager collective messages to one peer ends in one that waits
+/// for its match: the sender can be at most `EAGER_RUN` calls ahead of a
+/// receiver that has not asked for them (and so buffers them). Point to
+/// point sends never wait.
+#[test]
+fn a_run_of_eager_messages_ends_in_one_that_waits() {
+    use super::core::EAGER_RUN;
+    let now = Instant::now();
+    let (mut a, mut b) = (core(0, 2), core(1, 2));
+    let data = [3u8; 8];
+    let runs = EAGER_RUN as u64;
+    let mut sinks: Vec<Got> = (0..2 * runs).map(|_| Got::default()).collect();
+    let mut sent = Vec::new();
+    for (seq, sink) in (0..2 * runs).zip(sinks.iter_mut()) {
+        let send = [Outgoing {
+            peer: 1,
+            data: &data,
+        }];
+        // SAFETY: `data` and the sinks live until the calls are retired.
+        let id = unsafe { add(&mut a, &header(seq, 2), &send, &[], sink, now) }.unwrap();
+        carry(&mut a, &mut b);
+        sent.push(id);
+    }
+    // Every call done at once but the run's last (and the next run's).
+    let waiting: Vec<u64> = sent
+        .iter()
+        .zip(0u64..)
+        .filter(|(&id, _)| a.poll_call(id).is_none())
+        .map(|(_, seq)| seq)
+        .collect();
+    assert_eq!(waiting, vec![runs - 1, 2 * runs - 1]);
+    // The receiver reaches those calls: they complete.
+    for seq in 0..2 * runs {
+        let mut got = Got::default();
+        let recvs = [Incoming { peer: 0, len: 8 }];
+        // SAFETY: as above.
+        let r = unsafe { add(&mut b, &header(seq, 2), &[], &recvs, &mut got, now) }.unwrap();
+        assert!(matches!(b.poll_call(r), Some(Ok(()))));
+        b.retire(r);
+    }
+    carry(&mut b, &mut a);
+    for id in sent {
+        assert!(matches!(a.poll_call(id), Some(Ok(()))));
+        a.retire(id);
+    }
+    // Point to point: never waits, however long the run.
+    let mut p2p: Vec<Got> = (0..runs + 1).map(|_| Got::default()).collect();
+    for (k, sink) in (0..runs + 1).zip(p2p.iter_mut()) {
+        let mut h = header(k, 2);
+        h.seq |= Header::P2P_BIT;
+        let send = [Outgoing {
+            peer: 1,
+            data: &data,
+        }];
+        // SAFETY: as above.
+        let id = unsafe { add(&mut a, &h, &send, &[], sink, now) }.unwrap();
+        carry(&mut a, &mut b);
+        assert!(
+            matches!(a.poll_call(id), Some(Ok(()))),
+            "p2p send {k} waits"
+        );
+        a.retire(id);
+    }
+}
