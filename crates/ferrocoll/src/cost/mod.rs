@@ -130,35 +130,10 @@ impl Profile {
         p
     }
 
-    /// Built-in parameters of the TCP transport on one host (loopback),
-    /// from `ferrocoll calibrate --transport tcp -n 4 -e 64M` on the
-    /// project's 2-core machine (bench/RESULTS.md, 2026-12-06, third
-    /// session): alpha 8.4 us, beta 4.0 GB/s and o 2.0 us per further
-    /// message, gamma 0.029 ns/B and a local copy 0.026 ns/B, and beyond a
-    /// working set of 36 MiB 2.9 GB/s. A message through a socket costs
-    /// system calls on both sides, several times a thread's hand-over: with
-    /// the thread transport's numbers (alpha 3.7 us, o 0.6 us) `auto` took
-    /// `direct` for small 4-rank allreduces and allgathers, which measured
-    /// 1.2-1.5x slower than butterfly or ring (model-only regret, TCP at 4
-    /// ranks: 34 of 62 sizes within 1.10).
-    pub fn tcp_default() -> Profile {
-        let mut p = Profile::uniform(8.4e-6, 4.0e9, 2.9e-11);
-        p.intra.overhead = 2.0e-6;
-        p.inter.overhead = 2.0e-6;
-        p.copy = 2.6e-11;
-        p.cache_bytes = 36.0 * 1048576.0;
-        p.beta_mem = 2.9e9;
-        p
-    }
-
     /// The built-in profile of `transport` when no calibrated one exists:
-    /// [`Profile::tcp_default`] for `tcp`, else [`Profile::thread_default`],
-    /// with [`Profile::receiver_copies`] on the thread transport, whose
-    /// receives copy from the sender's buffer.
+    /// [`Profile::thread_default`], with [`Profile::receiver_copies`] on the
+    /// thread transport, whose receives copy from the sender's buffer.
     pub fn builtin(transport: &str) -> Profile {
-        if transport == "tcp" {
-            return Profile::tcp_default();
-        }
         Profile {
             receiver_copies: transport == "thread",
             ..Profile::thread_default()
@@ -625,27 +600,6 @@ mod tests {
         assert_eq!(p.inter.overhead, 0.0);
         let shape = Shape::new(Collective::AllReduce, 4, 1 << 22, 4);
         assert_eq!(p.for_shape(&shape), p);
-    }
-
-    /// Each transport's built-in profile: TCP's own, measured on loopback
-    /// (a message through a socket costs system calls: 4x the latency and a
-    /// quarter of the bandwidth of a thread's hand-over), the others the
-    /// thread transport's, with receivers copying on threads only.
-    #[test]
-    fn tcp_has_a_builtin_profile_of_its_own() {
-        let tcp = Profile::builtin("tcp");
-        assert_eq!(tcp, Profile::tcp_default());
-        assert!(!tcp.receiver_copies);
-        let thread = Profile::thread_default();
-        assert!(tcp.intra.alpha > 2.0 * thread.intra.alpha);
-        assert!(tcp.intra.beta < thread.intra.beta / 2.0);
-        assert_eq!(Profile::builtin("shm"), thread);
-        assert_eq!(Profile::builtin("shm+tcp"), thread);
-        assert!(Profile::builtin("thread").receiver_copies);
-        // A 4-rank 1 MiB allreduce is link-bound on TCP, not on threads.
-        let shape = Shape::new(Collective::AllReduce, 4, 1 << 18, 4);
-        let t = predict(Algorithm::Ring, &shape, &tcp).unwrap();
-        assert!(t.bandwidth > t.latency + t.compute);
     }
 
     #[test]
