@@ -233,29 +233,20 @@ struct Books {
 }
 
 impl Books {
-    /// Removes and returns the oldest stashed message with `key` from
-    /// `peer` (any peer when `None`).
-    fn take_stashed(&mut self, peer: Option<usize>, key: (u64, u64)) -> Option<Stashed> {
-        if self.stash.is_empty() {
-            return None;
-        }
-        let at = self
-            .stash
-            .iter()
-            .position(|s| peer.map_or(true, |p| s.peer == p) && (s.head.comm, s.head.seq) == key)?;
-        Some(self.stash.remove(at))
-    }
-
     /// Removes and returns the oldest stashed message with `key` from a
-    /// rank not in `from`.
-    fn take_stashed_from_others(&mut self, from: &[usize], key: (u64, u64)) -> Option<Stashed> {
+    /// sender that `from_sender` accepts.
+    fn take_stashed(
+        &mut self,
+        key: (u64, u64),
+        from_sender: impl Fn(usize) -> bool,
+    ) -> Option<Stashed> {
         if self.stash.is_empty() {
             return None;
         }
         let at = self
             .stash
             .iter()
-            .position(|s| !from.contains(&s.peer) && (s.head.comm, s.head.seq) == key)?;
+            .position(|s| from_sender(s.peer) && (s.head.comm, s.head.seq) == key)?;
         Some(self.stash.remove(at))
     }
 
@@ -876,9 +867,9 @@ impl FastPath {
         // a streamed call's last part, the next parts of the ranks it
         // receives from may lie in the stash already: those are its own).
         let stray = if last {
-            ledger.take_stashed(None, key)
+            ledger.take_stashed(key, |_| true)
         } else {
-            ledger.take_stashed_from_others(from, key)
+            ledger.take_stashed(key, |p| !from.contains(&p))
         };
         if let Some(s) = stray {
             return Pass::Failed(Problem::Mismatch {
@@ -929,7 +920,7 @@ impl FastPath {
         for i in bits(*to_recv) {
             let peer = from[i];
             let lp = self.local(peer);
-            if let Some(s) = ledger.take_stashed(Some(peer), key) {
+            if let Some(s) = ledger.take_stashed(key, |p| p == peer) {
                 if s.head.sig != sig {
                     return Err(Problem::Mismatch {
                         peer,

@@ -25,9 +25,10 @@ pub(crate) fn message_len(sig: &Signature) -> usize {
 
 /// Packs a signature into one word: count (16 bits), root (8, 0xFF for
 /// none), collective (8), element type (8), operator (8, 0xFF for none),
-/// 8 bits left for [`with_parts`], and a mark. The message length is not stored: it is count x element
-/// size ([`packed_len`]), so a receiver checks the length of a payload in
-/// an eager buffer as it checks the rest of the signature. `None` when it
+/// 8 bits left for [`with_parts`], and a mark. The message length is not
+/// stored: it is count x element size ([`packed_len`]), so a receiver
+/// checks the length of a payload in an eager buffer as it checks the rest
+/// of the signature. `None` when it
 /// does not fit, which no fast-path call does (their counts and roots are
 /// bounded by [`EAGER_BYTES`](crate::transport::shm::EAGER_BYTES) and
 /// [`FAST_MAX_RANKS`](super::FAST_MAX_RANKS)).

@@ -94,8 +94,9 @@ pub(crate) const STREAM_MAX_RANKS: usize = 4;
 /// [`BROADCAST_STREAM_BYTES`], reduces of any length). These are one-way
 /// calls: the receiver copies or reduces each part, in place in the eager
 /// buffer, while the sender writes the next, a sender runs up to
-/// [`EAGER_BUFFERS`](crate::transport::shm::EAGER_BUFFERS) parts ahead of its receiver, and no frame, match or
-/// acknowledgement goes through the rings. A reduce so moves each byte
+/// [`EAGER_BUFFERS`](crate::transport::shm::EAGER_BUFFERS) parts ahead
+/// of its receiver, and no frame, match or acknowledgement goes through
+/// the rings. A reduce so moves each byte
 /// once into shared memory and reads it once, reducing; through the rings
 /// the root, which in a loop of reduces posts its receive after the bytes
 /// arrived, copies them out of the ring first (2-rank reduce of 2 MiB:
@@ -217,16 +218,23 @@ fn run_with<const PEERS: usize>(
         let (input, output) = mem.apart().expect("checked just above");
         (&input[..mine_len], &mut output[..out_len])
     } else {
-        scratch.clear();
-        scratch.resize(mine_len.div_ceil(8), 0);
-        let copy = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut scratch)[..mine_len];
-        copy.copy_from_slice(&mem.input()[..mine_len]);
-        (&*copy, &mut mem.output()[..out_len])
+        let copy = copy_into(&mut scratch, &mem.input()[..mine_len]);
+        (copy, &mut mem.output()[..out_len])
     };
     let piece = Piece::whole(&call.header);
     let result = exchange_piece::<PEERS>(fast, link, call, &ends, piece, call.timeout, mine, out);
     SCRATCH.set(scratch);
     result
+}
+
+/// `bytes` copied into `scratch` (8-byte aligned, as the reduction kernels
+/// want), which keeps its capacity for the next call.
+fn copy_into<'s>(scratch: &'s mut Vec<u64>, bytes: &[u8]) -> &'s [u8] {
+    scratch.clear();
+    scratch.resize(bytes.len().div_ceil(8), 0);
+    let copy = &mut bytemuck::cast_slice_mut::<u64, u8>(scratch)[..bytes.len()];
+    copy.copy_from_slice(bytes);
+    copy
 }
 
 /// The ranks a call's messages go to or come from (transport ranks).
@@ -293,8 +301,9 @@ fn exchange_piece<const PEERS: usize>(
 /// A streamed broadcast or reduce ([`streams`]): the call's bytes as
 /// consecutive messages of one eager buffer each, under the call's key, so
 /// that the receiver copies (or reduces) one part while the sender writes
-/// the next. A sender runs up to [`EAGER_BUFFERS`](crate::transport::shm::EAGER_BUFFERS) parts ahead of its
-/// receiver.
+/// the next. A sender runs up to
+/// [`EAGER_BUFFERS`](crate::transport::shm::EAGER_BUFFERS) parts ahead of
+/// its receiver.
 fn run_streamed<const PEERS: usize>(
     fast: &FastPath,
     link: &Link<'_>,
@@ -307,6 +316,10 @@ fn run_streamed<const PEERS: usize>(
     let parts = call.count.div_ceil(per_part);
     let until = Instant::now() + call.timeout;
     let (me, root) = (call.rank, call.root);
+    // What this rank sends and writes: a broadcast's receivers send
+    // nothing, a reduce's non-roots write nothing.
+    let sends = !(call.coll == Collective::Broadcast && me != root);
+    let writes = !(call.coll == Collective::Reduce && me != root);
     // In place, a reduce's root reads each part of its input before it
     // writes that part of its output: the part goes through this scratch.
     let mut scratch = SCRATCH.take();
@@ -324,10 +337,6 @@ fn run_streamed<const PEERS: usize>(
         let exchange = |mine: &[u8], out: &mut [u8]| {
             exchange_piece::<PEERS>(fast, link, call, ends, piece, timeout, mine, out)
         };
-        // What this rank sends and writes: a broadcast's receivers send
-        // nothing, a reduce's non-roots write nothing.
-        let sends = !(call.coll == Collective::Broadcast && me != root);
-        let writes = !(call.coll == Collective::Reduce && me != root);
         result = match mem.apart() {
             Some((input, output)) => {
                 let mine = if sends {
@@ -348,10 +357,7 @@ fn run_streamed<const PEERS: usize>(
                 exchange(&mem.input()[bytes], &mut [])
             }
             None if sends && writes => {
-                scratch.clear();
-                scratch.resize(bytes.len().div_ceil(8), 0);
-                let copy = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut scratch)[..bytes.len()];
-                copy.copy_from_slice(&mem.input()[bytes.clone()]);
+                let copy = copy_into(&mut scratch, &mem.input()[bytes.clone()]);
                 exchange(copy, &mut mem.output()[bytes])
             }
             None if sends => exchange(&mem.input()[bytes], &mut []),
