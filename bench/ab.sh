@@ -8,12 +8,17 @@
 #   e.g. cp target/release/ferrocoll /tmp/fc-new; bash bench/ab.sh /tmp/fc-base /tmp/fc-new reduce shm 2 32K 8M 3
 base=$1 new=$2 coll=$3 t=$4 n=$5 lo=$6 hi=$7 reps=$8; shift 8
 iters=${ITERS:-200}
+# The runs' lines go to a file and are parsed after the last run: a Python
+# interpreter starting beside the first run slows its small sizes.
+raw=$(mktemp)
+trap 'rm -f "$raw"' EXIT
 for ((r=0;r<reps;r++)); do
   for b in base new; do
     # shellcheck disable=SC2086 # the command's words split on purpose
     ${!b} bench "$coll" --transport "$t" -n "$n" -b "$lo" -e "$hi" -f 4 --iters "$iters" --warmup 5 --no-check --json "$@" 2>/dev/null | sed "s/^/$b /"
   done
-done | python3 -c '
+done >"$raw"
+python3 -c '
 import sys, json, statistics as st
 d = {}
 for line in sys.stdin:
@@ -28,4 +33,4 @@ for b in sorted({k[0] for k in d}):
         line += f"  {tag} {t:10.1f} us busbw {st.median(bw):6.2f} [{min(bw):.2f}-{max(bw):.2f}]"
     a, n = (st.median(x[0] for x in d[(b, tag)]) for tag in ("base", "new"))
     print(f"{line}  new/base time {n/a:5.2f}")
-'
+' <"$raw"

@@ -11,6 +11,24 @@ use crate::error::Error;
 use crate::transport::wire::{padded, Frame, FrameKind, HEADER_BYTES};
 use crate::transport::Header;
 
+/// Bytes an unexpected message's buffer starts with; it doubles as more
+/// arrives ([`grow_for`]). Allocating and zeroing the whole message up
+/// front cost a 2-rank 64 MiB TCP allgather, whose receives are mostly
+/// posted a moment after the peer's message starts to arrive, a fresh
+/// 32 MiB buffer per call (page faults and zeroing: 10 % of its samples,
+/// bench/RESULTS.md, issue 20).
+const UNEXPECTED_FIRST: usize = 64 << 10;
+
+/// Grows an unexpected message's buffer (zeroed words) so that it holds
+/// at least `need` bytes: to twice its size or more, never beyond the
+/// message's `len` bytes (rounded up to whole words).
+fn grow_for(buf: &mut Vec<u64>, need: usize, len: usize) {
+    let need = need.min(len).div_ceil(8);
+    if buf.len() < need {
+        buf.resize(need.max(2 * buf.len()).min(len.div_ceil(8)), 0);
+    }
+}
+
 /// Payloads at least this long are read straight into place by
 /// [`Core::receive_direct`] (and the frames after them, until a shorter one
 /// comes); shorter ones through the channel's staging buffer, which takes
@@ -76,6 +94,7 @@ impl Core {
                                 unsafe { (*c.sink.0).deliver(*idx, *got, chunk) };
                             }
                             Target::Unexpected(buf) | Target::Control(buf) => {
+                                grow_for(buf, payload_end, frame.len);
                                 let dst: &mut [u8] = bytemuck::cast_slice_mut(buf);
                                 dst[*got..payload_end].copy_from_slice(chunk);
                             }
@@ -163,7 +182,9 @@ impl Core {
                         }
                     }
                     Target::Unexpected(buf) | Target::Control(buf) => {
-                        &mut bytemuck::cast_slice_mut::<u64, u8>(buf)[start..end]
+                        grow_for(buf, start + DIRECT_BYTES, end);
+                        let have = (buf.len() * 8).min(end);
+                        &mut bytemuck::cast_slice_mut::<u64, u8>(buf)[start..have]
                     }
                     Target::Discard => {
                         p.direct = false;
@@ -262,7 +283,10 @@ impl Core {
                     Target::Discard
                 }
             }
-            None => Target::Unexpected(self.unexpected_buffer(frame.len)),
+            // Sized for what has arrived, grown as more does
+            // ([`grow_for`]): a receive posted while the message arrives
+            // takes the rest straight ([`Core::take_arriving`]).
+            None => Target::Unexpected(self.unexpected_buffer(frame.len.min(UNEXPECTED_FIRST))),
         };
         // A rendezvous sender waits until its message is
         // matched: it is, unless it waits to be (unexpected).
@@ -503,6 +527,6 @@ impl Core {
 
 /// The token a rendezvous data frame asks to have acknowledged once it is
 /// matched (`TransportConfig::eager_bytes`); `None` for every other frame.
-fn rendezvous_token(frame: &Frame) -> Option<u64> {
+pub(super) fn rendezvous_token(frame: &Frame) -> Option<u64> {
     (frame.kind == FrameKind::Data && frame.region != 0).then_some(frame.region)
 }

@@ -86,7 +86,7 @@ unsafe fn add_routed(
     h: &Header,
     sends: &[Outgoing<'_>],
     recvs: &[Incoming],
-    sink: &mut Got,
+    sink: &mut dyn Sink,
     now: Instant,
     rendezvous: bool,
 ) -> crate::Result<usize> {
@@ -784,6 +784,33 @@ fn pattern(k: usize, i: usize) -> u8 {
     (i.wrapping_mul(31) + k * 7 + (i >> 9)) as u8
 }
 
+/// Posts a call of receives only, into any sink (the stream's route).
+///
+/// # Safety
+///
+/// As [`add`].
+unsafe fn receive_into(
+    c: &mut Core,
+    h: &Header,
+    recvs: &[Incoming],
+    sink: &mut dyn Sink,
+    now: Instant,
+) -> crate::Result<usize> {
+    // SAFETY: passed on to the caller.
+    unsafe { add_routed(c, h, &[], recvs, sink, now, false) }
+}
+
+/// Everything `from` has queued for `to`, as written on the wire.
+fn written(from: &mut Core, to: usize) -> Vec<u8> {
+    let mut wire = Vec::new();
+    while let Some(bytes) = from.poll_transmit(to) {
+        let n = bytes.len();
+        wire.extend_from_slice(bytes);
+        from.handle_written(to, n);
+    }
+    wire
+}
+
 /// Feeds `wire` to `core` from peer 0 as the driver's pump does over a
 /// channel that reads straight into place: [`Core::receive_direct`] where
 /// the core says so, [`Core::handle_bytes`] otherwise, both given at most
@@ -874,12 +901,7 @@ fn direct_receive_at_every_boundary() {
                 let s = unsafe { add(&mut a, &header(k as u64, 1), &out, &[], &mut none, now) };
                 sends.push(s.unwrap());
             }
-            let mut wire = Vec::new();
-            while let Some(bytes) = a.poll_transmit(1) {
-                let n = bytes.len();
-                wire.extend_from_slice(bytes);
-                a.handle_written(1, n);
-            }
+            let wire = written(&mut a, 1);
             for s in sends {
                 assert!(matches!(a.poll_call(s), Some(Ok(()))));
                 a.retire(s);
@@ -897,21 +919,7 @@ fn direct_receive_at_every_boundary() {
                 }];
                 let sink: &mut dyn Sink = if k % 4 < 2 { place } else { got };
                 // SAFETY: the sinks outlive the calls (retired below).
-                unsafe {
-                    b.add_call(
-                        &header(k as u64, 1),
-                        &[],
-                        &recvs,
-                        sink,
-                        now,
-                        now + Duration::from_secs(1),
-                        |_| Route::Stream {
-                            flip: false,
-                            rendezvous: false,
-                        },
-                    )
-                }
-                .unwrap()
+                unsafe { receive_into(b, &header(k as u64, 1), &recvs, sink, now) }.unwrap()
             };
             for k in (0..lens.len()).step_by(2) {
                 calls[k] = Some(post(&mut b, k, &mut places[k], &mut gots[k]));
@@ -957,32 +965,13 @@ fn direct_receive_checks_the_checksum() {
     }];
     // SAFETY: `data` and `none` outlive the call (retired below).
     let s = unsafe { add(&mut a, &header(0, 1), &out, &[], &mut none, now) }.unwrap();
-    let mut wire = Vec::new();
-    while let Some(bytes) = a.poll_transmit(1) {
-        let n = bytes.len();
-        wire.extend_from_slice(bytes);
-        a.handle_written(1, n);
-    }
+    let mut wire = written(&mut a, 1);
     a.retire(s);
     wire[64 + 250_000] ^= 0x10;
     let mut place = Place(vec![vec![0; len]]);
     let recvs = [Incoming { peer: 0, len }];
     // SAFETY: `place` outlives the call (retired below).
-    let r = unsafe {
-        b.add_call(
-            &header(0, 1),
-            &[],
-            &recvs,
-            &mut place,
-            now,
-            now + Duration::from_secs(1),
-            |_| Route::Stream {
-                flip: false,
-                rendezvous: false,
-            },
-        )
-    }
-    .unwrap();
+    let r = unsafe { receive_into(&mut b, &header(0, 1), &recvs, &mut place, now) }.unwrap();
     // The first read takes the header and some payload through the offer;
     // the rest goes straight into place.
     assert!(pump_wire(&mut b, &wire, &[4096, 1 << 20]) > 250_000);
@@ -1093,4 +1082,127 @@ fn a_run_of_eager_messages_ends_in_one_that_waits() {
         );
         a.retire(id);
     }
+}
+
+/// A receive posted while its message is arriving unexpected takes what
+/// came so far from the buffer and the rest as it arrives, straight into
+/// place where the sink allows: at every cut (header only, inside a word,
+/// past the buffer's first size and its growths, one word short of the
+/// end), into a sink that takes bytes in place and one that takes
+/// deliveries only, with and without checksums (a bit flipped after the
+/// cut is still caught). A rendezvous sender is acknowledged when the
+/// receive is posted; a receive of another length is a mismatch, not a
+/// corruption.
+#[test]
+fn a_receive_posted_while_its_message_arrives_takes_the_rest() {
+    let ledger = || Arc::new(Mutex::new(Ledger::new()));
+    for len in [8usize, 100_000, 300_001] {
+        let data: Vec<u8> = (0..len).map(|i| pattern(3, i)).collect();
+        let words = len.div_ceil(8) * 8;
+        let cuts = [
+            64,
+            64 + 8,
+            64 + 65_536 + 3,
+            64 + 65_536 + 8,
+            64 + 200_000,
+            64 + words - 8,
+        ];
+        for cut in cuts.into_iter().filter(|&c| c < 64 + words) {
+            for (checksums, flip) in [(false, false), (true, false), (true, true)] {
+                for in_place in [true, false] {
+                    let what = format!(
+                        "{len} B, posted after {cut} B, checksums {checksums}, \
+                         flipped {flip}, in place {in_place}"
+                    );
+                    let now = Instant::now();
+                    let mut a = Core::new(0, &[false, true], checksums, ledger());
+                    let mut b = Core::new(1, &[true, false], checksums, ledger());
+                    let mut none = Got::default();
+                    let out = [Outgoing {
+                        peer: 1,
+                        data: &data,
+                    }];
+                    // SAFETY: `data` and `none` outlive the call (retired below).
+                    let s =
+                        unsafe { add_rendezvous(&mut a, &header(0, 1), &out, &[], &mut none, now) }
+                            .unwrap();
+                    let mut wire = written(&mut a, 1);
+                    if flip {
+                        // After the cut, so that it arrives posted.
+                        wire[cut + (64 + len - cut) / 2] ^= 0x10;
+                    }
+                    pump_wire(&mut b, &wire[..cut], &[4096, 65_541, 1 << 20]);
+                    assert!(a.poll_call(s).is_none(), "{what}: done before it was taken");
+                    let mut place = Place(vec![vec![0; len]]);
+                    let mut got = Got::default();
+                    let sink: &mut dyn Sink = if in_place { &mut place } else { &mut got };
+                    let recvs = [Incoming { peer: 0, len }];
+                    // SAFETY: the sinks outlive the call (retired below).
+                    let r =
+                        unsafe { receive_into(&mut b, &header(0, 1), &recvs, sink, now) }.unwrap();
+                    // Taken on posting, and its sender released before the
+                    // rest arrives, unless the bytes so far end inside a
+                    // word and the sink reduces (takes whole elements):
+                    // then it is taken whole once it has arrived.
+                    let taken = in_place || (cut - 64) % 8 == 0;
+                    carry(&mut b, &mut a);
+                    assert_eq!(
+                        matches!(a.poll_call(s), Some(Ok(()))),
+                        taken,
+                        "{what}: released on posting"
+                    );
+                    assert!(b.poll_call(r).is_none(), "{what}: done before its bytes");
+                    pump_wire(&mut b, &wire[cut..], &[1, 3, 8, 61, 4096, 65_541]);
+                    carry(&mut b, &mut a);
+                    assert!(
+                        matches!(a.poll_call(s), Some(Ok(()))),
+                        "{what}: the sender was not released"
+                    );
+                    a.retire(s);
+                    let outcome = b.poll_call(r);
+                    b.retire(r);
+                    if flip {
+                        assert!(
+                            matches!(outcome, Some(Err(Error::Corrupted { .. }))),
+                            "{what}: a flipped bit went unnoticed"
+                        );
+                        continue;
+                    }
+                    assert!(matches!(outcome, Some(Ok(()))), "{what}: {outcome:?}");
+                    let bytes = if in_place {
+                        std::mem::take(&mut place.0[0])
+                    } else {
+                        got.0.pop().unwrap_or_default()
+                    };
+                    assert!(bytes == data, "{what}: wrong bytes");
+                }
+            }
+        }
+    }
+    // A receive of another length takes the arriving message as a mismatch.
+    let now = Instant::now();
+    let (mut a, mut b) = (core(0, 2), core(1, 2));
+    let data = vec![1u8; 100_000];
+    let mut none = Got::default();
+    let out = [Outgoing {
+        peer: 1,
+        data: &data,
+    }];
+    // SAFETY: `data` and the sinks outlive the calls (retired below).
+    let s = unsafe { add(&mut a, &header(0, 1), &out, &[], &mut none, now) }.unwrap();
+    let wire = written(&mut a, 1);
+    assert_eq!(b.handle_bytes(0, &wire[..64 + 4096]), 64 + 4096);
+    let mut got = Got::default();
+    let recvs = [Incoming {
+        peer: 0,
+        len: 100_008,
+    }];
+    // SAFETY: as above.
+    let r = unsafe { add(&mut b, &header(0, 1), &[], &recvs, &mut got, now) }.unwrap();
+    assert!(
+        matches!(b.poll_call(r), Some(Err(Error::Mismatch { .. }))),
+        "a message of another length was taken"
+    );
+    b.retire(r);
+    a.retire(s);
 }
