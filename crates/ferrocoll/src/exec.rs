@@ -246,6 +246,41 @@ enum Local {
 }
 
 impl Local {
+    /// Splits the op after its first `bytes` bytes (a multiple of 8, so of
+    /// every element size): the first piece, and the rest if any.
+    fn split(self, bytes: usize) -> (Local, Option<Local>) {
+        debug_assert!(bytes % 8 == 0 && bytes > 0);
+        match self {
+            Local::Copy { dst, src, len } if len > bytes => (
+                Local::Copy {
+                    dst,
+                    src,
+                    len: bytes,
+                },
+                Some(Local::Copy {
+                    dst: dst.wrapping_add(bytes),
+                    src: src.wrapping_add(bytes),
+                    len: len - bytes,
+                }),
+            ),
+            Local::Reduce { dst, a, b, len } if len > bytes => (
+                Local::Reduce {
+                    dst,
+                    a,
+                    b,
+                    len: bytes,
+                },
+                Some(Local::Reduce {
+                    dst: dst.wrapping_add(bytes),
+                    a: a.wrapping_add(bytes),
+                    b: b.wrapping_add(bytes),
+                    len: len - bytes,
+                }),
+            ),
+            whole => (whole, None),
+        }
+    }
+
     /// Runs the op.
     ///
     /// # Safety
@@ -301,6 +336,24 @@ impl PlanSink {
 impl Sink for PlanSink {
     fn overlap(&mut self) {
         self.run_overlapped();
+    }
+
+    fn overlap_some(&mut self, bytes: usize) -> bool {
+        if self.overlapped.is_empty() {
+            return false;
+        }
+        // In plan order, as `run_overlapped` runs them (a few ops a round).
+        let (piece, rest) = self
+            .overlapped
+            .remove(0)
+            .split(bytes.next_multiple_of(8).max(8));
+        // SAFETY: as in `run_overlapped`: a piece of a resolved, validated
+        // overlapped op touches a sub-range of what the op does.
+        unsafe { piece.run(self.dtype, self.op) };
+        if let Some(rest) = rest {
+            self.overlapped.insert(0, rest);
+        }
+        !self.overlapped.is_empty()
     }
 
     fn deliver(&mut self, index: usize, offset: usize, chunk: &[u8]) {
@@ -535,4 +588,53 @@ pub(crate) fn execute(
         sink.run_overlapped();
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Local, PlanSink};
+    use crate::transport::Sink;
+    use crate::types::{DType, ReduceOp};
+
+    /// Overlapped work done in pieces of any size (a whole element or
+    /// more) ends as the whole ops would: a copy and a reduction, in plan
+    /// order, each longer than several pieces and not a multiple of them.
+    #[test]
+    fn overlapped_work_in_pieces_equals_the_whole() {
+        let n = 1000;
+        let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..n).map(|i| (3 * i) as f32).collect();
+        for piece in [1, 8, 24, 4000, 1 << 20] {
+            let mut copied = vec![0f32; n];
+            let mut reduced: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+            let want: Vec<f32> = (0..n).map(|i| (i % 7) as f32 + b[i]).collect();
+            let mut sink = PlanSink {
+                targets: Vec::new(),
+                dtype: DType::F32,
+                op: ReduceOp::Sum,
+                overlapped: vec![
+                    Local::Copy {
+                        dst: copied.as_mut_ptr().cast(),
+                        src: src.as_ptr().cast(),
+                        len: n * 4,
+                    },
+                    Local::Reduce {
+                        dst: reduced.as_mut_ptr().cast(),
+                        a: reduced.as_ptr().cast(),
+                        b: b.as_ptr().cast(),
+                        len: n * 4,
+                    },
+                ],
+            };
+            let mut turns = 1;
+            while sink.overlap_some(piece) {
+                turns += 1;
+            }
+            assert!(!sink.overlap_some(piece), "work left after the last piece");
+            let pieces = 2 * (n * 4).div_ceil(piece.next_multiple_of(8));
+            assert_eq!(turns, pieces, "pieces of {piece} B");
+            assert_eq!(copied, src, "copy in pieces of {piece} B");
+            assert_eq!(reduced, want, "reduction in pieces of {piece} B");
+        }
+    }
 }

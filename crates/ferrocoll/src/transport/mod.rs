@@ -162,6 +162,17 @@ pub trait Sink {
     /// does whatever was not done once the exchange returns. It touches no
     /// memory of the exchange's messages. Default: nothing.
     fn overlap(&mut self) {}
+
+    /// Does at most about `bytes` bytes of the work [`Sink::overlap`] does
+    /// (whatever is left of it), for a transport that interleaves it with
+    /// moving the exchange's bytes; returns whether any is left. The same
+    /// rules hold; a transport may mix the two (`overlap` does the rest).
+    /// Default: all of it at once.
+    fn overlap_some(&mut self, bytes: usize) -> bool {
+        let _ = bytes;
+        self.overlap();
+        false
+    }
 }
 
 /// Moves bytes between the ranks of a group.

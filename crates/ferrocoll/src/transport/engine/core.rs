@@ -589,13 +589,23 @@ impl Core {
     }
 
     /// Runs call `id`'s overlapped local work ([`Sink::overlap`]), once its
-    /// first messages are out.
-    pub(super) fn overlap(&mut self, id: usize) {
-        if let Some(c) = self.calls.get_mut(id).and_then(Option::as_mut) {
-            // SAFETY: `id` is the calling thread's own registered call (its
-            // sink lives until the call is retired), and the engine's mutex,
-            // held through `&mut self`, makes this thread its only user.
-            unsafe { (*c.sink.0).overlap() };
+    /// first messages are out: all of it, or with `piece` about that many
+    /// bytes of it ([`Sink::overlap_some`]). Returns whether any is left.
+    pub(super) fn overlap(&mut self, id: usize, piece: Option<usize>) -> bool {
+        let Some(c) = self.calls.get_mut(id).and_then(Option::as_mut) else {
+            return false;
+        };
+        // SAFETY: `id` is the calling thread's own registered call (its
+        // sink lives until the call is retired), and the engine's mutex,
+        // held through `&mut self`, makes this thread its only user.
+        unsafe {
+            match piece {
+                Some(bytes) => (*c.sink.0).overlap_some(bytes),
+                None => {
+                    (*c.sink.0).overlap();
+                    false
+                }
+            }
         }
     }
 
