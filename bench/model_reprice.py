@@ -14,6 +14,7 @@ auto's own time is scored. With the binary's own built-in model the picks
 equal what auto ran in every run (printed), which checks the re-pricing.
 
 Usage: python3 bench/model_reprice.py DIR FERROCOLL [--all=FLAGS] [--thread=FLAGS]
+           [--transports "thread shm tcp"] [--builtin=FLAGS] [--misses]
   e.g. python3 bench/model_reprice.py /tmp/regret-full target/release/ferrocoll \
            --thread=--receiver-copies
 """
@@ -57,13 +58,20 @@ def main() -> None:
         help="extra `model` flags for the thread transport's points",
     )
     ap.add_argument("--transports", default="thread shm")
+    ap.add_argument(
+        "--builtin",
+        default="",
+        help="`model` flags to use instead of the built-in profile's (BUILTIN below)",
+    )
+    ap.add_argument("--misses", action="store_true", help="print every point beyond 1.10")
     args = ap.parse_args()
     picks: dict[tuple[str, str, int, int], str] = {}
 
     def pick(t: str, coll: str, n: int, size: int) -> str:
         key = (t, coll, n, size)
         if key not in picks:
-            flags = BUILTIN + args.all.split() + (args.thread.split() if t == "thread" else [])
+            base = args.builtin.split() if args.builtin else BUILTIN
+            flags = base + args.all.split() + (args.thread.split() if t == "thread" else [])
             cmd = [
                 args.ferrocoll,
                 "model",
@@ -109,6 +117,9 @@ def main() -> None:
                 mid = len(ratios) // 2
                 regret = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
                 points += 1
+                if args.misses and regret > 1.10:
+                    best = min(rs[0][0], key=rs[0][0].get)
+                    print(f"  miss {t} n={n} {coll} {size}: {choice} at {regret:.2f}, fastest {best}")
                 for label in ("all", f"{t} n={n}", coll):
                     good[label] += regret <= 1.10
                     total[label] += 1
