@@ -125,7 +125,7 @@ def main() -> None:
                     total[label] += 1
     flags = " ".join(f for f in (args.all, args.thread and f"thread: {args.thread}") if f)
     print(
-        f"model {flags or '(built in)'}: regret <= 1.10 at {good['all']}/{total['all']} sizes "
+        f"model {flags or ('(--builtin ' + args.builtin + ')' if args.builtin else '(built in)')}: regret <= 1.10 at {good['all']}/{total['all']} sizes "
         f"({100 * good['all'] / max(total['all'], 1):.0f}%); "
         f"picks equal to what auto ran in every run: {agree}/{points}"
     )
