@@ -273,7 +273,14 @@ impl Core {
     /// (perf), against 14 us predicted. The bytes of a reused buffer are
     /// stale, not cleared: the frame's payload overwrites the first `len`
     /// bytes before anyone reads them, and only those are delivered.
-    pub(super) fn unexpected_buffer(&mut self, len: usize) -> Vec<u64> {
+    ///
+    /// The buffer is for a message of `len` bytes but holds (as initialised
+    /// words) only `first` bytes or what a reused buffer held already: the
+    /// receive path grows it as the bytes arrive (`receive::grow_for`), so
+    /// a message whose receive is posted early never touches the rest. A
+    /// reused buffer keeps its length, so that growing it again zeroes
+    /// nothing it had zeroed before.
+    pub(super) fn unexpected_buffer(&mut self, len: usize, first: usize) -> Vec<u64> {
         let words = len.div_ceil(8);
         // The smallest spare that holds it, else the largest (grown).
         let pick = self
@@ -293,10 +300,12 @@ impl Core {
             Some(i) => self.spare.swap_remove(i),
             None => Vec::new(),
         };
-        if buf.len() >= words {
-            buf.truncate(words);
-        } else {
-            buf.resize(words, 0);
+        // Room for the whole message now, so that growing never moves what
+        // arrived (untouched pages of a large allocation cost nothing).
+        buf.reserve_exact(words.saturating_sub(buf.len()));
+        let first = first.min(len).div_ceil(8);
+        if buf.len() < first {
+            buf.resize(first, 0);
         }
         buf
     }

@@ -21,7 +21,8 @@ const UNEXPECTED_FIRST: usize = 64 << 10;
 
 /// Grows an unexpected message's buffer (zeroed words) so that it holds
 /// at least `need` bytes: to twice its size or more, never beyond the
-/// message's `len` bytes (rounded up to whole words).
+/// message's `len` bytes (rounded up to whole words) unless it held more
+/// already (a reused buffer).
 fn grow_for(buf: &mut Vec<u64>, need: usize, len: usize) {
     let need = need.min(len).div_ceil(8);
     if buf.len() < need {
@@ -286,7 +287,7 @@ impl Core {
             // Sized for what has arrived, grown as more does
             // ([`grow_for`]): a receive posted while the message arrives
             // takes the rest straight ([`Core::take_arriving`]).
-            None => Target::Unexpected(self.unexpected_buffer(frame.len.min(UNEXPECTED_FIRST))),
+            None => Target::Unexpected(self.unexpected_buffer(frame.len, UNEXPECTED_FIRST)),
         };
         // A rendezvous sender waits until its message is
         // matched: it is, unless it waits to be (unexpected).
