@@ -902,14 +902,16 @@ impl Core {
         }
         let (frame, got) = (*frame, *got);
         let prefix = got.min(frame.len);
+        // A read straight into the buffer may have stopped inside a word. A
+        // sink that stores takes any bytes; one that reduces takes whole
+        // elements only (whole words, as `handle_bytes` offers them): the
+        // word's first bytes wait for the rest (`Rx::Body::carry`).
+        let mut whole = prefix;
         if prefix % 8 != 0 && prefix < frame.len {
-            // A read straight into the buffer stopped inside a word. A sink
-            // that reduces takes whole elements only (whole words, as
-            // `handle_bytes` offers them), one that stores takes any bytes.
             let c = self.calls[id].as_mut().expect("live call");
             // SAFETY: `id` is the calling thread's own registered call.
             if unsafe { (*c.sink.0).destination(idx, 0, 0) }.is_none() {
-                return;
+                whole = prefix & !7;
             }
         }
         let Target::Unexpected(data) = std::mem::replace(target, Target::Discard) else {
@@ -923,9 +925,11 @@ impl Core {
             let bytes: &[u8] = bytemuck::cast_slice(&data);
             let c = self.calls[id].as_mut().expect("live call");
             // SAFETY: `id` is the calling thread's own registered call.
-            unsafe { (*c.sink.0).deliver(idx, 0, &bytes[..got.min(frame.len)]) };
-            if let Rx::Body { target, .. } = &mut self.peers[peer].rx {
+            unsafe { (*c.sink.0).deliver(idx, 0, &bytes[..whole]) };
+            if let Rx::Body { target, carry, .. } = &mut self.peers[peer].rx {
                 *target = Target::Posted { call: id, idx };
+                carry.len = prefix - whole;
+                carry.bytes[..carry.len].copy_from_slice(&bytes[whole..prefix]);
             }
         }
         self.recycle(data);

@@ -151,7 +151,21 @@ pub(super) enum Rx {
         /// Running CRC32C of the payload so far (checked at the end when
         /// the frame carries one).
         crc: u32,
+        /// The bytes of a word begun in the unexpected buffer of a message
+        /// a reducing receive took while it arrived ([`Core::take_arriving`]):
+        /// they go to the receive with the bytes that complete the word.
+        ///
+        /// [`Core::take_arriving`]: super::core::Core
+        carry: Carry,
     },
+}
+
+/// Up to 7 bytes that begin a word of a payload, held until the rest of
+/// the word arrives (see `Rx::Body::carry`).
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Carry {
+    pub(super) bytes: [u8; 8],
+    pub(super) len: usize,
 }
 
 impl Rx {

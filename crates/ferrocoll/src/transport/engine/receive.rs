@@ -5,7 +5,7 @@ use std::io;
 use std::sync::atomic::Ordering;
 
 use super::core::Core;
-use super::frames::{Outbound, RemoteRead, Rx, Target, Unexpected, CRC_PRESENT};
+use super::frames::{Carry, Outbound, RemoteRead, Rx, Target, Unexpected, CRC_PRESENT};
 use super::verdict::{Verdict, MAX_CONTROL_BYTES};
 use crate::error::Error;
 use crate::transport::wire::{padded, Frame, FrameKind, HEADER_BYTES};
@@ -69,6 +69,7 @@ impl Core {
                     target,
                     got,
                     crc,
+                    carry,
                 } => {
                     let total = padded(frame.len);
                     let left = total - *got;
@@ -89,10 +90,21 @@ impl Core {
                         match target {
                             Target::Posted { call, idx } => {
                                 let c = self.calls[*call].as_mut().expect("live call");
+                                // The start of a word held back: it goes
+                                // with these bytes, which end on a word.
+                                let joined;
+                                let (at, chunk) = if carry.len > 0 {
+                                    joined = [&carry.bytes[..carry.len], chunk].concat();
+                                    let at = *got - carry.len;
+                                    carry.len = 0;
+                                    (at, &joined[..])
+                                } else {
+                                    (*got, chunk)
+                                };
                                 // SAFETY: the call is registered, so its sink
                                 // is alive and its thread is blocked in
                                 // exchange; we hold the mutex (see SinkPtr).
-                                unsafe { (*c.sink.0).deliver(*idx, *got, chunk) };
+                                unsafe { (*c.sink.0).deliver(*idx, at, chunk) };
                             }
                             Target::Unexpected(buf) | Target::Control(buf) => {
                                 grow_for(buf, payload_end, frame.len);
@@ -147,7 +159,12 @@ impl Core {
                 target,
                 got,
                 crc,
+                carry,
             } => {
+                if carry.len > 0 {
+                    // The held bytes go with the next ones, as deliveries.
+                    return Ok(None);
+                }
                 if *got >= frame.len {
                     // Only the padding is left: read it here too after a
                     // direct payload, so that a staging read does not take
@@ -244,6 +261,7 @@ impl Core {
                 target: Target::Control(vec![0u64; frame.len.div_ceil(8)]),
                 got: 0,
                 crc: 0,
+                carry: Carry::default(),
             };
             self.maybe_finish_body(peer);
             return true;
@@ -301,6 +319,7 @@ impl Core {
             target,
             got: 0,
             crc: 0,
+            carry: Carry::default(),
         };
         self.maybe_finish_body(peer);
         true
