@@ -28,7 +28,8 @@ import json
 import os
 import subprocess
 
-#: Profile::thread_default (crates/ferrocoll/src/cost/mod.rs) as `ferrocoll model` flags.
+#: Profile::thread_default (crates/ferrocoll/src/cost/mod.rs) as `ferrocoll model` flags,
+#: the built-in profile of every transport but TCP.
 BUILTIN = [
     "--alpha",
     "3.7us",
@@ -36,6 +37,25 @@ BUILTIN = [
     "17GB/s",
     "--overhead",
     "0.6us",
+    "--gamma",
+    "0.02ns",
+    "--copy",
+    "0.017ns",
+    "--cache",
+    "32MiB",
+    "--beta-mem",
+    "8GB/s",
+]
+
+
+#: Profile::tcp_default: the thread numbers with alpha 6 us and o 3 us.
+BUILTIN_TCP = [
+    "--alpha",
+    "6us",
+    "--beta",
+    "17GB/s",
+    "--overhead",
+    "3us",
     "--gamma",
     "0.02ns",
     "--copy",
@@ -70,7 +90,8 @@ def main() -> None:
     def pick(t: str, coll: str, n: int, size: int) -> str:
         key = (t, coll, n, size)
         if key not in picks:
-            base = args.builtin.split() if args.builtin else BUILTIN
+            default = BUILTIN_TCP if t == "tcp" else BUILTIN
+            base = args.builtin.split() if args.builtin else default
             flags = base + args.all.split() + (args.thread.split() if t == "thread" else [])
             cmd = [
                 args.ferrocoll,

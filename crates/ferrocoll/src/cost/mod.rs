@@ -130,10 +130,37 @@ impl Profile {
         p
     }
 
+    /// Built-in parameters of the TCP transport on one host (loopback):
+    /// [`Profile::thread_default`] with a message's latency alpha 6 us and
+    /// o 3 us per further message of a round (the thread transport's: 3.7
+    /// and 0.6 us). A message through a socket costs a system call on each
+    /// side, so a round's further messages cost several times a thread's
+    /// hand-over; with the thread numbers `auto` took `direct` for small
+    /// 4-rank allgathers and reduce-scatters, 1.2-1.3x slower than butterfly
+    /// and halving. Chosen by re-pricing two kept regret runs (the
+    /// model's picks scored by the forced candidates' times: 188 -> 204 of
+    /// 254 sizes within 1.10, alpha 2-6 us and o 2-4 us searched) and held on
+    /// a third run made afterwards: 96 -> 104 of 127 (bench/RESULTS.md,
+    /// 2026-12-06, fourth session). The loopback calibration's own numbers
+    /// (alpha 8.4 us, beta 4.0 GB/s, o 2.0 us) chose as the thread numbers
+    /// did at 126 of 127 sizes.
+    pub fn tcp_default() -> Profile {
+        let mut p = Profile::thread_default();
+        p.intra.alpha = 6e-6;
+        p.inter.alpha = 6e-6;
+        p.intra.overhead = 3e-6;
+        p.inter.overhead = 3e-6;
+        p
+    }
+
     /// The built-in profile of `transport` when no calibrated one exists:
-    /// [`Profile::thread_default`], with [`Profile::receiver_copies`] on the
-    /// thread transport, whose receives copy from the sender's buffer.
+    /// [`Profile::tcp_default`] for `tcp`, else [`Profile::thread_default`],
+    /// with [`Profile::receiver_copies`] on the thread transport, whose
+    /// receives copy from the sender's buffer.
     pub fn builtin(transport: &str) -> Profile {
+        if transport == "tcp" {
+            return Profile::tcp_default();
+        }
         Profile {
             receiver_copies: transport == "thread",
             ..Profile::thread_default()
@@ -600,6 +627,31 @@ mod tests {
         assert_eq!(p.inter.overhead, 0.0);
         let shape = Shape::new(Collective::AllReduce, 4, 1 << 22, 4);
         assert_eq!(p.for_shape(&shape), p);
+    }
+
+    /// Each transport's built-in profile: TCP's own (a message through a
+    /// socket costs system calls: more latency, and several times a
+    /// thread's cost for each further message of a round), the others the
+    /// thread transport's, with receivers copying on threads only.
+    #[test]
+    fn tcp_has_a_builtin_profile_of_its_own() {
+        let tcp = Profile::builtin("tcp");
+        assert_eq!(tcp, Profile::tcp_default());
+        assert!(!tcp.receiver_copies);
+        let thread = Profile::thread_default();
+        assert!(tcp.intra.alpha > thread.intra.alpha);
+        assert!(tcp.intra.overhead > 2.0 * thread.intra.overhead);
+        assert_eq!(Profile::builtin("shm"), thread);
+        assert_eq!(Profile::builtin("shm+tcp"), thread);
+        assert!(Profile::builtin("thread").receiver_copies);
+        // A 512 B allgather on 4 ranks: the thread numbers put `direct`
+        // (one round of three messages) well ahead of butterfly (two rounds
+        // of one); TCP's do not (a tie on latency, butterfly ahead by its
+        // smaller copy).
+        let shape = Shape::new(Collective::AllGather, 4, 32, 4);
+        let cost = |algo, p: &Profile| predict(algo, &shape, p).unwrap().total();
+        assert!(cost(Algorithm::Direct, &thread) + 1e-6 < cost(Algorithm::Butterfly, &thread));
+        assert!(cost(Algorithm::Direct, &tcp) >= cost(Algorithm::Butterfly, &tcp));
     }
 
     #[test]

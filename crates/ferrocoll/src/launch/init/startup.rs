@@ -150,7 +150,8 @@ pub(super) fn init_over(
 /// Rank 0's cost-model profile, which every rank predicts with so that
 /// `auto` choices agree: rank 0 publishes its own (the configuration's, else
 /// the first calibrated one of `names`, else the built-in one: for a job
-/// across hosts, [`Profile::hosts_default`]) and every rank reads it back.
+/// across hosts, [`Profile::hosts_default`], on one host the transport's,
+/// [`Profile::builtin`]) and every rank reads it back.
 fn share_profile(
     store: &mut dyn Rendezvous,
     config: &Config,
@@ -167,7 +168,7 @@ fn share_profile(
                     if across_hosts {
                         Profile::hosts_default()
                     } else {
-                        Profile::thread_default()
+                        Profile::builtin(names.first().copied().unwrap_or("shm"))
                     }
                 })
         });
