@@ -30,41 +30,26 @@ import subprocess
 
 #: Profile::thread_default (crates/ferrocoll/src/cost/mod.rs) as `ferrocoll model` flags,
 #: the built-in profile of every transport but TCP.
-BUILTIN = [
-    "--alpha",
-    "3.7us",
-    "--beta",
-    "17GB/s",
-    "--overhead",
-    "0.6us",
-    "--gamma",
-    "0.02ns",
-    "--copy",
-    "0.017ns",
-    "--cache",
-    "32MiB",
-    "--beta-mem",
-    "8GB/s",
-]
-
-
+BUILTIN_FLAGS = {
+    "--alpha": "3.7us",
+    "--beta": "17GB/s",
+    "--overhead": "0.6us",
+    "--gamma": "0.02ns",
+    "--copy": "0.017ns",
+    "--cache": "32MiB",
+    "--beta-mem": "8GB/s",
+}
 #: Profile::tcp_default: the thread numbers with alpha 6 us and o 3 us.
-BUILTIN_TCP = [
-    "--alpha",
-    "6us",
-    "--beta",
-    "17GB/s",
-    "--overhead",
-    "3us",
-    "--gamma",
-    "0.02ns",
-    "--copy",
-    "0.017ns",
-    "--cache",
-    "32MiB",
-    "--beta-mem",
-    "8GB/s",
-]
+BUILTIN_TCP_FLAGS = {**BUILTIN_FLAGS, "--alpha": "6us", "--overhead": "3us"}
+
+
+def as_args(flags: dict[str, str]) -> list[str]:
+    """`{"--alpha": "3.7us"}` as `["--alpha", "3.7us"]`."""
+    return [word for pair in flags.items() for word in pair]
+
+
+BUILTIN = as_args(BUILTIN_FLAGS)
+BUILTIN_TCP = as_args(BUILTIN_TCP_FLAGS)
 
 
 def main() -> None:

@@ -832,7 +832,7 @@ impl Core {
             let q = &mut self.peers[peer].unexpected;
             let Some(pos) = q.position(key) else {
                 if wanted_peer != Incoming::ANY_SOURCE {
-                    self.take_arriving(peer, id, idx);
+                    self.take_arriving(peer, id, idx, key);
                 }
                 continue;
             };
@@ -875,7 +875,7 @@ impl Core {
     }
 
     /// Receive `idx` of the just-posted call `id` takes the message of its
-    /// key that is arriving from `peer` while nobody had asked for it:
+    /// key (`key`) that is arriving from `peer` while nobody had asked for it:
     /// what came so far is delivered from its unexpected buffer, and the
     /// rest goes straight to the receive as it arrives.
     ///
@@ -885,8 +885,7 @@ impl Core {
     /// previous call completes) made that the common case: a 2-rank 64 MiB
     /// allgather copied 38 % of what it received twice (bench/RESULTS.md,
     /// issue 20).
-    fn take_arriving(&mut self, peer: usize, id: usize, idx: usize) {
-        let key = self.calls[id].as_ref().expect("live call").header.key();
+    fn take_arriving(&mut self, peer: usize, id: usize, idx: usize, key: (u64, u64)) {
         let p = &mut self.peers[peer];
         let Rx::Body {
             frame,
