@@ -131,4 +131,24 @@ pub(crate) trait Doorbell: Send + Sync {
     /// Rings this rank's own bell: wakes this rank's other threads (another
     /// call's data arrived, an abort).
     fn ring_local(&self);
+    /// Sleeps in `poll(2)` on `fds` (sockets) until one is ready, the count
+    /// differs from `token`, or `timeout` passes. Default: a ring does not
+    /// wake `poll`, so it sleeps at most [`POLL_SLICE`] and the caller looks
+    /// again.
+    fn wait_polling(&self, _token: u64, mut fds: Vec<libc::pollfd>, timeout: Duration) {
+        poll_fds(&mut fds, timeout.min(POLL_SLICE));
+    }
+}
+
+/// Longest `poll(2)` of a rank whose doorbell cannot wake it there: how late
+/// it may notice a ring.
+pub(crate) const POLL_SLICE: Duration = Duration::from_millis(1);
+
+/// `poll(2)` on `fds` for at most `timeout`, rounded up to a millisecond
+/// (interruptions are fine: the caller looks at every channel again).
+pub(crate) fn poll_fds(fds: &mut [libc::pollfd], timeout: Duration) {
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()`
+    // pollfd structures for the duration of the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
 }

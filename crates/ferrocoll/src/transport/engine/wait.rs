@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use super::driver::{Engine, State, LIVENESS_EVERY, PROBE_AFTER};
 use crate::error::Result;
-use crate::transport::channel::Doorbell;
+use crate::transport::channel::{poll_fds, Doorbell};
 
 /// Bytes of a call's overlapped local work (an allgather's own block) done
 /// at a time when every channel is a socket: a piece runs after a turn of
@@ -161,19 +161,17 @@ impl Engine {
         if self.active.load(Ordering::SeqCst) > 1 {
             slice = slice.min(Duration::from_millis(1));
         }
-        let (polls, all_fds) = st.poll_set();
+        let (mut polls, all_fds) = st.poll_set();
         drop(st);
         if polls.is_empty() {
             self.bell.wait(token, slice);
+        } else if all_fds {
+            poll_fds(&mut polls, slice);
         } else {
-            // Sockets wake poll; shared-memory peers (if any) only ring
-            // the doorbell, so then poll in short slices.
-            let slice = if all_fds {
-                slice
-            } else {
-                slice.min(Duration::from_millis(1))
-            };
-            poll_fds(polls, slice);
+            // Sockets wake poll; shared-memory peers ring the doorbell,
+            // which wakes poll where it can (shm's eventfd) and otherwise
+            // makes the sleep short.
+            self.bell.wait_polling(token, polls, slice);
         }
         self.lock()
     }
@@ -243,15 +241,6 @@ impl State {
         }
         (polls, all_fds)
     }
-}
-
-/// `poll(2)` on `fds` for at most `timeout` (interruptions are fine: the
-/// caller looks at every channel again).
-fn poll_fds(mut fds: Vec<libc::pollfd>, timeout: Duration) {
-    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-    // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()`
-    // pollfd structures for the duration of the call.
-    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
 }
 
 /// A doorbell for ranks that wait only on sockets: it rings the threads of

@@ -5,9 +5,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::os::fd::AsRawFd;
+
 use super::futex::futex_wait;
 use super::segment::Segment;
-use crate::transport::channel::Doorbell;
+use super::wake;
+use crate::transport::channel::{poll_fds, Doorbell, POLL_SLICE};
 
 /// A rank's doorbell: the event count in its own segment.
 pub(super) struct ShmDoorbell {
@@ -32,5 +35,36 @@ impl Doorbell for ShmDoorbell {
 
     fn ring_local(&self) {
         self.seg.ring_bell();
+    }
+
+    fn wait_polling(&self, token: u64, mut fds: Vec<libc::pollfd>, timeout: Duration) {
+        let seg = &self.seg;
+        let Some(wake_fd) = seg
+            .wake
+            .as_ref()
+            .filter(|_| seg.deaf().load(Ordering::SeqCst) == 0)
+        else {
+            poll_fds(&mut fds, timeout.min(POLL_SLICE));
+            return;
+        };
+        // Counted before the last look at the count, as `wait` does: a
+        // ringer either bumped the count before (we do not sleep) or sees
+        // us counted and writes the eventfd (poll returns).
+        let pollers = seg.pollers();
+        pollers.fetch_add(1, Ordering::SeqCst);
+        if seg.rings().load(Ordering::SeqCst) == token as u32 && !timeout.is_zero() {
+            fds.push(libc::pollfd {
+                fd: wake_fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            poll_fds(&mut fds, timeout);
+            if fds.last().is_some_and(|p| p.revents & libc::POLLIN != 0) {
+                // A ring that lands after this leaves the eventfd readable:
+                // the next sleep returns at once and drains it.
+                wake::drain(wake_fd);
+            }
+        }
+        pollers.fetch_sub(1, Ordering::SeqCst);
     }
 }

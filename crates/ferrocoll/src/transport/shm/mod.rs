@@ -14,8 +14,8 @@
 //!
 //! ```text
 //! 0        header: magic u64 | version u32 | pid u32 | local_size u64 | ring_bytes u64 |
-//!            eager_offset u64 (E below)
-//! B        doorbell: rings u32 (futex word) | sleepers u32
+//!            eager_offset u64 (E below) | wake_fd u32 (the owner's eventfd, `wake.rs`)
+//! B        doorbell: rings u32 (futex word) | sleepers u32 | pollers u32 | deaf u32
 //! 2B       notices u64: control notices peers have written into our rings
 //! 3B       mailbox 0 (tiny messages from local rank 0 to the owner)
 //! ...      mailbox i at 3B + i * (1 + SLOTS) * B:
@@ -135,6 +135,7 @@ mod ring;
 mod segment;
 #[cfg(test)]
 mod tests;
+mod wake;
 mod watch;
 
 use std::fs;

@@ -13,6 +13,7 @@ use super::doorbell::ShmDoorbell;
 use super::process::{own_pid, pid_alive, SingleCopyUse};
 use super::ring::ShmChannel;
 use super::segment::*;
+use super::wake;
 use super::watch::Watcher;
 use crate::transport::channel::{Channel, Doorbell};
 
@@ -122,6 +123,9 @@ impl ShmNode {
                 local_size,
                 ring_bytes,
                 pid: own_pid(),
+                // Without one, a rank sleeping in poll(2) with sockets
+                // beside its shared-memory peers polls in short slices.
+                wake: wake::new_eventfd().ok(),
             };
             seg.write_header();
             Ok(seg)
@@ -206,6 +210,7 @@ impl ShmNode {
             local_size,
             ring_bytes,
             pid: 0,
+            wake: None,
         };
         if seg.u64_at(HDR_MAGIC).load(Ordering::Acquire) != MAGIC {
             return Err(invalid_data(format!("{} has no valid header", what())));
@@ -239,6 +244,15 @@ impl ShmNode {
                     seg.pid
                 ),
             ));
+        }
+        let wake_fd = seg.u32_at(HDR_WAKE_FD).load(Ordering::Relaxed);
+        if wake_fd != u32::MAX {
+            seg.wake = wake::duplicate_from(seg.pid, wake_fd as i32).ok();
+            if seg.wake.is_none() {
+                // Our rings cannot wake the peer in poll(2): it must keep
+                // polling in slices.
+                seg.deaf().store(1, Ordering::SeqCst);
+            }
         }
         // Fault in the ring we write (ours, inside the peer's segment) now
         // rather than during the first messages; best effort (Linux >= 5.14).

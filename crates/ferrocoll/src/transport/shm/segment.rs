@@ -4,7 +4,7 @@
 use std::fmt::Display;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use memmap2::MmapRaw;
 
 use super::futex::futex_wake_all;
+use super::wake;
 
 /// Where the segments live (a tmpfs on every Linux distribution).
 pub(super) const SHM_DIR: &str = "/dev/shm";
@@ -20,7 +21,7 @@ pub(super) const NAME_PREFIX: &str = "ferrocoll-";
 /// First word of every segment header.
 pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"FERROSHM");
 /// Layout version, bumped on any change to the segment layout.
-pub(super) const VERSION: u32 = 3;
+pub(super) const VERSION: u32 = 4;
 /// Spacing of independently written words: two cache lines.
 pub(crate) const BLOCK: usize = 128;
 
@@ -36,12 +37,21 @@ pub(super) const HDR_LOCAL_SIZE: usize = 16;
 pub(super) const HDR_RING_BYTES: usize = 24;
 /// Header: offset of the eager buffers (u64, see [`Segment::eager_offset`]).
 pub(super) const HDR_EAGER_OFFSET: usize = 32;
+/// Header: the creator's wake-up eventfd, its descriptor number in the
+/// creator's process, or `u32::MAX` if it has none (u32, see `wake.rs`).
+pub(super) const HDR_WAKE_FD: usize = 40;
 /// Header length as read back by a stale-file check.
-pub(super) const HDR_LEN: usize = 40;
+pub(super) const HDR_LEN: usize = 44;
 /// Doorbell: the futex word counting rings (u32).
 pub(super) const BELL_RINGS: usize = BLOCK;
 /// Doorbell: number of threads inside [`Doorbell::wait`](crate::transport::channel::Doorbell::wait) (u32).
 pub(super) const BELL_SLEEPERS: usize = BLOCK + 4;
+/// Doorbell: number of threads sleeping in `poll(2)` with the owner's
+/// wake-up eventfd in their set (u32, see `wake.rs`).
+pub(super) const BELL_POLLERS: usize = BLOCK + 8;
+/// Doorbell: nonzero once a peer could not take a duplicate of the owner's
+/// eventfd, so rings may not wake `poll` (u32).
+pub(super) const BELL_DEAF: usize = BLOCK + 12;
 /// Count of control notices written to this rank (u64, see `fastpath::Mailboxes::notices`).
 pub(crate) const NOTICES: usize = 2 * BLOCK;
 /// Offset of mailbox 0.
@@ -145,6 +155,10 @@ pub(crate) struct Segment {
     pub(super) ring_bytes: usize,
     /// Pid of the process that created the segment.
     pub(super) pid: u32,
+    /// The owner's wake-up eventfd (ours, or a duplicate of a peer's), if
+    /// any: written by [`Segment::ring_bell`] while the owner sleeps in
+    /// `poll(2)` (see `wake.rs`).
+    pub(super) wake: Option<OwnedFd>,
 }
 
 impl Segment {
@@ -174,6 +188,16 @@ impl Segment {
     /// The number of threads sleeping on the doorbell.
     pub(crate) fn sleepers(&self) -> &AtomicU32 {
         self.u32_at(BELL_SLEEPERS)
+    }
+
+    /// The number of threads sleeping in `poll(2)` on the wake-up eventfd.
+    pub(super) fn pollers(&self) -> &AtomicU32 {
+        self.u32_at(BELL_POLLERS)
+    }
+
+    /// Nonzero when some peer cannot write the wake-up eventfd.
+    pub(super) fn deaf(&self) -> &AtomicU32 {
+        self.u32_at(BELL_DEAF)
     }
 
     /// Offset of ring `i` (bytes from local rank `i`).
@@ -235,6 +259,11 @@ impl Segment {
         if self.sleepers().load(Ordering::SeqCst) > 0 {
             futex_wake_all(self.rings());
         }
+        if self.pollers().load(Ordering::SeqCst) > 0 {
+            if let Some(fd) = &self.wake {
+                wake::signal(fd);
+            }
+        }
     }
 
     /// Writes the header (magic last, with `Release`).
@@ -247,6 +276,12 @@ impl Segment {
             .store(self.ring_bytes as u64, Ordering::Relaxed);
         self.u64_at(HDR_EAGER_OFFSET)
             .store(self.eager_offset(0) as u64, Ordering::Relaxed);
+        let wake_fd = self
+            .wake
+            .as_ref()
+            .and_then(|fd| u32::try_from(fd.as_raw_fd()).ok())
+            .unwrap_or(u32::MAX);
+        self.u32_at(HDR_WAKE_FD).store(wake_fd, Ordering::Relaxed);
         self.u64_at(HDR_MAGIC).store(MAGIC, Ordering::Release);
     }
 }

@@ -277,6 +277,70 @@ fn shm_doorbell_wakes_on_send() {
     );
 }
 
+/// A poll set of one descriptor that never becomes ready: the read end of
+/// a socket pair whose other end stays open and silent (as a rank's
+/// sockets to other hosts while it waits on a local peer).
+/// Both ends are returned, to be kept open while the set is in use.
+fn silent_socket() -> ([std::os::unix::net::UnixStream; 2], Vec<libc::pollfd>) {
+    use std::os::fd::AsRawFd;
+    let (quiet, other) = std::os::unix::net::UnixStream::pair().unwrap();
+    let fds = vec![libc::pollfd {
+        fd: quiet.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    ([quiet, other], fds)
+}
+
+#[test]
+fn shm_doorbell_wakes_a_rank_sleeping_in_poll() {
+    let (a, b) = pair("pollbell", MIN_RING_BYTES);
+    let mut tx = a.channel(1);
+    let bell = b.doorbell();
+    // Nothing rings: the sleep lasts its timeout (no 1 ms slices: the ring
+    // below, not a timeout, is what ends the next one).
+    let (_keep, fds) = silent_socket();
+    let t = Instant::now();
+    bell.wait_polling(bell.token(), fds, Duration::from_millis(300));
+    assert!(
+        t.elapsed() >= Duration::from_millis(250),
+        "returned after {:?} with nothing rung",
+        t.elapsed()
+    );
+    // A local peer's send wakes it at once.
+    let (_keep, fds) = silent_socket();
+    let token = bell.token();
+    let waiter = thread::spawn(move || {
+        bell.wait_polling(token, fds, Duration::from_secs(5));
+        Instant::now()
+    });
+    thread::sleep(Duration::from_millis(100));
+    let sent_at = Instant::now();
+    assert_eq!(tx.send_some(&[1; 8]).unwrap(), 8);
+    let woke_at = waiter.join().unwrap();
+    let latency = woke_at.saturating_duration_since(sent_at);
+    assert!(
+        latency < Duration::from_secs(1),
+        "woke {latency:?} after the send"
+    );
+}
+
+#[test]
+fn a_deaf_doorbell_polls_in_short_slices() {
+    let (_a, b) = pair("deafbell", MIN_RING_BYTES);
+    // What a peer that could not duplicate the eventfd leaves behind.
+    b.segments().unwrap()[1].deaf().store(1, Ordering::SeqCst);
+    let bell = b.doorbell();
+    let (_keep, fds) = silent_socket();
+    let t = Instant::now();
+    bell.wait_polling(bell.token(), fds, Duration::from_secs(5));
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "slept {:?}: a ring might not have woken it",
+        t.elapsed()
+    );
+}
+
 #[test]
 fn shm_doorbell_wakes_on_recv_and_ring_local() {
     let (a, b) = pair("bell2", MIN_RING_BYTES);
