@@ -131,75 +131,9 @@ PY
         run "$BIN" bench moe --tokens 32,64,128,256 "${WORK[@]}" --schedule $SCHED --iters 40 --warmup 15 \
             --check --json >>"$OUT/sweep.json"
     done
-    python3 - "$OUT/sweep.json" <<'PY'
-import json, statistics, sys
-from collections import defaultdict
-TOL = 0.05
-runs = defaultdict(list)
-for line in open(sys.argv[1]):
-    if "{" in line:
-        r = json.loads(line.split("] ", 1)[-1])
-        runs[(r["tokens"], r["skew"], r["requested"])].append(r)
-forced = ["direct", "pairwise", "two-level", "rail"]
-points = sorted({(t, s) for t, s, _ in runs})
-mean = lambda t, s, q, phase: statistics.mean(r[f"{phase}_us"] for r in runs[(t, s, q)])
-reps = len(runs[next(iter(runs))])
-print(f"# mean over {reps} runs of each schedule's mean us: dispatch (count exchange included) + combine;"
-      f" auto: what it ran (dispatch/combine) and its own time; ok: auto's pick is within {TOL:.0%} of the"
-      f" fastest forced schedule (dispatch, combine, the layer)")
-print(f"{'tokens':>6} {'skew':>9} " + " ".join(f"{q:>10}" for q in forced)
-      + f" {'auto':>10} {'auto ran':>19} {'fastest':>19} {'ok':>3} {'wrong':>5}")
-right = {"dispatch": 0, "combine": 0, "layer": 0}
-strict = {"dispatch": 0, "combine": 0}
-noise = []
-for t, s in points:
-    auto = runs[(t, s, "auto")][0]
-    picks = {"dispatch": auto["schedule"], "combine": auto["combine_schedule"]}
-    ok, fastest = "", []
-    for phase in ("dispatch", "combine"):
-        times = {q: mean(t, s, q, phase) for q in forced}
-        best = min(times, key=times.get)
-        fastest.append(best)
-        strict[phase] += picks[phase] == best
-        good = times[picks[phase]] <= (1 + TOL) * times[best]
-        right[phase] += good
-        ok += "y" if good else "n"
-    layer = {q: mean(t, s, q, "dispatch") + mean(t, s, q, "combine") for q in forced}
-    picked = mean(t, s, picks["dispatch"], "dispatch") + mean(t, s, picks["combine"], "combine")
-    good = picked <= (1 + TOL) * min(layer.values())
-    right["layer"] += good
-    ok += "y" if good else "n"
-    if picks["dispatch"] == picks["combine"]:
-        own = mean(t, s, "auto", "dispatch") + mean(t, s, "auto", "combine")
-        noise.append(abs(own - layer[picks["dispatch"]]) / layer[picks["dispatch"]])
-    wrong = sum(int(r["wrong"] or 0) for k, v in runs.items() if k[:2] == (t, s) for r in v)
-    print(f"{t:>6} {s:>9} " + " ".join(f"{layer[q]:>10.1f}" for q in forced)
-          + f" {mean(t, s, 'auto', 'dispatch') + mean(t, s, 'auto', 'combine'):>10.1f}"
-          f" {picks['dispatch'] + '/' + picks['combine']:>19} {'/'.join(fastest):>19} {ok:>3} {wrong:>5}")
-n = len(points)
-print(f"# auto's pick within {TOL:.0%} of the fastest: dispatch {right['dispatch']}/{n}, combine {right['combine']}/{n}"
-      f" ({100 * (right['dispatch'] + right['combine']) / (2 * n):.0f} % of the calls), layer {right['layer']}/{n}"
-      f" ({100 * right['layer'] / n:.0f} %); the fastest itself: {strict['dispatch'] + strict['combine']}/{2 * n} calls")
-# The flat-or-hierarchical question: the faster family by layer time (its
-# best member), a tie within TOL counting either way.
-family = lambda q: "flat" if q in ("direct", "pairwise") else "hier"
-fam_ok = 0
-for t, s in points:
-    layer = {q: mean(t, s, q, "dispatch") + mean(t, s, q, "combine") for q in forced}
-    best = {f: min(v for q, v in layer.items() if family(q) == f) for f in ("flat", "hier")}
-    auto = runs[(t, s, "auto")][0]
-    picked = {family(auto["schedule"]), family(auto["combine_schedule"])}
-    fam_ok += all(best[f] <= (1 + TOL) * min(best.values()) for f in picked)
-print(f"# flat or hierarchical: auto's family the faster (or within {TOL:.0%}) in {fam_ok}/{n} ({100 * fam_ok / n:.0f} %)")
-own_ok = sum(
-    mean(t, s, "auto", "dispatch") + mean(t, s, "auto", "combine")
-    <= (1 + TOL) * min(mean(t, s, q, "dispatch") + mean(t, s, q, "combine") for q in forced)
-    for t, s in points
-)
-print(f"# auto's own layer time within {TOL:.0%} of the fastest forced schedule's: {own_ok}/{n} ({100 * own_ok / n:.0f} %)")
-print(f"# noise: auto's own time against the forced run of the same schedule, median {100 * statistics.median(noise):.1f} %,"
-      f" max {100 * max(noise):.1f} %")
-PY
+    python3 bench/moe_score.py "$OUT/sweep.json"
+    echo "# the same by the layers' mean:"
+    python3 bench/moe_score.py "$OUT/sweep.json" --stat mean | grep "^# "
     # auto's misses: its picks re-priced on the observed matrices with this
     # run's profile, against the measured ordering and this run's noise.
     python3 bench/moe_auto_check.py --sweep "$OUT/sweep.json" --profile "$OUT/profile.json"

@@ -68,7 +68,7 @@ def from_results(path):
     return profile, points, (float(noise.group(1)) / 100, float(noise.group(2)) / 100)
 
 
-def from_raw(sweep, profile_path):
+def from_raw(sweep, profile_path, field="{}_median_us"):
     runs = defaultdict(list)
     for line in open(sweep):
         if "{" in line:
@@ -80,12 +80,12 @@ def from_raw(sweep, profile_path):
         if q not in FORCED:
             continue
         for phase in ("dispatch", "combine"):
-            points[(t, s)].setdefault(phase, {})[q] = statistics.mean(r[f"{phase}_us"] for r in rs)
+            points[(t, s)].setdefault(phase, {})[q] = statistics.mean(r[field.format(phase)] for r in rs)
     for (t, s), p in points.items():
         p["layer"] = {q: p["dispatch"][q] + p["combine"][q] for q in FORCED}
         auto = runs[(t, s, "auto")]
         if auto and auto[0]["schedule"] == auto[0]["combine_schedule"]:
-            own = statistics.mean(r["dispatch_us"] + r["combine_us"] for r in auto)
+            own = statistics.mean(r[field.format("dispatch")] + r[field.format("combine")] for r in auto)
             ref = p["layer"][auto[0]["schedule"]]
             noise.append(abs(own - ref) / ref)
         if auto:
@@ -113,11 +113,14 @@ def main():
     ap.add_argument("--sweep")
     ap.add_argument("--profile")
     ap.add_argument("--bin", default="target/release/ferrocoll")
+    ap.add_argument("--stat", choices=("median", "mean"), default="median",
+                    help="with --sweep: each run's statistic of its timed layers (see bench/moe_score.py)")
     a = ap.parse_args()
     if a.results:
         profile, points, (med, top) = from_results(a.results)
     elif a.sweep and a.profile:
-        profile, points, (med, top) = from_raw(a.sweep, a.profile)
+        field = "{}_median_us" if a.stat == "median" else "{}_us"
+        profile, points, (med, top) = from_raw(a.sweep, a.profile, field)
     else:
         sys.exit("give --results RESULTS.md, or --sweep sweep.json --profile profile.json")
     print(f"# noise (auto against the forced run of its schedule): median {med:.1%}, max {top:.1%}")
