@@ -97,6 +97,47 @@ struct Point {
     /// there from index 1 by [`split_at`]): the closed form with unit
     /// parameters.
     coef: [f64; PARAMS],
+    /// What the coefficients were computed from, to compute them again for
+    /// another pipeline piece ([`with_piece`]); `None` keeps `coef`.
+    form: Option<Form>,
+}
+
+/// The closed form a [`Point`] is explained by.
+#[derive(Clone)]
+struct Form {
+    algo: ferrocoll::Algorithm,
+    shape: Shape,
+    cores: f64,
+    receiver_copies: bool,
+}
+
+/// The pipeline pieces ([`ferrocoll::cost::LinkParams::piece`]) a class is
+/// fitted with, the one of least geometric-mean error kept if it beats no
+/// piece by [`PIECE_GAIN`]: 0 (no term) and 4 KiB to 128 KiB.
+const PIECES: [f64; 7] = [0.0, 4096.0, 8192.0, 16384.0, 32768.0, 65536.0, 131072.0];
+
+/// How much lower (absolute) the geometric-mean error with a piece must be
+/// than without one for the piece to be kept: on threads, whose receivers
+/// copy once, every piece fitted within 0.1 % of none, and a term that
+/// buys nothing should not move predictions.
+const PIECE_GAIN: f64 = 0.01;
+
+/// `points` with their coefficients for a pipeline piece of `piece` bytes.
+fn with_piece(points: &[Point], piece: f64) -> Vec<Point> {
+    points
+        .iter()
+        .map(|p| {
+            let mut q = p.clone();
+            if let Some(f) = &p.form {
+                if let Some(coef) =
+                    coefficients(f.algo, &f.shape, f.cores, f.receiver_copies, piece)
+                {
+                    q.coef = coef;
+                }
+            }
+            q
+        })
+        .collect()
 }
 
 fn blocks(coll: Collective, n: usize) -> usize {
@@ -151,17 +192,25 @@ fn time_calls(
 /// Unit-parameter coefficients of the closed form, on a host of `cores`
 /// cores (the per-byte coefficients carry the core share, so the fit finds
 /// the speed of a rank with a core of its own), on a transport where only
-/// receivers copy or not ([`Profile::receiver_copies`]).
+/// receivers copy or not ([`Profile::receiver_copies`]), with a pipeline
+/// piece of `piece` bytes on both link classes (its bytes join the 1/beta
+/// coefficient).
 fn coefficients(
     algo: ferrocoll::Algorithm,
     shape: &Shape,
     cores: f64,
     receiver_copies: bool,
+    piece: f64,
 ) -> Option<[f64; PARAMS]> {
     let huge = 1e300;
-    let unit = |alpha, beta, gamma| Profile {
-        receiver_copies,
-        ..Profile::uniform(alpha, beta, gamma).with_cores(cores)
+    let unit = |alpha, beta, gamma| {
+        let mut p = Profile {
+            receiver_copies,
+            ..Profile::uniform(alpha, beta, gamma).with_cores(cores)
+        };
+        p.intra.piece = piece;
+        p.inter.piece = piece;
+        p
     };
     let rounds = cost::predict(algo, shape, &unit(1.0, huge, 0.0))?.latency;
     let bytes = cost::predict(algo, shape, &unit(0.0, 1.0, 0.0))?.bandwidth;
@@ -381,10 +430,18 @@ struct ClassFit {
     /// The simpler models, fitted to the same points.
     plain: [f64; PARAMS],
     with_copy: [f64; PARAMS],
+    /// The points without a pipeline piece (the simpler models' fits).
+    unpiped: Vec<Point>,
+    /// The pipeline piece kept, and the geometric-mean error of the full
+    /// fit with each piece of [`PIECES`].
+    piece: f64,
+    piece_errors: Vec<(f64, f64)>,
 }
 
 /// Fits one link class: gamma and the copy cost held at their kernel
-/// timings, a cache regime searched for when `cache` is set.
+/// timings, a cache regime searched for when `cache` is set, and the
+/// pipeline piece among [`PIECES`] (the one whose fit leaves the least
+/// geometric-mean error).
 fn fit_class(points: &[Point], gamma: f64, copy: f64, cache: bool) -> ClassFit {
     let mut fixed = [None; PARAMS];
     fixed[GAMMA] = Some(gamma);
@@ -392,21 +449,60 @@ fn fit_class(points: &[Point], gamma: f64, copy: f64, cache: bool) -> ClassFit {
     let plain = fit(points, fixed);
     fixed[COPY] = Some(copy);
     let with_copy = fit(points, fixed);
-    let (x, gap, split) = if cache {
-        fit_with_cache(points, fixed)
-    } else {
-        (
-            refit_beta_on_large(points, with_copy),
-            None,
-            points.to_vec(),
-        )
-    };
+    // The fit with one piece, and its error.
+    struct Tried {
+        error: f64,
+        x: [f64; PARAMS],
+        gap: Option<(f64, f64)>,
+        points: Vec<Point>,
+        piece: f64,
+    }
+    let mut best: Option<Tried> = None;
+    let mut piece_errors = Vec::new();
+    for piece in PIECES {
+        let piped = with_piece(points, piece);
+        let (x, gap, split) = if cache {
+            fit_with_cache(&piped, fixed)
+        } else {
+            let x = refit_beta_on_large(&piped, fit(&piped, fixed));
+            (x, None, piped)
+        };
+        let error = quality(&x, &split).0;
+        piece_errors.push((piece, error));
+        // PIECES starts with 0: a piece must beat no piece by PIECE_GAIN.
+        let bar = best.as_ref().map_or(f64::INFINITY, |b| {
+            if b.piece == 0.0 {
+                b.error - PIECE_GAIN
+            } else {
+                b.error
+            }
+        });
+        if error < bar {
+            best = Some(Tried {
+                error,
+                x,
+                gap,
+                points: split,
+                piece,
+            });
+        }
+    }
+    let Tried {
+        x,
+        gap,
+        points: split,
+        piece,
+        ..
+    } = best.expect("PIECES is not empty");
     ClassFit {
         x,
         gap,
         points: split,
         plain,
         with_copy,
+        unpiped: points.to_vec(),
+        piece,
+        piece_errors,
     }
 }
 
@@ -462,7 +558,8 @@ fn measure(
                 let seconds = time_calls(comm, &c, coll, count, iters, repeat)?;
                 let mut shape = Shape::new(coll, n, count, elem);
                 shape.topology = comm.topology().clone();
-                if let Some(coef) = coefficients(algo, &shape, cores, comm.receivers_copy(coll)) {
+                let receiver_copies = comm.receivers_copy(coll);
+                if let Some(coef) = coefficients(algo, &shape, cores, receiver_copies, 0.0) {
                     points.push(Point {
                         coll,
                         algo: algo.name(),
@@ -470,6 +567,12 @@ fn measure(
                         seconds,
                         working_set: shape.working_set(),
                         coef,
+                        form: Some(Form {
+                            algo,
+                            shape,
+                            cores,
+                            receiver_copies,
+                        }),
                     });
                 }
             }
@@ -618,10 +721,11 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
         classes.push(("inter-host", fit_class(&inter, gamma, copy, false)));
     }
     let gbs = |inv: f64| 1.0 / inv.max(1e-18) / 1e9;
-    let link_of = |x: &[f64; PARAMS]| ferrocoll::cost::LinkParams {
-        alpha: x[0],
-        beta: 1.0 / x[1].max(1e-18),
-        overhead: x[3],
+    let link_of = |f: &ClassFit| ferrocoll::cost::LinkParams {
+        alpha: f.x[0],
+        beta: 1.0 / f.x[1].max(1e-18),
+        overhead: f.x[3],
+        piece: f.piece,
     };
     for (label, f) in &classes {
         writeln!(out, "# {label}")?;
@@ -633,8 +737,8 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     let mut profile = Profile::uniform(0.0, 1.0, gamma).with_cores(cores);
     profile.receiver_copies = transport_name == "thread";
     profile.copy = copy;
-    profile.intra = link_of(&first.x);
-    profile.inter = link_of(&classes.last().expect("a class").1.x);
+    profile.intra = link_of(first);
+    profile.inter = link_of(&classes.last().expect("a class").1);
     if !intra.is_empty() {
         if let Some((below, above)) = first.gap {
             // The data place the cache's edge somewhere in the gap: its
@@ -804,7 +908,7 @@ fn report_class(
         ("alpha-beta-gamma-o", &f.plain),
         ("+ copy cost", &f.with_copy),
     ] {
-        let (g, r) = quality(y, &f.points);
+        let (g, r) = quality(y, &f.unpiped);
         writeln!(
             out,
             "# model {name:<20} alpha {:.3} us, beta {:.3} GB/s, overhead {:.3} us/message; R^2 (log time) {r:.4}; geometric-mean error {:.1}%",
@@ -814,6 +918,17 @@ fn report_class(
             g * 100.0
         )?;
     }
+    writeln!(
+        out,
+        "# model {:<20} geometric-mean error by piece: {}; kept {:.0} KiB",
+        "+ pipeline piece",
+        f.piece_errors
+            .iter()
+            .map(|(p, e)| format!("{:.0} KiB {:.1}%", p / 1024.0, e * 100.0))
+            .collect::<Vec<_>>()
+            .join(", "),
+        f.piece / 1024.0
+    )?;
     match f.gap {
         Some((below, above)) => writeln!(
             out,
@@ -830,13 +945,14 @@ fn report_class(
     let (geomean_error, r2) = quality(x, &f.points);
     writeln!(
         out,
-        "# fit over {} points: alpha {:.3} us, beta {:.3} GB/s, gamma {:.4} ns/B, copy {:.4} ns/B, overhead {:.3} us/message; R^2 (log time) {:.4}; geometric-mean error {:.1}%",
+        "# fit over {} points: alpha {:.3} us, beta {:.3} GB/s, gamma {:.4} ns/B, copy {:.4} ns/B, overhead {:.3} us/message, piece {:.0} KiB; R^2 (log time) {:.4}; geometric-mean error {:.1}%",
         f.points.len(),
         x[0] * 1e6,
         gbs(x[1]),
         x[GAMMA] * 1e9,
         x[COPY] * 1e9,
         x[3] * 1e6,
+        f.piece / 1024.0,
         r2,
         geomean_error * 100.0
     )?;
@@ -872,6 +988,7 @@ mod tests {
                 seconds: c.iter().zip(&truth).map(|(c, t)| c * t).sum(),
                 working_set: 0.0,
                 coef: *c,
+                form: None,
             })
             .collect();
         let close = |x: [f64; PARAMS]| {
@@ -911,6 +1028,7 @@ mod tests {
                     seconds: 5e-6 * rounds + inv * bytes * rounds,
                     working_set: ws * mib,
                     coef: [rounds, bytes * rounds, 0.0, 0.0, 0.0, 0.0],
+                    form: None,
                 }
             })
         })
@@ -932,5 +1050,48 @@ mod tests {
             })
             .collect();
         assert_eq!(fit_with_cache(&flat, fixed).1, None);
+    }
+
+    /// Points timed by the model itself with a 16 KiB piece: the search
+    /// keeps that piece, and the fit finds the parameters back.
+    #[test]
+    fn the_pipeline_piece_is_found_among_the_candidates() {
+        let mut truth = Profile::uniform(2e-6, 1e10, 3e-11);
+        truth.intra.piece = 16384.0;
+        truth.inter.piece = 16384.0;
+        truth.copy = 2e-11;
+        let mut points = Vec::new();
+        for (coll, algo) in [
+            (Collective::AllReduce, ferrocoll::Algorithm::Ring),
+            (Collective::AllReduce, ferrocoll::Algorithm::Butterfly),
+            (Collective::AllGather, ferrocoll::Algorithm::Ring),
+            (Collective::AllToAll, ferrocoll::Algorithm::Direct),
+        ] {
+            for bytes in [64usize, 4096, 16384, 65536, 1 << 20, 1 << 23] {
+                let shape = Shape::new(coll, 4, bytes / 4, 4);
+                let seconds = cost::predict(algo, &shape, &truth).unwrap().total();
+                let form = Form {
+                    algo,
+                    shape: shape.clone(),
+                    cores: 0.0,
+                    receiver_copies: false,
+                };
+                points.push(Point {
+                    coll,
+                    algo: algo.name(),
+                    bytes,
+                    seconds,
+                    working_set: shape.working_set(),
+                    coef: coefficients(algo, &shape, 0.0, false, 0.0).unwrap(),
+                    form: Some(form),
+                });
+            }
+        }
+        let f = fit_class(&points, 3e-11, 2e-11, false);
+        assert_eq!(f.piece, 16384.0, "{:?}", f.piece_errors);
+        assert!((f.x[0] / 2e-6 - 1.0).abs() < 1e-6, "alpha {}", f.x[0]);
+        assert!((f.x[1] / 1e-10 - 1.0).abs() < 1e-6, "1/beta {}", f.x[1]);
+        let without = f.piece_errors.iter().find(|(p, _)| *p == 0.0).unwrap().1;
+        assert!(without > 0.01, "no piece fits too: {without}");
     }
 }

@@ -48,6 +48,12 @@ pub struct ModelArgs {
     /// Per-message overhead between nodes (defaults to --overhead).
     #[arg(long, value_parser = parse_seconds)]
     overhead_inter: Option<f64>,
+    /// Pipeline piece: a round pays its message's first this-many bytes
+    /// once more at beta, the part of a transport's two copies (into a ring
+    /// or socket, and out of it) that does not overlap (`LinkParams::piece`;
+    /// `ferrocoll calibrate` fits it). 0: the plain alpha-beta model.
+    #[arg(long, default_value = "0", value_parser = parse_bytes)]
+    piece: usize,
     /// Reduction cost: a rate (e.g. 20GB/s) or a time per byte (e.g. 0.05ns).
     #[arg(long, default_value = "20GB/s", value_parser = parse_gamma)]
     gamma: f64,
@@ -296,11 +302,13 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
             alpha: args.alpha,
             beta: args.beta,
             overhead: args.overhead,
+            piece: args.piece as f64,
         },
         inter: LinkParams {
             alpha: args.alpha_inter.unwrap_or(args.alpha),
             beta: args.beta_inter.unwrap_or(args.beta),
             overhead: args.overhead_inter.unwrap_or(args.overhead),
+            piece: args.piece as f64,
         },
         gamma: args.gamma,
         copy: args.copy,

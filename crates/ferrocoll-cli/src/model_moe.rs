@@ -191,6 +191,7 @@ fn moe_main(a: &MoeArgs) -> Result<(), CliError> {
                 alpha,
                 beta,
                 overhead: a.overhead,
+                piece: 0.0,
             };
             let mut p = Profile::uniform(a.alpha, a.beta, a.gamma);
             p.intra = link(a.alpha, a.beta);

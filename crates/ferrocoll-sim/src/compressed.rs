@@ -149,6 +149,7 @@ pub fn cost_profile(topo: &TopologySpec, gamma: f64) -> Profile {
         alpha: l.lat,
         beta: l.bw,
         overhead: 0.0,
+        piece: 0.0,
     };
     let (intra, inter) = topo.cost_links();
     // Everything else off: the simulator's links are per rank (its own

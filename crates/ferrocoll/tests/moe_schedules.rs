@@ -177,6 +177,7 @@ fn dear_start_ups() -> Profile {
         alpha: 50e-6,
         beta: 0.125e9,
         overhead: 40e-6,
+        piece: 0.0,
     };
     p.inter_ports = 1.0;
     p

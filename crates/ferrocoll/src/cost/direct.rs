@@ -93,11 +93,14 @@ fn round(profile: &Profile, intra: Traffic, inter: Traffic, reduced: f64) -> Cos
     let class = |traffic: Traffic, link: &super::LinkParams| {
         traffic.map_or(Cost::ZERO, |(sent, received, messages)| Cost {
             latency: link.alpha + messages.saturating_sub(1) as f64 * link.overhead,
-            bandwidth: if profile.receiver_copies {
-                received
-            } else {
-                sent.max(received)
-            } / link.beta,
+            bandwidth: {
+                let moved = if profile.receiver_copies {
+                    received
+                } else {
+                    sent.max(received)
+                };
+                link.transfer(moved, moved / messages.max(1) as f64)
+            },
             compute: 0.0,
         })
     };
@@ -434,11 +437,13 @@ mod tests {
                 alpha: 1e-6,
                 beta: 1e11,
                 overhead: 0.0,
+                piece: 0.0,
             },
             inter: LinkParams {
                 alpha: 1e-5,
                 beta: 1e9,
                 overhead: 0.0,
+                piece: 0.0,
             },
             gamma: 2e-11,
             copy: 0.0,

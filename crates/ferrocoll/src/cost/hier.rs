@@ -110,12 +110,12 @@ fn steps_of(
     reduced: f64,
     gamma: f64,
 ) -> Cost {
-    let extra = Cost {
-        latency: k as f64 * msgs.saturating_sub(1) as f64 * link.overhead,
-        bandwidth: 0.0,
-        compute: 0.0,
-    };
-    steps(k, bytes, link, reduced, gamma) + extra
+    let k = k as f64;
+    Cost {
+        latency: k * (link.alpha + msgs.saturating_sub(1) as f64 * link.overhead),
+        bandwidth: k * link.transfer(bytes, bytes / msgs.max(1) as f64),
+        compute: k * reduced * gamma,
+    }
 }
 
 /// The topology's levels innermost first, each with its link class: level 0
@@ -192,6 +192,7 @@ pub(super) fn allgather_messages(sizes: &[usize]) -> f64 {
         alpha: 0.0,
         beta: 1.0,
         overhead: 0.0,
+        piece: 0.0,
     };
     let dims: Vec<(usize, LinkParams)> = sizes.iter().map(|&p| (p, link)).collect();
     (0..dims.len())

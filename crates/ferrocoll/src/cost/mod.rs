@@ -41,6 +41,16 @@ pub struct LinkParams {
     /// alpha + (k-1)·o of latency. 0 in the plain alpha-beta model.
     #[serde(default)]
     pub overhead: f64,
+    /// Bytes of the pieces in which a message's two copies overlap (the
+    /// sender's into the transport, the receiver's out of it, as a
+    /// shared-memory ring or a socket has them): a round whose largest
+    /// message is m bytes pays `min(m, piece)` bytes more at beta, the
+    /// piece that one copy waits for the other ([`LinkParams::transfer`]).
+    /// So a message of a piece or less pays both copies and a long one
+    /// about one. Fitted by `ferrocoll calibrate` among a few sizes; 0 (the
+    /// plain alpha-beta model) leaves the term out.
+    #[serde(default)]
+    pub piece: f64,
 }
 
 /// Parameters of the machine a collective runs on.
@@ -181,6 +191,7 @@ impl Profile {
             alpha: 30e-6,
             beta: 1.25e9,
             overhead: 2e-6,
+            piece: 0.0,
         };
         p.inter_ports = 1.0;
         p
@@ -214,6 +225,7 @@ impl Profile {
             alpha,
             beta,
             overhead: 0.0,
+            piece: 0.0,
         };
         Profile {
             intra: link,
@@ -332,6 +344,21 @@ pub struct Cost {
     pub compute: f64,
 }
 
+impl LinkParams {
+    /// Seconds a round moving `bytes` through a port, its largest message
+    /// `message` bytes, spends on bandwidth: `(bytes + min(message,
+    /// piece)) / beta` (see [`LinkParams::piece`]).
+    pub fn transfer(&self, bytes: f64, message: f64) -> f64 {
+        (bytes + self.piece_of(message)) / self.beta
+    }
+
+    /// The bytes of a `message`-byte message that its two copies do not
+    /// overlap: `min(message, piece)`.
+    pub fn piece_of(&self, message: f64) -> f64 {
+        message.min(self.piece).max(0.0)
+    }
+}
+
 impl Cost {
     /// No time at all.
     pub const ZERO: Cost = Cost {
@@ -350,7 +377,7 @@ impl Cost {
     pub fn rounds(rounds: f64, bytes: f64, link: &LinkParams, reduced: f64, gamma: f64) -> Cost {
         Cost {
             latency: rounds * link.alpha,
-            bandwidth: rounds * bytes / link.beta,
+            bandwidth: rounds * link.transfer(bytes, bytes),
             compute: reduced * gamma,
         }
     }
@@ -625,6 +652,7 @@ mod tests {
         let p = file.profile;
         assert_eq!((p.copy, p.cache_bytes, p.beta_mem), (0.0, 0.0, 0.0));
         assert_eq!(p.inter.overhead, 0.0);
+        assert_eq!((p.intra.piece, p.inter.piece), (0.0, 0.0));
         let shape = Shape::new(Collective::AllReduce, 4, 1 << 22, 4);
         assert_eq!(p.for_shape(&shape), p);
     }
@@ -714,5 +742,31 @@ mod tests {
         let dbt_free = on(0.0, Algorithm::DoubleBinaryTree, &ar);
         assert!((dbt.bandwidth / dbt_free.bandwidth - 2.0).abs() < 1e-12);
         assert_eq!(p.core_share(3.0), 1.0, "cores unknown: no share");
+    }
+
+    /// A round pays its message's first piece once more: on 2 ranks a ring
+    /// allreduce of M bytes is two rounds of M/2, each paying min(M/2,
+    /// piece) more bytes at beta; a butterfly one round of M.
+    #[test]
+    fn a_round_pays_one_piece_of_its_message_once_more() {
+        let mut p = Profile::uniform(1e-6, 1e10, 0.0);
+        let plain = p.clone();
+        p.intra.piece = 16384.0;
+        p.inter.piece = 16384.0;
+        for bytes in [4096usize, 32768, 1 << 20] {
+            let shape = Shape::new(Collective::AllReduce, 2, bytes / 4, 4);
+            let extra = |algo| {
+                predict(algo, &shape, &p).unwrap().bandwidth
+                    - predict(algo, &shape, &plain).unwrap().bandwidth
+            };
+            let m = bytes as f64;
+            let want = 2.0 * (m / 2.0).min(16384.0) / 1e10;
+            assert!((extra(Algorithm::Ring) - want).abs() < 1e-15, "{bytes}");
+            let want = m.min(16384.0) / 1e10;
+            assert!(
+                (extra(Algorithm::Butterfly) - want).abs() < 1e-15,
+                "{bytes}"
+            );
+        }
     }
 }

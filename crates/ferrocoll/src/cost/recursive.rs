@@ -119,7 +119,7 @@ fn step_of(
     let extra = messages.saturating_sub(1) as f64;
     let on = |link: &LinkParams| Cost {
         latency: link.alpha + extra * link.overhead,
-        bandwidth: bytes / link.beta,
+        bandwidth: link.transfer(bytes, bytes / messages.max(1) as f64),
         compute: reduced * profile.gamma,
     };
     if shape.topology.nodes() <= 1 {

@@ -123,7 +123,7 @@ pub(super) fn round(link: &LinkParams, bytes: f64) -> Cost {
 pub(super) fn round_of(link: &LinkParams, msgs: usize, bytes: f64) -> Cost {
     Cost {
         latency: link.alpha + msgs.saturating_sub(1) as f64 * link.overhead,
-        bandwidth: bytes / link.beta,
+        bandwidth: link.transfer(bytes, bytes / msgs.max(1) as f64),
         compute: 0.0,
     }
 }
@@ -200,9 +200,15 @@ fn pipeline(shape: &Shape, profile: &Profile) -> Cost {
     } else {
         0.0
     };
+    // The round's larger segment is its message: the first segment (the
+    // largest) in the N-2 rounds the chain fills in, each segment once.
+    let pieces = (n - 2) as f64 * base.piece_of(s)
+        + (0..segs)
+            .map(|j| base.piece_of(block(count, segs, j).1 as f64 * shape.elem_size as f64))
+            .sum::<f64>();
     let flat = Cost {
         latency: (n + segs - 2) as f64 * base.alpha,
-        bandwidth: moved / base.beta,
+        bandwidth: (moved + pieces) / base.beta,
         compute: reduced * profile.gamma,
     };
     if nodes == 1 || local == 1 {

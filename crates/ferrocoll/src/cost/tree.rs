@@ -138,15 +138,17 @@ pub(super) fn predict(algo: Algorithm, shape: &Shape, profile: &Profile) -> Opti
                     + binomial_path(&rooted, profile, |_, _| m, 0.0)
             }
         }),
+        // With a pipeline piece the rounds' messages differ in what they
+        // pay beyond their bytes: the path below prices each.
         (Algorithm::Tree, Collective::Gather | Collective::Scatter) => Some(match single {
-            Some(l) => Cost {
+            Some(l) if l.piece <= 0.0 => Cost {
                 latency: d * l.alpha,
                 bandwidth: (n - 1) as f64 * m / l.beta,
                 compute: 0.0,
             },
             // The message between virtual ranks h and h + k carries the
             // subtree of h + k: min(k, N - h - k) blocks.
-            None => binomial_path(shape, profile, |h, k| k.min(n - h - k) as f64 * m, 0.0),
+            _ => binomial_path(shape, profile, |h, k| k.min(n - h - k) as f64 * m, 0.0),
         }),
         (Algorithm::Tree, Collective::Barrier) => Some(match single {
             Some(l) => Cost::rounds(2.0 * d, 0.0, l, 0.0, g),
@@ -162,12 +164,12 @@ pub(super) fn predict(algo: Algorithm, shape: &Shape, profile: &Profile) -> Opti
         (Algorithm::ScatterAllgather, Collective::Broadcast) => {
             let b = blk(0);
             let scatter = match single {
-                Some(l) => Cost {
+                Some(l) if l.piece <= 0.0 => Cost {
                     latency: d * l.alpha,
                     bandwidth: (m - b) / l.beta,
                     compute: 0.0,
                 },
-                None => binomial_path(shape, profile, |h, k| blocks(h + k, h + 2 * k), 0.0),
+                _ => binomial_path(shape, profile, |h, k| blocks(h + k, h + 2 * k), 0.0),
             };
             let allgather = Cost::rounds((n - 1) as f64, b, link(shape, profile, b), 0.0, g);
             Some(scatter + allgather)
@@ -326,7 +328,8 @@ fn dbtree(shape: &Shape, profile: &Profile) -> Cost {
     let rounds = 2.0 * d + sf - 1.0;
     Cost {
         latency: rounds * l.alpha + (moved - rounds).max(0.0) * l.overhead,
-        bandwidth: moved * s / l.beta,
+        // One piece a round (its messages are segments).
+        bandwidth: (moved * s + rounds * l.piece_of(s)) / l.beta,
         compute: reduced * s * profile.gamma + staged * s * profile.copy,
     }
 }

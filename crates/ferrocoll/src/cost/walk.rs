@@ -187,11 +187,14 @@ fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profil
             let extra = (sends[c].max(recvs[c]) - 1) as f64;
             let t = Cost {
                 latency: links[c].alpha + extra * links[c].overhead,
-                bandwidth: if profile.receiver_copies {
-                    received[c]
-                } else {
-                    sent[c].max(received[c])
-                } / links[c].beta,
+                bandwidth: {
+                    let moved = if profile.receiver_copies {
+                        received[c]
+                    } else {
+                        sent[c].max(received[c])
+                    };
+                    links[c].transfer(moved, moved / sends[c].max(recvs[c]).max(1) as f64)
+                },
                 compute: 0.0,
             };
             if t.total() > comm.total() {

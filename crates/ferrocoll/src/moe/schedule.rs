@@ -241,9 +241,10 @@ impl Round {
             if k == 0 {
                 return Cost::ZERO;
             }
+            let moved = p.sent.max(p.received);
             Cost {
                 latency: link.alpha + (k - 1) as f64 * link.overhead,
-                bandwidth: p.sent.max(p.received) / link.beta,
+                bandwidth: link.transfer(moved, moved / k as f64),
                 compute: 0.0,
             }
         };
@@ -547,6 +548,7 @@ mod tests {
             alpha: 40e-6,
             beta: 0.125e9,
             overhead: 30e-6,
+            piece: 0.0,
         };
         p.inter_ports = 1.0;
         p.copy = 1e-10;
@@ -644,6 +646,7 @@ mod tests {
             alpha: 50e-6,
             beta: 1e9,
             overhead: 40e-6,
+            piece: 0.0,
         };
         let t: Topology = "2x4".parse().unwrap();
         let c = price(&uniform(8, 1.0), 65536.0, &t, &p);
