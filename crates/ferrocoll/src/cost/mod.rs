@@ -43,14 +43,30 @@ pub struct LinkParams {
     pub overhead: f64,
     /// Bytes of the pieces in which a message's two copies overlap (the
     /// sender's into the transport, the receiver's out of it, as a
-    /// shared-memory ring or a socket has them): a round whose largest
-    /// message is m bytes pays `min(m, piece)` bytes more at beta, the
-    /// piece that one copy waits for the other ([`LinkParams::transfer`]).
+    /// shared-memory ring or a socket has them): a round whose messages are
+    /// m bytes pays `min(m, piece)` bytes more at beta, the piece that one
+    /// copy waits for the other ([`LinkParams::transfer`]).
     /// So a message of a piece or less pays both copies and a long one
     /// about one. Fitted by `ferrocoll calibrate` among a few sizes; 0 (the
     /// plain alpha-beta model) leaves the term out.
     #[serde(default)]
     pub piece: f64,
+}
+
+impl LinkParams {
+    /// Seconds a round moving `bytes` through a port in messages of
+    /// `message` bytes (their mean, where they differ) spends on
+    /// bandwidth: `(bytes + min(message, piece)) / beta` (see
+    /// [`LinkParams::piece`]).
+    pub fn transfer(&self, bytes: f64, message: f64) -> f64 {
+        (bytes + self.piece_of(message)) / self.beta
+    }
+
+    /// The bytes of a `message`-byte message that its two copies do not
+    /// overlap: `min(message, piece)`.
+    pub fn piece_of(&self, message: f64) -> f64 {
+        message.min(self.piece).max(0.0)
+    }
 }
 
 /// Parameters of the machine a collective runs on.
@@ -342,21 +358,6 @@ pub struct Cost {
     pub bandwidth: f64,
     /// Bytes reduced times gamma on the critical path.
     pub compute: f64,
-}
-
-impl LinkParams {
-    /// Seconds a round moving `bytes` through a port, its largest message
-    /// `message` bytes, spends on bandwidth: `(bytes + min(message,
-    /// piece)) / beta` (see [`LinkParams::piece`]).
-    pub fn transfer(&self, bytes: f64, message: f64) -> f64 {
-        (bytes + self.piece_of(message)) / self.beta
-    }
-
-    /// The bytes of a `message`-byte message that its two copies do not
-    /// overlap: `min(message, piece)`.
-    pub fn piece_of(&self, message: f64) -> f64 {
-        message.min(self.piece).max(0.0)
-    }
 }
 
 impl Cost {
