@@ -48,13 +48,20 @@ pub(super) fn all_gather(req: &PlanRequest) -> Plan {
     while d < n {
         let m = d.min(n - d);
         let mut round = p.round();
-        if d == 1 {
-            // For rank 0 in place this is a no-op: its input is output block 0.
-            round.copy(work(0, 1), Span::input(0, c));
-        }
         // Blocks 0..m go out while blocks d..d+m come in: disjoint, as m <= d.
-        round.send((r + n - d) % n, work(0, m));
-        round.recv((r + d) % n, work(d, m));
+        if d == 1 {
+            // Block 0 is the rank's own: sent from the input, its copy into
+            // the working buffer overlapped with the messages (listed after
+            // them; for rank 0 in place a no-op, its input being output
+            // block 0), so the send neither waits for the copy nor has the
+            // peer read lines just written.
+            round.send((r + n - d) % n, Span::input(0, c));
+            round.recv((r + d) % n, work(d, m));
+            round.copy(work(0, 1), Span::input(0, c));
+        } else {
+            round.send((r + n - d) % n, work(0, m));
+            round.recv((r + d) % n, work(d, m));
+        }
         d *= 2;
     }
     if r != 0 {

@@ -227,10 +227,11 @@ pub(super) fn all_gather(req: &PlanRequest) -> Plan {
         }
         Role::Core { vrank, partner } => (vrank, partner),
     };
-    // In place this copy is a no-op: the input is the rank's own block.
     let mut round = p.round();
-    round.copy(blocks(rank, rank + 1), Span::input(0, c));
+    let own = blocks(rank, rank + 1);
     if let Some(extra) = partner {
+        // In place this copy is a no-op: the input is the rank's own block.
+        round.copy(own, Span::input(0, c));
         round.recv(extra, blocks(extra, extra + 1));
         round = p.round();
     }
@@ -243,9 +244,22 @@ pub(super) fn all_gather(req: &PlanRequest) -> Plan {
     for k in 0..core.levels() {
         let size = 1 << k;
         let peer_v = vrank ^ size;
-        round
-            .send(core.real(peer_v), group(vrank, size))
-            .recv(core.real(peer_v), group(peer_v, size));
+        if k == 0 && partner.is_none() {
+            // The first block out is the rank's own: sent from the input,
+            // with the copy into the output overlapped with the messages
+            // (listed after them), as the ring does. Sending it from the
+            // output made the send wait for the copy, and the peer read
+            // lines this rank had just written (on threads: a 256 KiB
+            // allgather of 2 ranks took 17.4 us against the ring's 7.3).
+            round
+                .send(core.real(peer_v), Span::input(0, c))
+                .recv(core.real(peer_v), group(peer_v, size))
+                .copy(own, Span::input(0, c));
+        } else {
+            round
+                .send(core.real(peer_v), group(vrank, size))
+                .recv(core.real(peer_v), group(peer_v, size));
+        }
         round = p.round();
     }
     if let Some(extra) = partner {

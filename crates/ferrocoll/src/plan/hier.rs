@@ -218,7 +218,9 @@ impl Phase<'_> {
             Kind::AllGather => {
                 for piece in (self.chunk)(ring.back(s)) {
                     if piece.acc.len > 0 {
-                        round.send(ring.right, piece.acc);
+                        // At step 0 the chunk is this rank's own, which a
+                        // piece may give where it already is (`mine`).
+                        round.send(ring.right, if s == 0 { piece.mine } else { piece.acc });
                     }
                 }
                 for piece in (self.chunk)(ring.back(s + 1)) {
@@ -395,18 +397,29 @@ pub(super) fn all_gather(req: &PlanRequest) -> Plan {
         return p.finish();
     }
     let order = Order::new(&req.topology);
-    // In place the input is this very block: the copy is then a no-op.
-    p.round().copy(Span::output(r * c, c), Span::input(0, c));
-    let phases: Vec<Phase<'_>> = order
-        .active()
+    let own = Span::output(r * c, c);
+    let active = order.active();
+    let outermost = active[active.len() - 1];
+    let phases: Vec<Phase<'_>> = active
         .into_iter()
         .rev()
         .map(|k| {
             let order = &order;
+            let ring = Ring::new(order.dims[k], r);
             Phase {
                 kind: Kind::AllGather,
-                ring: Ring::new(order.dims[k], r),
+                ring,
                 chunk: Box::new(move |q| {
+                    if k == outermost && q == ring.pos {
+                        // The outermost ring's own chunk is this rank's
+                        // block alone: it goes out from the input, so the
+                        // first send neither waits for the copy below nor
+                        // has the peer read lines just written.
+                        return vec![Piece {
+                            mine: Span::input(0, c),
+                            acc: own,
+                        }];
+                    }
                     let spans = order
                         .chunk(r, k, q)
                         .map(|t| Span::output(order.block_at(t) * c, c));
@@ -415,7 +428,18 @@ pub(super) fn all_gather(req: &PlanRequest) -> Plan {
             }
         })
         .collect();
-    emit_phases(&mut p, &phases);
+    for (i, phase) in phases.iter().enumerate() {
+        for s in 0..phase.steps() {
+            let mut round = p.round();
+            phase.emit(&mut round, s);
+            if i == 0 && s == 0 {
+                // The own block into the output, overlapped with the first
+                // messages (listed after them); inner rings send it from
+                // there. In place the input is this very block: a no-op.
+                round.copy(own, Span::input(0, c));
+            }
+        }
+    }
     p.finish()
 }
 
