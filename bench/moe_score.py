@@ -16,80 +16,134 @@ stalls in 40 layers move a mean by more than the schedules differ.
 
 Usage: bench/moe_score.py RAW/sweep.json [--stat median|mean]
 """
+
+from __future__ import annotations
+
 import argparse
 import json
 import statistics
 from collections import defaultdict
 
-ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-ap.add_argument("sweep", help="the sweep's JSON lines (bench/moe.sh keeps them as RAW/sweep.json)")
-ap.add_argument("--stat", choices=("median", "mean"), default="median",
-                help="each run's per-schedule statistic of the timed layers (default median)")
-args = ap.parse_args()
+#: auto's pick counts as right within this of the fastest forced schedule.
 TOL = 0.05
-FIELD = "{}_median_us" if args.stat == "median" else "{}_us"
-runs = defaultdict(list)
-for line in open(args.sweep):
-    if "{" in line:
-        r = json.loads(line.split("] ", 1)[-1])
-        runs[(r["tokens"], r["skew"], r["requested"])].append(r)
-forced = ["direct", "pairwise", "two-level", "rail"]
-points = sorted({(t, s) for t, s, _ in runs})
-# The mean over the runs of each run's statistic.
-mean = lambda t, s, q, phase: statistics.mean(r[FIELD.format(phase)] for r in runs[(t, s, q)])
-reps = len(runs[next(iter(runs))])
-print(f"# mean over {reps} runs of each schedule's {args.stat} us: dispatch (count exchange included) + combine;"
-      f" auto: what it ran (dispatch/combine) and its own time; ok: auto's pick is within {TOL:.0%} of the"
-      f" fastest forced schedule (dispatch, combine, the layer)")
-print(f"{'tokens':>6} {'skew':>9} " + " ".join(f"{q:>10}" for q in forced)
-      + f" {'auto':>10} {'auto ran':>19} {'fastest':>19} {'ok':>3} {'wrong':>5}")
-right = {"dispatch": 0, "combine": 0, "layer": 0}
-strict = {"dispatch": 0, "combine": 0}
-noise = []
-for t, s in points:
-    auto = runs[(t, s, "auto")][0]
-    picks = {"dispatch": auto["schedule"], "combine": auto["combine_schedule"]}
-    ok, fastest = "", []
-    for phase in ("dispatch", "combine"):
-        times = {q: mean(t, s, q, phase) for q in forced}
-        best = min(times, key=times.get)
-        fastest.append(best)
-        strict[phase] += picks[phase] == best
-        good = times[picks[phase]] <= (1 + TOL) * times[best]
-        right[phase] += good
+#: The schedules the sweep forces, in column order.
+FORCED = ["direct", "pairwise", "two-level", "rail"]
+
+Key = tuple[int, str, str]
+
+
+def load(path: str) -> dict[Key, list[dict]]:
+    """The sweep's JSON lines by (tokens, skew, requested schedule), one per run."""
+    runs: dict[Key, list[dict]] = defaultdict(list)
+    with open(path) as lines:
+        for line in lines:
+            if "{" in line:
+                r = json.loads(line.split("] ", 1)[-1])
+                runs[(r["tokens"], r["skew"], r["requested"])].append(r)
+    return runs
+
+
+def family(schedule: str) -> str:
+    """Flat (one all-to-all-v) or hierarchical (through the hosts)."""
+    return "flat" if schedule in ("direct", "pairwise") else "hier"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("sweep", help="the sweep's JSON lines (bench/moe.sh keeps them as RAW/sweep.json)")
+    ap.add_argument(
+        "--stat",
+        choices=("median", "mean"),
+        default="median",
+        help="each run's per-schedule statistic of the timed layers (default median)",
+    )
+    args = ap.parse_args()
+    field = "{}_median_us" if args.stat == "median" else "{}_us"
+    runs = load(args.sweep)
+    points = sorted({(t, s) for t, s, _ in runs})
+
+    def mean(t: int, s: str, q: str, phase: str) -> float:
+        """The mean over the runs of each run's statistic."""
+        return statistics.mean(r[field.format(phase)] for r in runs[(t, s, q)])
+
+    def layer_of(t: int, s: str, q: str) -> float:
+        return mean(t, s, q, "dispatch") + mean(t, s, q, "combine")
+
+    reps = len(runs[next(iter(runs))])
+    print(
+        f"# mean over {reps} runs of each schedule's {args.stat} us: dispatch (count exchange"
+        f" included) + combine; auto: what it ran (dispatch/combine) and its own time; ok: auto's"
+        f" pick is within {TOL:.0%} of the fastest forced schedule (dispatch, combine, the layer)"
+    )
+    print(
+        f"{'tokens':>6} {'skew':>9} "
+        + " ".join(f"{q:>10}" for q in FORCED)
+        + f" {'auto':>10} {'auto ran':>19} {'fastest':>19} {'ok':>3} {'wrong':>5}"
+    )
+    right = {"dispatch": 0, "combine": 0, "layer": 0}
+    strict = {"dispatch": 0, "combine": 0}
+    noise = []
+    for t, s in points:
+        auto = runs[(t, s, "auto")][0]
+        picks = {"dispatch": auto["schedule"], "combine": auto["combine_schedule"]}
+        ok, fastest = "", []
+        for phase in ("dispatch", "combine"):
+            times = {q: mean(t, s, q, phase) for q in FORCED}
+            best = min(times, key=lambda q: times[q])
+            fastest.append(best)
+            strict[phase] += picks[phase] == best
+            good = times[picks[phase]] <= (1 + TOL) * times[best]
+            right[phase] += good
+            ok += "y" if good else "n"
+        layer = {q: layer_of(t, s, q) for q in FORCED}
+        picked = mean(t, s, picks["dispatch"], "dispatch") + mean(t, s, picks["combine"], "combine")
+        good = picked <= (1 + TOL) * min(layer.values())
+        right["layer"] += good
         ok += "y" if good else "n"
-    layer = {q: mean(t, s, q, "dispatch") + mean(t, s, q, "combine") for q in forced}
-    picked = mean(t, s, picks["dispatch"], "dispatch") + mean(t, s, picks["combine"], "combine")
-    good = picked <= (1 + TOL) * min(layer.values())
-    right["layer"] += good
-    ok += "y" if good else "n"
-    if picks["dispatch"] == picks["combine"]:
-        own = mean(t, s, "auto", "dispatch") + mean(t, s, "auto", "combine")
-        noise.append(abs(own - layer[picks["dispatch"]]) / layer[picks["dispatch"]])
-    wrong = sum(int(r["wrong"] or 0) for k, v in runs.items() if k[:2] == (t, s) for r in v)
-    print(f"{t:>6} {s:>9} " + " ".join(f"{layer[q]:>10.1f}" for q in forced)
-          + f" {mean(t, s, 'auto', 'dispatch') + mean(t, s, 'auto', 'combine'):>10.1f}"
-          f" {picks['dispatch'] + '/' + picks['combine']:>19} {'/'.join(fastest):>19} {ok:>3} {wrong:>5}")
-n = len(points)
-print(f"# auto's pick within {TOL:.0%} of the fastest: dispatch {right['dispatch']}/{n}, combine {right['combine']}/{n}"
-      f" ({100 * (right['dispatch'] + right['combine']) / (2 * n):.0f} % of the calls), layer {right['layer']}/{n}"
-      f" ({100 * right['layer'] / n:.0f} %); the fastest itself: {strict['dispatch'] + strict['combine']}/{2 * n} calls")
-# The flat-or-hierarchical question: the faster family by layer time (its
-# best member), a tie within TOL counting either way.
-family = lambda q: "flat" if q in ("direct", "pairwise") else "hier"
-fam_ok = 0
-for t, s in points:
-    layer = {q: mean(t, s, q, "dispatch") + mean(t, s, q, "combine") for q in forced}
-    best = {f: min(v for q, v in layer.items() if family(q) == f) for f in ("flat", "hier")}
-    auto = runs[(t, s, "auto")][0]
-    picked = {family(auto["schedule"]), family(auto["combine_schedule"])}
-    fam_ok += all(best[f] <= (1 + TOL) * min(best.values()) for f in picked)
-print(f"# flat or hierarchical: auto's family the faster (or within {TOL:.0%}) in {fam_ok}/{n} ({100 * fam_ok / n:.0f} %)")
-own_ok = sum(
-    mean(t, s, "auto", "dispatch") + mean(t, s, "auto", "combine")
-    <= (1 + TOL) * min(mean(t, s, q, "dispatch") + mean(t, s, q, "combine") for q in forced)
-    for t, s in points
-)
-print(f"# auto's own layer time within {TOL:.0%} of the fastest forced schedule's: {own_ok}/{n} ({100 * own_ok / n:.0f} %)")
-print(f"# noise: auto's own time against the forced run of the same schedule, median {100 * statistics.median(noise):.1f} %,"
-      f" max {100 * max(noise):.1f} %")
+        if picks["dispatch"] == picks["combine"]:
+            own = layer_of(t, s, "auto")
+            noise.append(abs(own - layer[picks["dispatch"]]) / layer[picks["dispatch"]])
+        wrong = sum(int(r["wrong"] or 0) for k, v in runs.items() if k[:2] == (t, s) for r in v)
+        print(
+            f"{t:>6} {s:>9} "
+            + " ".join(f"{layer[q]:>10.1f}" for q in FORCED)
+            + f" {layer_of(t, s, 'auto'):>10.1f}"
+            f" {picks['dispatch'] + '/' + picks['combine']:>19} {'/'.join(fastest):>19}"
+            f" {ok:>3} {wrong:>5}"
+        )
+    n = len(points)
+    calls = 100 * (right["dispatch"] + right["combine"]) / (2 * n)
+    print(
+        f"# auto's pick within {TOL:.0%} of the fastest: dispatch {right['dispatch']}/{n},"
+        f" combine {right['combine']}/{n} ({calls:.0f} % of the calls), layer {right['layer']}/{n}"
+        f" ({100 * right['layer'] / n:.0f} %); the fastest itself:"
+        f" {strict['dispatch'] + strict['combine']}/{2 * n} calls"
+    )
+    # The flat-or-hierarchical question: the faster family by layer time (its
+    # best member), a tie within TOL counting either way.
+    fam_ok = 0
+    for t, s in points:
+        layer = {q: layer_of(t, s, q) for q in FORCED}
+        best = {f: min(v for q, v in layer.items() if family(q) == f) for f in ("flat", "hier")}
+        auto = runs[(t, s, "auto")][0]
+        picked_families = {family(auto["schedule"]), family(auto["combine_schedule"])}
+        fam_ok += all(best[f] <= (1 + TOL) * min(best.values()) for f in picked_families)
+    print(
+        f"# flat or hierarchical: auto's family the faster (or within {TOL:.0%}) in {fam_ok}/{n}"
+        f" ({100 * fam_ok / n:.0f} %)"
+    )
+    own_ok = sum(
+        layer_of(t, s, "auto") <= (1 + TOL) * min(layer_of(t, s, q) for q in FORCED) for t, s in points
+    )
+    print(
+        f"# auto's own layer time within {TOL:.0%} of the fastest forced schedule's: {own_ok}/{n}"
+        f" ({100 * own_ok / n:.0f} %)"
+    )
+    print(
+        f"# noise: auto's own time against the forced run of the same schedule, median"
+        f" {100 * statistics.median(noise):.1f} %, max {100 * max(noise):.1f} %"
+    )
+
+
+if __name__ == "__main__":
+    main()
