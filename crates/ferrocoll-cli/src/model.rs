@@ -68,6 +68,10 @@ pub struct ModelArgs {
     /// Bandwidth of a port once the working set exceeds --cache.
     #[arg(long, value_parser = parse_rate, requires = "cache")]
     beta_mem: Option<f64>,
+    /// Cost of a local copy once the working set exceeds --cache (a rate or
+    /// a time per byte, as --copy); default: --copy everywhere.
+    #[arg(long, value_parser = parse_gamma, requires = "cache")]
+    copy_mem: Option<f64>,
     /// Topology, outermost level first (e.g. 4x8: 4 nodes of 8 ranks).
     #[arg(long)]
     topo: Option<Topology>,
@@ -314,6 +318,7 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
         copy: args.copy,
         cache_bytes: args.cache.unwrap_or(0) as f64,
         beta_mem: args.beta_mem.unwrap_or(0.0),
+        copy_mem: args.copy_mem.unwrap_or(0.0),
         inter_ports: args.inter_ports,
         cores: args.cores,
         receiver_copies: args.receiver_copies,
@@ -415,9 +420,14 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
             shape.working_set() / 1048576.0,
             if profile.cache_bytes > 0.0 {
                 format!(
-                    ", beyond {:.1} MiB the links run at {:.3} GB/s{}",
+                    ", beyond {:.1} MiB the links run at {:.3} GB/s{}{}",
                     profile.cache_bytes / 1048576.0,
                     profile.beta_mem / 1e9,
+                    if profile.copy_mem > profile.copy {
+                        format!(" and a copy costs {:.4} ns/B", profile.copy_mem * 1e9)
+                    } else {
+                        String::new()
+                    },
                     if shape.working_set() > profile.cache_bytes {
                         " (this call)"
                     } else {

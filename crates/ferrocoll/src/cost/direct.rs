@@ -449,6 +449,7 @@ mod tests {
             copy: 0.0,
             cache_bytes: 0.0,
             beta_mem: 0.0,
+            copy_mem: 0.0,
             inter_ports: 0.0,
             cores: 0.0,
             receiver_copies: false,

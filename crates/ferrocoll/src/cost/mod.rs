@@ -100,6 +100,15 @@ pub struct Profile {
     /// `cache_bytes`: each link class's beta is capped at it. 0: no cap.
     #[serde(default)]
     pub beta_mem: f64,
+    /// Seconds to copy one byte locally once the working set exceeds
+    /// `cache_bytes` (a copy out of the cache streams through memory): the
+    /// copy cost [`Profile::for_shape`] uses there. 0 (profiles written
+    /// before it existed, and the built-in ones): `copy` everywhere.
+    /// Measured (bench/RESULTS.md, issue 19): a 16 MiB Bruck alltoall on 2
+    /// ranks, which copies its buffer twice more than the direct one, took
+    /// 1.5x its prediction with the in-cache copy cost.
+    #[serde(default)]
+    pub copy_mem: f64,
     /// Inter-node ports per node: 0 (profiles written before it existed,
     /// and the default) means every rank has a port of its own, as with a
     /// NIC per GPU; `k` means the ranks of a node share `k` ports, as on a
@@ -250,6 +259,7 @@ impl Profile {
             copy: 0.0,
             cache_bytes: 0.0,
             beta_mem: 0.0,
+            copy_mem: 0.0,
             inter_ports: 0.0,
             cores: 0.0,
             receiver_copies: false,
@@ -293,17 +303,25 @@ impl Profile {
     }
 
     /// The parameters that apply to a call of `shape`: this profile, with
-    /// both link classes' beta capped at `beta_mem` when the call's working
-    /// set exceeds `cache_bytes` (both set). On one host the "network" of
+    /// both link classes' beta capped at `beta_mem` and the copy cost raised
+    /// to `copy_mem` when the call's working set exceeds `cache_bytes` (both
+    /// set). On one host the "network" of
     /// the thread and shared-memory transports is the memory system: while
     /// every rank's buffers fit the last-level cache a copy runs at cache
     /// speed, beyond it at what the shared memory bus gives each port. A
     /// step, fitted by `ferrocoll calibrate`; [`predict`] applies it.
     pub fn for_shape(&self, shape: &Shape) -> Profile {
+        self.for_working_set(shape.working_set())
+    }
+
+    /// [`Profile::for_shape`] for a call whose buffers total `working_set`
+    /// bytes (an exchange that is not a [`Shape`], as an MoE dispatch).
+    pub fn for_working_set(&self, working_set: f64) -> Profile {
         let mut p = self.clone();
-        if self.cache_bytes > 0.0 && self.beta_mem > 0.0 && shape.working_set() > self.cache_bytes {
+        if self.cache_bytes > 0.0 && self.beta_mem > 0.0 && working_set > self.cache_bytes {
             p.intra.beta = p.intra.beta.min(self.beta_mem);
             p.inter.beta = p.inter.beta.min(self.beta_mem);
+            p.copy = p.copy.max(self.copy_mem);
         }
         p
     }
@@ -683,6 +701,11 @@ mod tests {
         assert!(cost(Algorithm::Direct, &tcp) >= cost(Algorithm::Butterfly, &tcp));
     }
 
+    /// An alltoall of 64 MiB on 4 ranks: beyond a 32 MiB cache.
+    fn big_a2a() -> Shape {
+        Shape::new(Collective::AllToAll, 4, 1 << 22, 4)
+    }
+
     #[test]
     fn beyond_the_cache_the_links_run_at_beta_mem() {
         let mut p = Profile::uniform(2e-6, 2e10, 0.0);
@@ -705,6 +728,22 @@ mod tests {
         slow.intra.beta = 1e9;
         slow.inter.beta = 1e9;
         assert_eq!(slow.for_shape(&big).intra.beta, 1e9);
+        // The copy cost beyond the cache: copy_mem there, copy in it, and
+        // copy everywhere while copy_mem is 0.
+        let mut copies = p.clone();
+        copies.copy = 2e-11;
+        assert_eq!(copies.for_shape(&big).copy, 2e-11);
+        copies.copy_mem = 9e-11;
+        assert_eq!(copies.for_shape(&big).copy, 9e-11);
+        assert_eq!(copies.for_shape(&small).copy, 2e-11);
+        let bruck = |q: &Profile| predict(Algorithm::Bruck, &big_a2a(), q).unwrap().compute;
+        assert!(
+            bruck(&copies)
+                > bruck(&Profile {
+                    copy_mem: 0.0,
+                    ..copies.clone()
+                })
+        );
         // allgather: C in, N·C out per rank; alltoall: N·C each way.
         let ag = Shape::new(Collective::AllGather, 4, 100, 4);
         assert_eq!(ag.working_set(), (4 * (100 + 400) * 4) as f64);

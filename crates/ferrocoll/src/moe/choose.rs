@@ -270,15 +270,10 @@ impl Dispatcher {
     }
 }
 
-/// `profile` with its links capped at the memory bandwidth when the
-/// exchange's buffers (`bytes` sent, as many received) outgrow the cache,
-/// as [`Profile::for_shape`] does for the collectives.
-fn in_memory(mut profile: Profile, bytes: f64) -> Profile {
-    if profile.cache_bytes > 0.0 && profile.beta_mem > 0.0 && 2.0 * bytes > profile.cache_bytes {
-        profile.intra.beta = profile.intra.beta.min(profile.beta_mem);
-        profile.inter.beta = profile.inter.beta.min(profile.beta_mem);
-    }
-    profile
+/// `profile` as it applies to an exchange of `bytes` sent (and as many
+/// received): [`Profile::for_working_set`].
+fn in_memory(profile: Profile, bytes: f64) -> Profile {
+    profile.for_working_set(2.0 * bytes)
 }
 
 #[cfg(test)]
