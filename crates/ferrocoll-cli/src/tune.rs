@@ -289,8 +289,7 @@ fn measure(comm: &Communicator, plan: &Plan, json: bool) -> Result<Vec<TunePoint
                 let (m, calls) = times.pop().expect("auto was timed last");
                 (m, calls, ran)
             });
-            // In the order auto compares them (Measured::score_us).
-            times.sort_by(|a, b| a.0.score_us().total_cmp(&b.0.score_us()));
+            times.sort_by(|a, b| a.0.median_us.total_cmp(&b.0.median_us));
             let bytes = comm.call_bytes(coll, size.count, DType::F32);
             report_point(coll, bytes, &times, auto.as_ref(), json)?;
             points.push(TunePoint {
@@ -320,13 +319,13 @@ fn report_point(
             "{} wins, separated from {} ({:.2}x)",
             w.algo,
             r.algo,
-            r.score_us() / w.score_us()
+            r.median_us / w.median_us
         ),
         [(w, _), (r, _), ..] => format!(
             "{} wins, within noise of {} ({:.2}x)",
             w.algo,
             r.algo,
-            r.score_us() / w.score_us()
+            r.median_us / w.median_us
         ),
         [(w, _)] => format!("{} (the only candidate)", w.algo),
         [] => String::new(),

@@ -126,28 +126,6 @@ pub struct Measured {
     pub samples: usize,
 }
 
-impl Measured {
-    /// The time a choice compares, microseconds: the mean of the 10th
-    /// percentile, the median and the 90th percentile (the median alone
-    /// when the percentiles are not usable).
-    ///
-    /// On a shared machine the median of a few samples alone lets one
-    /// lucky run decide. Scored by the forced candidates' times in the
-    /// fresh runs of six kept `bench/regret_tune.sh` directories
-    /// (`bench/tune_rule.py`), the candidate of least such mean was within
-    /// 1.10 of the fastest at 732 of 762 points, the candidate of least
-    /// median at 725; better in five directories, equal in one
-    /// (bench/RESULTS.md, issue 19, sixth session).
-    pub fn score_us(&self) -> f64 {
-        let parts = [self.p10_us, self.median_us, self.p90_us];
-        if parts.iter().all(|t| t.is_finite() && *t > 0.0) {
-            parts.iter().sum::<f64>() / 3.0
-        } else {
-            self.median_us
-        }
-    }
-}
-
 /// Every candidate's time for one collective at one size.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TunePoint {
@@ -189,8 +167,7 @@ impl Lookup {
 
 impl TuneTable {
     /// The measured times of `coll` for a call of `bytes` (as
-    /// [`TunePoint::bytes`] counts): at a measured size each candidate's
-    /// [`Measured::score_us`], between
+    /// [`TunePoint::bytes`] counts): at a measured size its medians, between
     /// two measured sizes each candidate measured at both interpolated
     /// log-log, and `None` outside the measured range or where no
     /// candidate has a usable time.
@@ -212,7 +189,7 @@ impl TuneTable {
             hi_pt
                 .times
                 .iter()
-                .filter_map(|m| usable(m).map(|a| (a, m.score_us() * 1e-6)))
+                .filter_map(|m| usable(m).map(|a| (a, m.median_us * 1e-6)))
                 .collect()
         } else {
             let lo_pt = pts[hi.checked_sub(1)?];
@@ -228,7 +205,7 @@ impl TuneTable {
                 .filter_map(|lo| {
                     let a = usable(lo)?;
                     let hi = hi_pt.times.iter().find(|m| usable(m) == Some(a))?;
-                    let ln_t = lo.score_us().ln() + f * (hi.score_us().ln() - lo.score_us().ln());
+                    let ln_t = lo.median_us.ln() + f * (hi.median_us.ln() - lo.median_us.ln());
                     Some((a, ln_t.exp() * 1e-6))
                 })
                 .collect()
@@ -382,8 +359,8 @@ mod tests {
         Measured {
             algo: algo.into(),
             median_us: us,
-            p10_us: us * 0.75,
-            p90_us: us * 1.25,
+            p10_us: us * 0.5,
+            p90_us: us * 2.0,
             samples: 5,
         }
     }
@@ -437,37 +414,6 @@ mod tests {
         assert!(t.lookup(Collective::AllReduce, 2 << 20).is_none());
         assert!(t.lookup(Collective::AllReduce, 0).is_none());
         assert!(t.lookup(Collective::AllGather, 1024).is_none());
-    }
-
-    #[test]
-    fn a_wide_spread_counts_against_a_lower_median() {
-        // Ring: the lower median, one slow sample in ten of 3x. Tree: a
-        // median 5 % higher, every sample alike.
-        let ring = Measured {
-            p10_us: 95.0,
-            p90_us: 300.0,
-            ..measured("ring", 100.0)
-        };
-        let tree = measured("tree", 105.0);
-        assert!(ring.score_us() > tree.score_us());
-        let t = TuneTable {
-            key: TuneKey::current("thread", 4, &Topology::flat(4)),
-            points: vec![TunePoint {
-                coll: "allreduce".into(),
-                bytes: 4096,
-                times: vec![ring, tree],
-            }],
-        };
-        let at = t.lookup(Collective::AllReduce, 4096).unwrap();
-        assert_eq!(at.winner(), Algorithm::Tree);
-        assert!((at.times[0].1 - 105e-6).abs() < 1e-12);
-        // Percentiles that cannot be used: the median decides.
-        let bare = Measured {
-            p10_us: f64::NAN,
-            p90_us: 0.0,
-            ..measured("ring", 100.0)
-        };
-        assert_eq!(bare.score_us(), 100.0);
     }
 
     #[test]
