@@ -20,6 +20,11 @@
 //! if no split helps), and the profile keeps the middle of that gap as
 //! `cache_bytes`.
 //!
+//! On one host over shared memory or sockets the forms are those in which
+//! both ends of a message copy it ([`Profile::two_sided_copies`], which the
+//! profile then keeps); the error of the same fit charging the larger of
+//! what a rank sends and receives is printed beside it.
+//!
 //! Each point is the fastest of `--repeat` timed batches: on a shared
 //! machine a descheduled batch only ever adds time. Prints each point's
 //! error, R², the geometric-mean error, the same for the simpler models
@@ -115,6 +120,7 @@ struct Form {
     shape: Shape,
     cores: f64,
     receiver_copies: bool,
+    two_sided: bool,
 }
 
 /// The pipeline pieces ([`ferrocoll::cost::LinkParams::piece`]) a class is
@@ -135,9 +141,14 @@ fn with_piece(points: &[Point], piece: f64) -> Vec<Point> {
         .map(|p| {
             let mut q = p.clone();
             if let Some(f) = &p.form {
-                if let Some(coef) =
-                    coefficients(f.algo, &f.shape, f.cores, f.receiver_copies, piece)
-                {
+                if let Some(coef) = coefficients(
+                    f.algo,
+                    &f.shape,
+                    f.cores,
+                    f.receiver_copies,
+                    f.two_sided,
+                    piece,
+                ) {
                     q.coef = coef;
                 }
             }
@@ -198,20 +209,23 @@ fn time_calls(
 /// Unit-parameter coefficients of the closed form, on a host of `cores`
 /// cores (the per-byte coefficients carry the core share, so the fit finds
 /// the speed of a rank with a core of its own), on a transport where only
-/// receivers copy or not ([`Profile::receiver_copies`]), with a pipeline
-/// piece of `piece` bytes on both link classes (its bytes join the 1/beta
+/// receivers copy or not ([`Profile::receiver_copies`]), where both ends
+/// copy or not ([`Profile::two_sided_copies`]), with a pipeline piece of
+/// `piece` bytes on both link classes (its bytes join the 1/beta
 /// coefficient).
 fn coefficients(
     algo: ferrocoll::Algorithm,
     shape: &Shape,
     cores: f64,
     receiver_copies: bool,
+    two_sided: bool,
     piece: f64,
 ) -> Option<[f64; PARAMS]> {
     let huge = 1e300;
     let unit = |alpha, beta, gamma| {
         let mut p = Profile {
             receiver_copies,
+            two_sided_copies: two_sided,
             ..Profile::uniform(alpha, beta, gamma).with_cores(cores)
         };
         p.intra.piece = piece;
@@ -600,12 +614,14 @@ fn refit_beta_on_large(points: &[Point], x: [f64; PARAMS]) -> [f64; PARAMS] {
 
 /// Every collective of [`CALIBRATED`] with every algorithm, over `sizes`,
 /// timed on `comm` (each point the fastest of `repeat` batches on the
-/// slowest rank).
+/// slowest rank), explained by forms in which both ends of a message copy
+/// when `two_sided` ([`Profile::two_sided_copies`]).
 fn measure(
     comm: &Communicator,
     sizes: &[usize],
     repeat: u32,
     cores: f64,
+    two_sided: bool,
 ) -> Result<Vec<Point>, ferrocoll::Error> {
     let n = comm.size();
     let elem = DType::F32.size();
@@ -625,7 +641,9 @@ fn measure(
                 let mut shape = Shape::new(coll, n, count, elem);
                 shape.topology = comm.topology().clone();
                 let receiver_copies = comm.receivers_copy(coll);
-                if let Some(coef) = coefficients(algo, &shape, cores, receiver_copies, 0.0) {
+                if let Some(coef) =
+                    coefficients(algo, &shape, cores, receiver_copies, two_sided, 0.0)
+                {
                     points.push(Point {
                         coll,
                         algo: algo.name(),
@@ -638,6 +656,7 @@ fn measure(
                             shape,
                             cores,
                             receiver_copies,
+                            two_sided,
                         }),
                     });
                 }
@@ -680,7 +699,7 @@ fn measure_two_classes(
         if rank == 0 {
             eprintln!("calibrate: intra-host links ({per_node} ranks of the first host)");
         }
-        intra = measure(&host, sizes, repeat, cores)?;
+        intra = measure(&host, sizes, repeat, cores, false)?;
     }
     comm.barrier()?;
     let across = comm.split((local == 0).then_some(0), rank as i64)?;
@@ -689,7 +708,7 @@ fn measure_two_classes(
         if rank == 0 {
             eprintln!("calibrate: inter-host links (one rank on each of {nodes} hosts)");
         }
-        inter = measure(&across, sizes, repeat, cores)?;
+        inter = measure(&across, sizes, repeat, cores, false)?;
     }
     comm.barrier()?;
     Ok((rank == 0).then_some((intra, inter)))
@@ -733,7 +752,7 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     }
     // (intra points, inter points): one class unless the job spans hosts.
     let (transport_name, intra, inter) = if transport == "thread" && !in_job {
-        let results = local::run(n, |comm| measure(&comm, &sizes, args.repeat, cores))?;
+        let results = local::run(n, |comm| measure(&comm, &sizes, args.repeat, cores, false))?;
         let mut points = Vec::new();
         for r in results {
             let p = r?;
@@ -762,7 +781,8 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
                 None => return Ok(()),
             }
         } else {
-            let points = measure(&comm, &sizes, args.repeat, cores);
+            // One host's shared memory or sockets: both ends copy.
+            let points = measure(&comm, &sizes, args.repeat, cores, true);
             if comm.rank() != 0 {
                 return points.map(|_| ()).map_err(CliError::from);
             }
@@ -799,12 +819,42 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     for (label, f) in &classes {
         writeln!(out, "# {label}")?;
         report_class(&mut out, f, args.json, gbs)?;
+        if f.points
+            .iter()
+            .any(|p| p.form.as_ref().is_some_and(|f| f.two_sided))
+        {
+            // The same points with every rank charged the larger of what it
+            // sends and receives, for comparison.
+            let one_sided: Vec<Point> = f
+                .unpiped
+                .iter()
+                .map(|p| {
+                    let mut q = p.clone();
+                    if let Some(form) = q.form.as_mut() {
+                        form.two_sided = false;
+                    }
+                    q
+                })
+                .collect();
+            let kernel = f.kernel_gamma.0;
+            let other = fit_class(&with_piece(&one_sided, 0.0), kernel, copy, true, true);
+            writeln!(
+                out,
+                "# model {:<20} both ends of a message copy (a rank pays half of what it sends plus what it receives); charging the larger of the two instead: geometric-mean error {:.1}%",
+                "+ two-sided copies",
+                quality(&other.x, &other.points).0 * 100.0
+            )?;
+        }
     }
     // The profile: one class everywhere, or intra and inter from their own
     // fits (the cache regime is the memory's, so it comes from intra).
     let first = &classes[0].1;
     let mut profile = Profile::uniform(0.0, 1.0, gamma).with_cores(cores);
     profile.receiver_copies = transport_name == "thread";
+    profile.two_sided_copies = intra
+        .iter()
+        .chain(&inter)
+        .any(|p| p.form.as_ref().is_some_and(|f| f.two_sided));
     profile.copy = copy;
     profile.intra = link_of(first);
     profile.inter = link_of(&classes.last().expect("a class").1);
@@ -1164,6 +1214,7 @@ mod tests {
                     shape: shape.clone(),
                     cores: 0.0,
                     receiver_copies: false,
+                    two_sided: false,
                 };
                 points.push(Point {
                     coll,
@@ -1171,7 +1222,7 @@ mod tests {
                     bytes,
                     seconds,
                     working_set: shape.working_set(),
-                    coef: coefficients(algo, &shape, 0.0, false, 0.0).unwrap(),
+                    coef: coefficients(algo, &shape, 0.0, false, false, 0.0).unwrap(),
                     form: Some(form),
                 });
             }

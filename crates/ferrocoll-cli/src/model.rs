@@ -95,6 +95,12 @@ pub struct ModelArgs {
     /// receives.
     #[arg(long)]
     receiver_copies: bool,
+    /// Both ends of a message copy it with their own core (shared memory,
+    /// sockets on one host): a rank pays for half of what it sends plus
+    /// what it receives, so a one-way round (a tree's, a star's) costs half
+    /// an exchange's per byte; without it, the larger of the two.
+    #[arg(long)]
+    two_sided_copies: bool,
     /// Bandwidth between nodes (defaults to --beta).
     #[arg(long, value_parser = parse_rate)]
     beta_inter: Option<f64>,
@@ -322,6 +328,7 @@ pub fn main(args: &ModelArgs) -> Result<(), CliError> {
         inter_ports: args.inter_ports,
         cores: args.cores,
         receiver_copies: args.receiver_copies,
+        two_sided_copies: args.two_sided_copies,
     };
     if args.compress.is_some() && (args.coll != Collective::AllReduce || args.dtype != DType::F32) {
         return Err(CliError::Usage(

@@ -94,11 +94,7 @@ fn round(profile: &Profile, intra: Traffic, inter: Traffic, reduced: f64) -> Cos
         traffic.map_or(Cost::ZERO, |(sent, received, messages)| Cost {
             latency: link.alpha + messages.saturating_sub(1) as f64 * link.overhead,
             bandwidth: {
-                let moved = if profile.receiver_copies {
-                    received
-                } else {
-                    sent.max(received)
-                };
+                let moved = profile.moved(sent, received);
                 link.transfer(moved, moved / messages.max(1) as f64)
             },
             compute: 0.0,
@@ -453,6 +449,7 @@ mod tests {
             inter_ports: 0.0,
             cores: 0.0,
             receiver_copies: false,
+            two_sided_copies: false,
         }
     }
 

@@ -142,6 +142,22 @@ pub struct Profile {
     /// paying for its three messages.
     #[serde(default)]
     pub receiver_copies: bool,
+    /// Both ends of a message move its bytes, each with its own core: a
+    /// shared-memory ring (the sender copies in, the receiver out) or a
+    /// socket on one host (each side's system call copies). A rank then
+    /// pays for what it sends plus what it receives, each byte at half of
+    /// beta, beta being what a rank gets in an exchange round (a message
+    /// each way at once, the rounds calibration mostly sees): a one-way
+    /// round, as a tree's or a star's, costs half an exchange of the same
+    /// message. False (the default, and profiles written before it
+    /// existed): the larger of the two at beta, a full-duplex NIC's rule.
+    /// [`Profile::receiver_copies`] takes precedence. Measured
+    /// (bench/RESULTS.md, issue 19, sixth session): with the larger of the
+    /// two, every shared-memory calibration over-predicted the tree and
+    /// star allreduces (+16 and +18 % mean bias) and under-predicted the
+    /// exchanges.
+    #[serde(default)]
+    pub two_sided_copies: bool,
 }
 
 impl Profile {
@@ -263,6 +279,7 @@ impl Profile {
             inter_ports: 0.0,
             cores: 0.0,
             receiver_copies: false,
+            two_sided_copies: false,
         }
     }
 
@@ -286,6 +303,21 @@ impl Profile {
             (busy / self.cores).max(1.0)
         } else {
             1.0
+        }
+    }
+
+    /// The bytes a rank pays for at beta in a round where it sends `sent`
+    /// and receives `received` bytes on one link class: what it receives
+    /// where only receivers copy ([`Profile::receiver_copies`]), half of
+    /// both where both ends copy ([`Profile::two_sided_copies`]), else the
+    /// larger of the two.
+    pub fn moved(&self, sent: f64, received: f64) -> f64 {
+        if self.receiver_copies {
+            received
+        } else if self.two_sided_copies {
+            0.5 * (sent + received)
+        } else {
+            sent.max(received)
         }
     }
 
@@ -699,6 +731,37 @@ mod tests {
         let cost = |algo, p: &Profile| predict(algo, &shape, p).unwrap().total();
         assert!(cost(Algorithm::Direct, &thread) + 1e-6 < cost(Algorithm::Butterfly, &thread));
         assert!(cost(Algorithm::Direct, &tcp) >= cost(Algorithm::Butterfly, &tcp));
+    }
+
+    #[test]
+    fn two_sided_copies_halve_a_one_way_round_and_keep_an_exchange() {
+        let max_rule = Profile::uniform(1e-6, 1e10, 0.0);
+        let two_sided = Profile {
+            two_sided_copies: true,
+            ..max_rule.clone()
+        };
+        assert_eq!(max_rule.moved(3.0, 1.0), 3.0);
+        assert_eq!(two_sided.moved(3.0, 1.0), 2.0);
+        let receivers = Profile {
+            receiver_copies: true,
+            ..two_sided.clone()
+        };
+        assert_eq!(
+            receivers.moved(3.0, 1.0),
+            1.0,
+            "receiver_copies comes first"
+        );
+        // 1 MiB on 2 ranks: the tree's two rounds are one way (half the
+        // bytes), the ring's are exchanges (unchanged).
+        let shape = Shape::new(Collective::AllReduce, 2, 1 << 18, 4);
+        let bw = |algo, p: &Profile| predict(algo, &shape, p).unwrap().bandwidth;
+        assert!(
+            (bw(Algorithm::Tree, &two_sided) * 2.0 - bw(Algorithm::Tree, &max_rule)).abs() < 1e-15
+        );
+        assert_eq!(
+            bw(Algorithm::Ring, &two_sided),
+            bw(Algorithm::Ring, &max_rule)
+        );
     }
 
     /// An alltoall of 64 MiB on 4 ranks: beyond a 32 MiB cache.

@@ -118,17 +118,19 @@ pub(super) fn predict(algo: Algorithm, shape: &Shape, profile: &Profile) -> Opti
     // The one link class of a single-node (or one-rank-per-node) group;
     // `None` when the group mixes both.
     let single = single_link(shape, profile);
+    // A binomial round is one way for every rank: it sends or receives.
+    let one_way = profile.moved(0.0, m);
     match (algo, shape.coll) {
         (Algorithm::Tree, Collective::Broadcast) => Some(match single {
-            Some(l) => Cost::rounds(d, m, l, 0.0, g),
+            Some(l) => Cost::rounds(d, one_way, l, 0.0, g),
             None => binomial_path(shape, profile, |_, _| m, 0.0),
         }),
         (Algorithm::Tree, Collective::Reduce) => Some(match single {
-            Some(l) => Cost::rounds(d, m, l, d * m, g),
+            Some(l) => Cost::rounds(d, one_way, l, d * m, g),
             None => binomial_path(shape, profile, |_, _| m, m),
         }),
         (Algorithm::Tree, Collective::AllReduce) => Some(match single {
-            Some(l) => Cost::rounds(2.0 * d, m, l, d * m, g),
+            Some(l) => Cost::rounds(2.0 * d, one_way, l, d * m, g),
             None => {
                 let rooted = Shape {
                     root: 0,
@@ -143,7 +145,7 @@ pub(super) fn predict(algo: Algorithm, shape: &Shape, profile: &Profile) -> Opti
         (Algorithm::Tree, Collective::Gather | Collective::Scatter) => Some(match single {
             Some(l) if l.piece <= 0.0 => Cost {
                 latency: d * l.alpha,
-                bandwidth: (n - 1) as f64 * m / l.beta,
+                bandwidth: (n - 1) as f64 * one_way / l.beta,
                 compute: 0.0,
             },
             // The message between virtual ranks h and h + k carries the
@@ -235,7 +237,9 @@ fn binomial_path(
                 } else {
                     &profile.inter
                 };
-                path = path + Cost::rounds(1.0, bytes(h, k), l, reduced, profile.gamma);
+                // One way: h sends, h + k receives (or the reverse).
+                let one_way = profile.moved(0.0, bytes(h, k));
+                path = path + Cost::rounds(1.0, one_way, l, reduced, profile.gamma);
             }
             k >>= 1;
         }

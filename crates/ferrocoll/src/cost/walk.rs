@@ -188,11 +188,7 @@ fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profil
             let t = Cost {
                 latency: links[c].alpha + extra * links[c].overhead,
                 bandwidth: {
-                    let moved = if profile.receiver_copies {
-                        received[c]
-                    } else {
-                        sent[c].max(received[c])
-                    };
+                    let moved = profile.moved(sent[c], received[c]);
                     links[c].transfer(moved, moved / sends[c].max(recvs[c]).max(1) as f64)
                 },
                 compute: 0.0,
