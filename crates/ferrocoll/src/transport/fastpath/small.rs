@@ -74,13 +74,23 @@ pub(crate) fn max_message(n: usize) -> usize {
     (MAX_CALL_BYTES / n.saturating_sub(1).max(1)).clamp(SLOT_PAYLOAD, EAGER_BYTES)
 }
 
-/// Longest broadcast the fast path streams ([`streams`]): four eager
-/// buffers. A streamed part is copied twice (into the eager buffer by the
-/// root, out of it by the receiver, on two cores at once), where the plans'
-/// single copy reads the root's memory once; on 2 ranks the parts win at
-/// 32 KiB (0.71x the time), tie at 64 KiB and lose from 128 KiB (1.40x);
-/// bench/RESULTS.md, "Streamed broadcasts and reduces".
-pub(crate) const BROADCAST_STREAM_BYTES: usize = 4 * EAGER_BYTES;
+/// Longest broadcast the fast path streams among `n` ranks ([`streams`]):
+/// two eager buffers on 2 ranks, four on 3 and 4. A streamed part is
+/// copied twice (into the eager buffer by the root, out of it by the
+/// receiver, on two cores at once), where the plans' single copy reads the
+/// root's memory once. Measured (bench/RESULTS.md, "Streamed broadcasts and
+/// reduces" and the sixth session): on 2 ranks the parts tie with the
+/// plans at 32 KiB and lose from 48 KiB (64 KiB: 5.95-6.35 us against
+/// 4.27-4.73 for the tree and direct); on 3 and 4 ranks they win up to
+/// 64 KiB (4 ranks, 64 KiB: 14.2-14.5 us against 16.5-17.4) and lose from
+/// 96 KiB (4 ranks: 21.0-25.3 against 17.9-20.7).
+pub(crate) fn broadcast_stream_bytes(n: usize) -> usize {
+    if n <= 2 {
+        2 * EAGER_BYTES
+    } else {
+        4 * EAGER_BYTES
+    }
+}
 
 /// Largest group whose broadcasts and reduces are streamed ([`streams`]):
 /// the root writes (broadcast) or reduces (reduce) every peer's parts, so
@@ -91,7 +101,7 @@ pub(crate) const STREAM_MAX_RANKS: usize = 4;
 /// Whether a broadcast or reduce of `bytes` among `n` ranks, too long for
 /// one message, goes through the fast path as consecutive messages of one
 /// eager buffer each (up to [`STREAM_MAX_RANKS`] ranks; broadcasts up to
-/// [`BROADCAST_STREAM_BYTES`], reduces of any length). These are one-way
+/// [`broadcast_stream_bytes`], reduces of any length). These are one-way
 /// calls: the receiver copies or reduces each part, in place in the eager
 /// buffer, while the sender writes the next, a sender runs up to
 /// [`EAGER_BUFFERS`](crate::transport::shm::EAGER_BUFFERS) parts ahead
@@ -105,7 +115,7 @@ pub(crate) fn streams(coll: Collective, bytes: usize, n: usize) -> bool {
     (2..=STREAM_MAX_RANKS).contains(&n)
         && bytes > max_message(n)
         && match coll {
-            Collective::Broadcast => bytes <= BROADCAST_STREAM_BYTES,
+            Collective::Broadcast => bytes <= broadcast_stream_bytes(n),
             Collective::Reduce => true,
             _ => false,
         }
