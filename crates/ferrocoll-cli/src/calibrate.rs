@@ -507,18 +507,16 @@ fn fit_class(points: &[Point], gamma: f64, copy: f64, cache: bool, fit_gamma: bo
     let plain = fit(points, fixed);
     fixed[COPY] = Some(copy);
     let with_copy = fit(points, fixed);
-    let kernel_gamma = best_piece(points, fixed, cache);
-    let (chosen, gamma_fitted) = if fit_gamma {
+    let held = best_piece(points, fixed, cache);
+    let kernel_error = held.error;
+    let free = fit_gamma.then(|| {
         let mut free = fixed;
         free[GAMMA] = None;
-        let tried = best_piece(points, free, cache);
-        if tried.x[GAMMA] >= gamma {
-            (tried, true)
-        } else {
-            (best_piece(points, fixed, cache), false)
-        }
-    } else {
-        (best_piece(points, fixed, cache), false)
+        best_piece(points, free, cache)
+    });
+    let (chosen, gamma_fitted) = match free {
+        Some(tried) if tried.x[GAMMA] >= gamma => (tried, true),
+        _ => (held, false),
     };
     ClassFit {
         x: chosen.x,
@@ -529,7 +527,7 @@ fn fit_class(points: &[Point], gamma: f64, copy: f64, cache: bool, fit_gamma: bo
         unpiped: points.to_vec(),
         piece: chosen.piece,
         piece_errors: chosen.piece_errors,
-        kernel_gamma: (gamma, kernel_gamma.error),
+        kernel_gamma: (gamma, kernel_error),
         gamma_fitted,
     }
 }
@@ -816,13 +814,16 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
         overhead: f.x[3],
         piece: f.piece,
     };
+    // Whether the points were explained with both ends copying (one host's
+    // shared memory or sockets, `measure`'s choice).
+    let two_sided = intra
+        .iter()
+        .chain(&inter)
+        .any(|p| p.form.as_ref().is_some_and(|f| f.two_sided));
     for (label, f) in &classes {
         writeln!(out, "# {label}")?;
         report_class(&mut out, f, args.json, gbs)?;
-        if f.points
-            .iter()
-            .any(|p| p.form.as_ref().is_some_and(|f| f.two_sided))
-        {
+        if two_sided {
             // The same points with every rank charged the larger of what it
             // sends and receives, for comparison.
             let one_sided: Vec<Point> = f
@@ -851,10 +852,7 @@ pub fn main(args: &CalibrateArgs) -> Result<(), CliError> {
     let first = &classes[0].1;
     let mut profile = Profile::uniform(0.0, 1.0, gamma).with_cores(cores);
     profile.receiver_copies = transport_name == "thread";
-    profile.two_sided_copies = intra
-        .iter()
-        .chain(&inter)
-        .any(|p| p.form.as_ref().is_some_and(|f| f.two_sided));
+    profile.two_sided_copies = two_sided;
     profile.copy = copy;
     profile.intra = link_of(first);
     profile.inter = link_of(&classes.last().expect("a class").1);

@@ -93,10 +93,7 @@ fn round(profile: &Profile, intra: Traffic, inter: Traffic, reduced: f64) -> Cos
     let class = |traffic: Traffic, link: &super::LinkParams| {
         traffic.map_or(Cost::ZERO, |(sent, received, messages)| Cost {
             latency: link.alpha + messages.saturating_sub(1) as f64 * link.overhead,
-            bandwidth: {
-                let moved = profile.moved(sent, received);
-                link.transfer(moved, moved / messages.max(1) as f64)
-            },
+            bandwidth: profile.round_bandwidth(link, sent, received, messages),
             compute: 0.0,
         })
     };

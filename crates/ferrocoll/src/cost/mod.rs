@@ -321,6 +321,21 @@ impl Profile {
         }
     }
 
+    /// Seconds a rank spends on bandwidth in a round where it sends `sent`
+    /// and receives `received` bytes through `link` in `messages` messages
+    /// each way at most: [`Profile::moved`] bytes at the link's
+    /// [`LinkParams::transfer`], in messages of their mean size.
+    pub fn round_bandwidth(
+        &self,
+        link: &LinkParams,
+        sent: f64,
+        received: f64,
+        messages: usize,
+    ) -> f64 {
+        let moved = self.moved(sent, received);
+        link.transfer(moved, moved / messages.max(1) as f64)
+    }
+
     /// The inter-node link as each of `ranks_per_node` ranks of a node sees
     /// it when all of them cross at once: `inter` with its beta divided
     /// among them when they share [`Profile::inter_ports`] ports (unchanged

@@ -187,10 +187,12 @@ fn round_cost(ops: &[Op], rank: usize, local: usize, elem: f64, profile: &Profil
             let extra = (sends[c].max(recvs[c]) - 1) as f64;
             let t = Cost {
                 latency: links[c].alpha + extra * links[c].overhead,
-                bandwidth: {
-                    let moved = profile.moved(sent[c], received[c]);
-                    links[c].transfer(moved, moved / sends[c].max(recvs[c]).max(1) as f64)
-                },
+                bandwidth: profile.round_bandwidth(
+                    links[c],
+                    sent[c],
+                    received[c],
+                    sends[c].max(recvs[c]),
+                ),
                 compute: 0.0,
             };
             if t.total() > comm.total() {
