@@ -1,5 +1,7 @@
 /* Copied from ../shared/peers/mpi_coll.c (which stays as it is) with `reduce` added (root 0,
  * busbw factor 1 as nccl-tests counts it), for bench/compare_all.sh.
+ * Both buffers start at a page boundary (posix_memalign), as ferrocoll's bench places its own
+ * (malloc put them 16 bytes into their pages; bench/RESULTS.md, seventh session).
  * Peer benchmark: MPI collectives with nccl-tests-style figures, one JSON line per size.
  * Build: mpicc -O2 -o mpi_coll mpi_coll.c
  * Run:   mpirun -np 2 --oversubscribe ./mpi_coll allreduce 8 33554432 4
@@ -30,7 +32,8 @@ int main(int argc, char **argv) {
   const char *c = argc > 1 ? argv[1] : "allreduce";
   size_t lo = argc > 2 ? atol(argv[2]) : 8, hi = argc > 3 ? atol(argv[3]) : (32 << 20);
   size_t f = argc > 4 ? atol(argv[4]) : 4;
-  float *s = malloc(hi + 64 * n), *d = malloc(hi + 64 * n);
+  float *s, *d;
+  if (posix_memalign((void **)&s, 4096, hi + 64 * n) || posix_memalign((void **)&d, 4096, hi + 64 * n)) return 1;
   for (size_t b = lo; b <= hi; b *= f) {
     size_t cnt = b / 4 ? b / 4 : 1;
     for (size_t i = 0; i < cnt; i++) s[i] = (float)(r + 1);

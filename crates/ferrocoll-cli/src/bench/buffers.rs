@@ -60,10 +60,26 @@ impl PeerCounts {
     }
 }
 
+/// Where a heap buffer starts: at a page boundary, as the OSU
+/// micro-benchmarks align theirs. A `Vec` starts wherever the allocator
+/// puts it, and after the start-up's large allocations are freed glibc
+/// serves even megabytes from its heap, 16 bytes past a cache line; the
+/// peers' benchmarks allocate their buffers first, each then mapped on its
+/// own page (16 bytes in, both alike). A send and a receive buffer 16 bytes
+/// apart modulo a cache line made the 2-rank allgather's copies (the local
+/// one and the kernel's) 10-12 % slower at 512 KiB than the same copies
+/// between buffers that start alike (bench/RESULTS.md, seventh session).
+const HEAP_ALIGN: usize = 4096;
+
 /// A benchmark buffer: heap memory or a shared buffer.
 pub(super) enum Buffer<T: Sample> {
-    /// A `Vec` (`--buffers heap`).
-    Heap(Vec<T>),
+    /// `len` elements of a `Vec` from the first one at a page boundary
+    /// (`--buffers heap`).
+    Heap {
+        vec: Vec<T>,
+        start: usize,
+        len: usize,
+    },
     /// A `ferrocoll::SharedBuffer` (`--buffers shared`).
     Shared(ferrocoll::SharedBuffer<T>),
 }
@@ -76,7 +92,11 @@ impl<T: Sample> Buffer<T> {
             b.fill(T::from_small(0));
             Buffer::Shared(b)
         } else {
-            Buffer::Heap(vec![T::from_small(0); len])
+            // Room for the elements after the first page boundary.
+            let spare = HEAP_ALIGN / std::mem::size_of::<T>().max(1);
+            let vec = vec![T::from_small(0); len + spare];
+            let start = vec.as_ptr().align_offset(HEAP_ALIGN).min(spare);
+            Buffer::Heap { vec, start, len }
         })
     }
 }
@@ -85,7 +105,7 @@ impl<T: Sample> std::ops::Deref for Buffer<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         match self {
-            Buffer::Heap(v) => v,
+            Buffer::Heap { vec, start, len } => &vec[*start..*start + *len],
             Buffer::Shared(b) => b,
         }
     }
@@ -94,7 +114,7 @@ impl<T: Sample> std::ops::Deref for Buffer<T> {
 impl<T: Sample> std::ops::DerefMut for Buffer<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         match self {
-            Buffer::Heap(v) => v,
+            Buffer::Heap { vec, start, len } => &mut vec[*start..*start + *len],
             Buffer::Shared(b) => b,
         }
     }
