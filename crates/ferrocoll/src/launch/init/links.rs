@@ -166,7 +166,13 @@ pub(super) fn attach_shm(
         }
         bell = node.doorbell();
         if fast_ok {
-            fast = Mailboxes::of(&node).map(|boxes| FastPath::new(boxes, shm_locals.clone(), size));
+            fast = Mailboxes::of(&node).map(|boxes| {
+                let fast = FastPath::new(boxes, shm_locals.clone(), size);
+                match node.pids_if_single_copy() {
+                    Some(pids) => fast.with_remote_reads(pids),
+                    None => fast,
+                }
+            });
         }
     }
     Ok(ShmLinks {

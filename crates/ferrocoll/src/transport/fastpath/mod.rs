@@ -75,6 +75,22 @@
 //! only the touched pages are allocated (costs and layout in
 //! [`super::shm`]).
 //!
+//! **Remote reads.** Where the job lets its ranks read each other's memory
+//! (`process_vm_readv`, decided alike on every local rank at start-up),
+//! allgathers and all-to-alls on 2-4 ranks and broadcasts on 2, past the
+//! sizes the eager buffers serve and up to 1 MiB a rank reads
+//! ([`small::reads_remote`]), send each peer
+//! one slot whose payload is the address of the bytes that peer needs; its
+//! signature is packed with its own mark and a 40-bit count
+//! ([`pack::pack_remote`]), so it never matches an eager message. The
+//! receiver reads the bytes straight from the sender's memory into its
+//! output and then consumes the slot, as any other; the sender's call
+//! returns only once every receiver has consumed its message
+//! ([`FastPath::await_reads`]), so its buffer is never reused while read.
+//! A call that takes such a message out for another call (the stash, see
+//! below) reads the sender's bytes before it consumes the slot, for the
+//! same reason.
+//!
 //! The collectives on top (`crate::fast`) exchange whole contributions in
 //! one step: every rank writes to every rank it must inform and reads from
 //! every rank it must hear (allreduce, allgather, barrier: all to all;
@@ -163,12 +179,20 @@ use super::{Header, Signature};
 use crate::error::{Error, Result};
 pub(crate) use mailbox::Mailboxes;
 use mailbox::SlotHeader;
-use pack::{describe, pack, packed_len, with_parts};
+pub(crate) use pack::REMOTE_PAYLOAD;
+use pack::{describe, is_remote, message_bytes, pack, pack_remote, packed_len, with_parts};
 
 /// What [`FastPath::exchange`] hands its passes: the payload for each rank
-/// it sends to, those ranks, the ranks it receives from, and where their
-/// messages lie.
-type Passes<'a, 'p> = (&'a [&'p [u8]], &'a [usize], &'a [usize], &'a mut [Got]);
+/// it sends to, those ranks, the ranks it receives from, where their
+/// messages lie, and room for the stamp of the message sent to each rank
+/// of `to`.
+type Passes<'a, 'p> = (
+    &'a [&'p [u8]],
+    &'a [usize],
+    &'a [usize],
+    &'a mut [Got],
+    &'a mut [u64],
+);
 
 /// Largest group the fast path serves: every rank reads one slot per peer,
 /// so the cost grows with the group; beyond this the plans' trees and
@@ -201,7 +225,8 @@ struct Stashed {
     peer: usize,
     head: SlotHeader,
     /// The payload (8-byte aligned, as the reduction kernels want); its
-    /// length is `packed_len(head.sig)`.
+    /// length is `message_bytes(head.sig)` (for a remote-read message the
+    /// bytes read from the sender's memory).
     data: Vec<u64>,
 }
 
@@ -252,7 +277,11 @@ impl Books {
 
     /// Keeps `data` (a stashed message's buffer) for reuse.
     fn recycle(&mut self, data: Vec<u64>) {
-        if self.spare.len() < SPARE_KEPT && data.capacity() > 0 {
+        // A remote-read message's buffer may be large: not kept.
+        if self.spare.len() < SPARE_KEPT
+            && data.capacity() > 0
+            && data.capacity() <= EAGER_BYTES / 8
+        {
             self.spare.push(data);
         }
     }
@@ -298,7 +327,10 @@ pub(crate) struct Parts<'a> {
     fast: &'a FastPath,
     from: &'a [usize],
     got: &'a [Got],
+    /// The payload's length (a remote-read message's: its address).
     len: usize,
+    /// The messages are remote reads (`Piece::remote`).
+    remote: bool,
 }
 
 impl Parts<'_> {
@@ -316,6 +348,37 @@ impl Parts<'_> {
             },
             Got::Owned(data) => &bytemuck::cast_slice::<u64, u8>(data)[..self.len],
             Got::Waiting => unreachable!("a done call has every message"),
+        }
+    }
+
+    /// Writes the message from the `i`-th rank the call receives from into
+    /// `dst` (its length): the payload, or for a remote-read message the
+    /// bytes at the address it carries, read from the sender's memory
+    /// (or already read, when another call stashed the message).
+    pub(crate) fn read_into(&self, i: usize, dst: &mut [u8]) -> Result<()> {
+        match &self.got[i] {
+            Got::InPlace(_) if self.remote => {
+                let addr = u64::from_ne_bytes(
+                    self.get(i)[..REMOTE_PAYLOAD]
+                        .try_into()
+                        .expect("an address's bytes"),
+                );
+                let peer = self.from[i];
+                let pid = self.fast.pid(peer);
+                // The sender waits, its buffer untouched, until this
+                // rank consumes the message (after this read).
+                // A failed read: the sender's process is gone.
+                crate::transport::shm::cma_read(pid, addr, dst)
+                    .map_err(|_| Error::PeerLost { rank: peer })
+            }
+            Got::Owned(data) if self.remote => {
+                dst.copy_from_slice(&bytemuck::cast_slice::<u64, u8>(data)[..dst.len()]);
+                Ok(())
+            }
+            _ => {
+                dst.copy_from_slice(self.get(i));
+                Ok(())
+            }
         }
     }
 }
@@ -348,6 +411,11 @@ pub(crate) struct FastPath {
     blocked: AtomicBool,
     /// The books and the engine's ledger (see [`Books`]).
     books: Mutex<Books>,
+    /// By local rank, the process ids, when every local rank may read
+    /// every other's memory (`process_vm_readv`, decided job-wide at
+    /// start-up): then large exchanges send addresses, not bytes
+    /// (`small::reads_remote`).
+    pids: Option<Vec<u32>>,
 }
 
 /// Which of its call's messages a [`FastPath::exchange`] sends each peer
@@ -356,7 +424,8 @@ pub(crate) struct FastPath {
 /// same mailboxes, in order, under the call's one key.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Piece {
-    /// Elements in this message (each payload), of the call's type.
+    /// Elements in this message (each payload, or what a remote read
+    /// reads), of the call's type.
     pub(crate) count: usize,
     /// Messages the call sends each peer (1: the whole call in one).
     pub(crate) parts: usize,
@@ -364,6 +433,10 @@ pub(crate) struct Piece {
     /// finished (for late-message checks) once it is in, not before, so
     /// that a part still to come is never taken for a late message.
     pub(crate) last: bool,
+    /// The message carries the address of the sender's bytes, which the
+    /// receiver reads from its memory; the sender's call returns only once
+    /// every receiver has consumed it (`small::reads_remote`).
+    pub(crate) remote: bool,
 }
 
 impl Piece {
@@ -373,6 +446,7 @@ impl Piece {
             count: header.sig.count,
             parts: 1,
             last: true,
+            remote: false,
         }
     }
 }
@@ -437,7 +511,29 @@ impl FastPath {
                 stash: Vec::new(),
                 spare: Vec::new(),
             }),
+            pids: None,
         }
+    }
+
+    /// Lets large exchanges read the senders' memory: `pids` are the
+    /// process ids by local rank (every local rank can read every other,
+    /// as the job decided alike on all of them).
+    pub(crate) fn with_remote_reads(mut self, pids: Vec<u32>) -> FastPath {
+        assert_eq!(pids.len(), self.world_of.len());
+        self.pids = Some(pids);
+        self
+    }
+
+    /// Whether large exchanges read the senders' memory
+    /// ([`FastPath::with_remote_reads`]).
+    pub(crate) fn reads_remote(&self) -> bool {
+        self.pids.is_some()
+    }
+
+    /// The process id of `peer` (a transport rank on this host), for
+    /// remote reads.
+    fn pid(&self, peer: usize) -> u32 {
+        self.pids.as_ref().expect("remote reads are on")[self.local(peer)]
     }
 
     /// Locks the books (a panic while they were held leaves them usable:
@@ -537,22 +633,48 @@ impl FastPath {
 
     /// Takes the head message `(stamp, head)` of local peer `lp` out of its
     /// mailbox into the stash, its payload copied (under the books' lock).
-    fn stash_head(&self, books: &mut Books, lp: usize, (stamp, head): (u64, SlotHeader)) {
-        let len = packed_len(head.sig).min(EAGER_BYTES);
-        let mut data = books.spare.pop().unwrap_or_default();
+    /// A remote-read message is read from the sender's memory here, before
+    /// it is consumed: consuming tells the sender its buffer is free.
+    /// Returns false, leaving the message, when that read fails (the
+    /// sender is gone; the waits' checkups report it).
+    fn stash_head(&self, books: &mut Books, lp: usize, (stamp, head): (u64, SlotHeader)) -> bool {
+        let remote = is_remote(head.sig) && self.pids.is_some();
+        let payload_len = packed_len(head.sig).min(EAGER_BYTES);
+        let len = if remote {
+            message_bytes(head.sig)
+        } else {
+            payload_len
+        };
+        // A remote read's buffer may be large: a fresh one, not a spare.
+        let mut data = if remote {
+            Vec::new()
+        } else {
+            books.spare.pop().unwrap_or_default()
+        };
         data.clear();
         data.resize(len.div_ceil(8), 0);
+        let dst = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..len];
         // SAFETY: the message has arrived (`head` saw its stamp) and is not
-        // consumed until below, after the copy; `len` is what its signature
-        // gives, clamped to an eager buffer.
-        let bytes = unsafe { self.boxes.payload(lp, stamp, len) };
-        bytemuck::cast_slice_mut::<u64, u8>(&mut data)[..len].copy_from_slice(bytes);
+        // consumed until below, after the copy; `payload_len` is what its
+        // signature gives (for a remote read: the address), clamped to an
+        // eager buffer.
+        let payload = unsafe { self.boxes.payload(lp, stamp, payload_len) };
+        if remote {
+            let addr = u64::from_ne_bytes(payload[..REMOTE_PAYLOAD].try_into().expect("8 bytes"));
+            let pids = self.pids.as_ref().expect("checked above");
+            if crate::transport::shm::cma_read(pids[lp], addr, dst).is_err() {
+                return false;
+            }
+        } else {
+            dst.copy_from_slice(payload);
+        }
         self.consume(lp, stamp);
         books.stash.push(Stashed {
             peer: self.world_of[lp],
             head,
             data,
         });
+        true
     }
 
     /// Moves every message that has arrived into the stash and returns the
@@ -563,7 +685,9 @@ impl FastPath {
         let mut stashed = false;
         for lp in 0..self.world_of.len() {
             while let Some(next) = self.head(lp) {
-                self.stash_head(ledger, lp, next);
+                if !self.stash_head(ledger, lp, next) {
+                    break;
+                }
                 stashed = true;
             }
         }
@@ -619,14 +743,24 @@ impl FastPath {
         read: impl FnOnce(&Parts<'_>) -> R,
     ) -> Result<R> {
         assert!(to.len() < 32 && from.len() < 32 && got.len() >= from.len());
-        let len = piece.count.saturating_mul(header.sig.dtype.size());
+        let len = if piece.remote {
+            REMOTE_PAYLOAD
+        } else {
+            piece.count.saturating_mul(header.sig.dtype.size())
+        };
         assert!(len <= EAGER_BYTES && payloads.len() == to.len());
         assert!(payloads.iter().all(|p| p.len() == len));
         let message = Signature {
             count: piece.count,
             ..header.sig
         };
-        let mut sig = pack(&message).expect("fast-path calls pack");
+        let mut sig = if piece.remote {
+            assert!(self.reads_remote(), "remote reads are off");
+            pack_remote(&message)
+        } else {
+            pack(&message)
+        }
+        .expect("fast-path calls pack");
         if piece.parts > 1 {
             sig = with_parts(sig, piece.parts);
         }
@@ -645,7 +779,8 @@ impl FastPath {
             self.checkup(link, header, to, false, &|| true)?;
         }
         let mut wait = Wait::new(link, timeout);
-        let passes = (payloads, to, from, &mut *got);
+        let mut stamps = [0u64; 32];
+        let passes = (payloads, to, from, &mut *got, &mut stamps[..to.len()]);
         let mut done = self.run_passes(link, header, (sig, piece.last), passes, &mut wait);
         if wait.registered {
             match &mut done {
@@ -654,9 +789,10 @@ impl FastPath {
             }
         }
         let mut books = done?;
-        if len * from.len() > READ_LOCKED_BYTES {
-            // A long read (a reduction of up to 16 KiB per peer) does not
-            // keep other threads' fast calls out meanwhile.
+        if piece.remote || len * from.len() > READ_LOCKED_BYTES {
+            // A long read (a reduction of up to 16 KiB per peer, a read
+            // of the peers' memory) does not keep other threads' fast
+            // calls out meanwhile.
             books = None;
         }
         let got = &mut got[..from.len()];
@@ -665,6 +801,7 @@ impl FastPath {
             from,
             got,
             len,
+            remote: piece.remote,
         });
         match books {
             // A short read, done under the lock of the last pass: one lock
@@ -674,7 +811,51 @@ impl FastPath {
             Some(mut books) => self.release_locked(&mut books, from, got),
             None => self.release(from, got),
         }
+        if piece.remote {
+            // The receivers read this rank's memory: it stays untouched
+            // until each has consumed the message (after its read).
+            self.await_reads(link, header, to, &stamps[..to.len()], &mut wait)?;
+        }
         Ok(out)
+    }
+
+    /// Waits until every rank of `to` has consumed message `stamps[i]` of
+    /// this rank (its remote read is done), or fails (abort, deadline, a
+    /// receiver gone).
+    fn await_reads(
+        &self,
+        link: &Link<'_>,
+        header: &Header,
+        to: &[usize],
+        stamps: &[u64],
+        wait: &mut Wait,
+    ) -> Result<()> {
+        let pending = || {
+            let mut mask = 0u32;
+            for (i, &stamp) in stamps.iter().enumerate() {
+                if self.boxes.acked_by(self.local(to[i])) < stamp {
+                    mask |= 1 << i;
+                }
+            }
+            mask
+        };
+        loop {
+            let left = pending();
+            if left == 0 {
+                return Ok(());
+            }
+            let awaited = || bits(left).map(|i| to[i]).collect::<Vec<_>>();
+            // A gone receiver that has not read is always missing.
+            let ready = || pending() != left;
+            wait.until(
+                self,
+                link,
+                header,
+                (&ready, &awaited, &Vec::new),
+                &|| true,
+                true,
+            )?;
+        }
     }
 
     /// Consumes the held messages of a call done reading them (see
@@ -726,7 +907,7 @@ impl FastPath {
         link: &Link<'_>,
         header: &Header,
         (sig, last): (u64, bool),
-        (payloads, to, from, got): Passes<'_, '_>,
+        (payloads, to, from, got, stamps): Passes<'_, '_>,
         wait: &mut Wait,
     ) -> Result<Option<MutexGuard<'_, Books>>> {
         let mut to_send = all_bits(to.len());
@@ -743,7 +924,7 @@ impl FastPath {
                 header,
                 sig,
                 payloads,
-                (to, &mut to_send),
+                (to, &mut to_send, &mut *stamps),
                 (from, &mut to_recv, &mut present, got),
                 (first, last),
             );
@@ -784,7 +965,7 @@ impl FastPath {
         header: &Header,
         sig: u64,
         payloads: &[&[u8]],
-        (to, to_send): (&[usize], &mut u32),
+        (to, to_send, stamps): (&[usize], &mut u32, &mut [u64]),
         (from, to_recv, present, got): (&[usize], &mut u32, &mut u32, &mut [Got]),
         (first, last): (bool, bool),
     ) -> Pass {
@@ -837,6 +1018,7 @@ impl FastPath {
                 }
                 self.boxes.put(lp, stamp, head, payloads[i]);
                 ledger.sent[lp] = stamp;
+                stamps[i] = stamp;
                 self.sent_out[lp].store(stamp, Ordering::Relaxed);
                 wrote |= 1 << i;
             }
@@ -952,7 +1134,9 @@ impl FastPath {
                 }
                 // For another call (another communicator, a non-blocking
                 // call, the next call of a peer that is ahead).
-                self.stash_head(ledger, lp, (stamp, head));
+                if !self.stash_head(ledger, lp, (stamp, head)) {
+                    break;
+                }
                 stashed = true;
             }
         }
@@ -1029,7 +1213,9 @@ impl Wait {
             bits(recvs.1)
                 .map(|i| recvs.0[i])
                 .chain(bits(sends.1).map(|i| sends.0[i]))
+                .collect()
         };
+        let hearing = || bits(recvs.1).map(|i| recvs.0[i]).collect();
         // For the checkups: whether the call still lacks what it waits for
         // from the peers in `awaited`. A peer may write the message this
         // call waits for and exit (its last call done, its process gone)
@@ -1038,16 +1224,46 @@ impl Wait {
         // rank it crashed. Room to send to a gone receiver does not count:
         // sending to a gone peer fails, as on the engine.
         let still_missing = || !fast.received(recvs, gen);
+        let ready = || fast.ready(sends, recvs, gen);
+        self.until(
+            fast,
+            link,
+            header,
+            (&ready, &awaited, &hearing),
+            &still_missing,
+            sends.1 != 0,
+        )
+    }
+
+    /// Returns once `ready()`, or after one sleep, or fails (abort,
+    /// deadline, a dead peer in `awaited()`, a mismatch found by the
+    /// engine). `hearing()` are the peers to probe when the wait is long,
+    /// `still_missing()` whether what the call waits for from a gone peer
+    /// is still missing; `short_slices` sleeps in [`SPACE_SLICE`]s (the
+    /// peers consume without a fence, see there).
+    #[allow(clippy::type_complexity)]
+    fn until(
+        &mut self,
+        fast: &FastPath,
+        link: &Link<'_>,
+        header: &Header,
+        (ready, awaited, hearing): (
+            &dyn Fn() -> bool,
+            &dyn Fn() -> Vec<usize>,
+            &dyn Fn() -> Vec<usize>,
+        ),
+        still_missing: &dyn Fn() -> bool,
+        short_slices: bool,
+    ) -> Result<()> {
         loop {
-            if fast.ready(sends, recvs, gen) {
+            if ready() {
                 return Ok(());
             }
             if link.is_aborted() {
                 return Err(Error::Aborted);
             }
             if fast.notices_changed() {
-                let waiting: Vec<usize> = awaited().collect();
-                fast.checkup(link, header, &waiting, false, &still_missing)?;
+                fast.checkup(link, header, &awaited(), false, still_missing)?;
                 return Ok(());
             }
             self.polls += 1;
@@ -1058,7 +1274,7 @@ impl Wait {
             let now = Instant::now();
             let start = *self.start.get_or_insert(now);
             if now.duration_since(start) >= self.timeout {
-                let peer = awaited().next().unwrap_or(link.rank);
+                let peer = awaited().first().copied().unwrap_or(link.rank);
                 return Err(Error::Timeout {
                     collective: header.sig.to_string(),
                     seq: header.seq & !Header::P2P_BIT,
@@ -1088,11 +1304,9 @@ impl Wait {
                 // such as a reduce against a broadcast with the same root
                 // on two ranks: both only receive; see engine/desync.rs).
                 self.probed = true;
-                let hearing: Vec<usize> = bits(recvs.1).map(|i| recvs.0[i]).collect();
-                link.probe(header, &hearing);
+                link.probe(header, &hearing());
             }
-            let waiting: Vec<usize> = awaited().collect();
-            if let Err(e) = fast.checkup(link, header, &waiting, true, &still_missing) {
+            if let Err(e) = fast.checkup(link, header, &awaited(), true, still_missing) {
                 // The checkup itself lets a call go on whose awaited peer
                 // left after writing its message (`still_missing`), before
                 // it declares anything. What is left here is a crash
@@ -1107,11 +1321,11 @@ impl Wait {
             }
             let left = (start + self.timeout).saturating_duration_since(Instant::now());
             let mut slice = left.min(super::engine::SLEEP_SLICE);
-            if sends.1 != 0 {
+            if short_slices {
                 slice = slice.min(SPACE_SLICE);
             }
             fast.boxes.sleep(slice, || {
-                fast.ready(sends, recvs, gen) || fast.notices_changed() || link.is_aborted()
+                ready() || fast.notices_changed() || link.is_aborted()
             });
             return Ok(());
         }

@@ -10,6 +10,14 @@ use crate::types::{DType, ReduceOp};
 /// zero) or garbage does not unpack.
 const PACK_MARK: u64 = 0xFC << 56;
 
+/// Marks a packed signature of a *remote-read* message (top byte): the
+/// slot carries the address of the sender's buffer, which the receiver
+/// reads with `process_vm_readv` ([`pack_remote`]).
+const REMOTE_MARK: u64 = 0xFD << 56;
+
+/// The payload of a remote-read message: the sender's address (8 bytes).
+pub(crate) const REMOTE_PAYLOAD: usize = 8;
+
 /// The position of `x` in `all`, which holds it.
 fn index_of<T: PartialEq>(all: &[T], x: &T) -> u64 {
     all.iter()
@@ -52,6 +60,41 @@ pub(crate) fn pack(sig: &Signature) -> Option<u64> {
     )
 }
 
+/// Packs the signature of a remote-read message (`small::reads_remote`):
+/// as [`pack`], but for a collective without an operator (allgather,
+/// all-to-all, broadcast), whose count may be beyond 16 bits: count bits
+/// 0-15 in bits 0-15, bits 16-31 in the operator's and the parts' bytes
+/// (32 bits in all), and its own mark, so that a remote-read message never
+/// matches an eager one. `None` for a signature with an operator, a count
+/// of 2^32 or more (a remote read is at most 1 MiB), or a root that does
+/// not fit.
+pub(crate) fn pack_remote(sig: &Signature) -> Option<u64> {
+    let CallKind::Collective(coll) = sig.kind else {
+        return None;
+    };
+    if sig.op.is_some() {
+        return None;
+    }
+    let count = u64::from(u32::try_from(sig.count).ok()?);
+    let root = match sig.root {
+        Some(r) => u8::try_from(r).ok().filter(|r| *r != 0xFF)?,
+        None => 0xFF,
+    };
+    Some(
+        (count & 0xFFFF)
+            | u64::from(root) << 16
+            | index_of(&Collective::ALL, &coll) << 24
+            | index_of(&DType::ALL, &sig.dtype) << 32
+            | (count >> 16) << 40
+            | REMOTE_MARK,
+    )
+}
+
+/// Whether `word` packs a remote-read message's signature.
+pub(crate) fn is_remote(word: u64) -> bool {
+    word & (0xFF << 56) == REMOTE_MARK
+}
+
 /// Bits 48-55 of a packed signature: how many messages a streamed call
 /// sends each peer (0 for a call of one message).
 const PARTS_SHIFT: u32 = 48;
@@ -77,10 +120,19 @@ pub(crate) fn parts_of(word: u64) -> usize {
 /// The signature [`pack`] packed, if `word` is one (for a part of a
 /// streamed call: that message's signature, its count the part's).
 pub(crate) fn unpack(word: u64) -> Option<Signature> {
+    let byte = |shift: u32| ((word >> shift) & 0xFF) as usize;
+    if is_remote(word) {
+        return Some(Signature {
+            kind: CallKind::Collective(*Collective::ALL.get(byte(24))?),
+            dtype: *DType::ALL.get(byte(32))?,
+            op: None,
+            count: ((word & 0xFFFF) | (word >> 40 & 0xFFFF) << 16) as usize,
+            root: (byte(16) != 0xFF).then_some(byte(16)),
+        });
+    }
     if word & (0xFF << 56) != PACK_MARK {
         return None;
     }
-    let byte = |shift: u32| ((word >> shift) & 0xFF) as usize;
     let kind = CallKind::Collective(*Collective::ALL.get(byte(24))?);
     let dtype = *DType::ALL.get(byte(32))?;
     let op = match byte(40) {
@@ -97,8 +149,19 @@ pub(crate) fn unpack(word: u64) -> Option<Signature> {
 }
 
 /// The payload length of a message with packed signature `word`: count x
-/// element size (0 for a word that does not unpack).
+/// element size, [`REMOTE_PAYLOAD`] for a remote-read message (0 for a word
+/// that does not unpack).
 pub(super) fn packed_len(word: u64) -> usize {
+    match unpack(word) {
+        Some(_) if is_remote(word) => REMOTE_PAYLOAD,
+        Some(sig) => message_len(&sig),
+        None => 0,
+    }
+}
+
+/// The bytes a message with packed signature `word` brings: its payload's,
+/// or for a remote-read message those read from the sender's memory.
+pub(super) fn message_bytes(word: u64) -> usize {
     unpack(word).map_or(0, |sig| message_len(&sig))
 }
 
@@ -107,6 +170,7 @@ pub(crate) fn describe(word: u64) -> String {
     unpack(word).map_or_else(
         || format!("an unreadable call (signature {word:#x})"),
         |s| match parts_of(word) {
+            _ if is_remote(word) => format!("{s} (read from the sender's memory)"),
             1 => s.to_string(),
             0xFF => format!("{s} (a part of a call sent in 255 or more parts)"),
             parts => format!("{s} (a part of a call sent in {parts} parts)"),
@@ -172,6 +236,43 @@ mod tests {
         let long = with_parts(whole, 4096);
         assert_eq!(parts_of(long), 255);
         assert!(describe(long).ends_with("in 255 or more parts)"));
+        // A remote-read message: counts past 16 bits, roots, its own mark.
+        let counts = [(0, None), (1, Some(3)), (0xFFFF, None), (0x1_0000, Some(0))];
+        for (count, root) in counts
+            .into_iter()
+            .chain([(0x12_3456, Some(15)), ((1 << 32) - 1, None)])
+        {
+            let sig = Signature {
+                kind: CallKind::Collective(Collective::AllGather),
+                dtype: DType::BF16,
+                op: None,
+                count,
+                root,
+            };
+            let word = pack_remote(&sig).unwrap();
+            assert!(is_remote(word) && !is_remote(pack(&Signature { count: 1, ..sig }).unwrap()));
+            assert_eq!(unpack(word), Some(sig));
+            assert_eq!(packed_len(word), REMOTE_PAYLOAD);
+            assert_eq!(message_bytes(word), count * 2);
+            assert!(describe(word).ends_with("(read from the sender's memory)"));
+            if count <= 0xFFFF {
+                assert_ne!(Some(word), pack(&sig));
+            }
+        }
+        let huge = Signature {
+            kind: CallKind::Collective(Collective::AllToAll),
+            dtype: DType::U8,
+            op: None,
+            count: 1 << 32,
+            root: None,
+        };
+        assert_eq!(pack_remote(&huge), None);
+        let with_op = Signature {
+            op: Some(ReduceOp::Sum),
+            count: 1,
+            ..huge
+        };
+        assert_eq!(pack_remote(&with_op), None);
         assert_eq!(unpack(0), None);
         assert_eq!(packed_len(0), 0);
         assert!(describe(0).contains("unreadable"));

@@ -20,7 +20,7 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use super::{FastPath, Got, Parts, Piece, FAST_MAX_RANKS};
+use super::{FastPath, Got, Parts, Piece, FAST_MAX_RANKS, REMOTE_PAYLOAD};
 use crate::error::{Error, Result};
 use crate::exec::Memory;
 use crate::kernels;
@@ -121,6 +121,66 @@ pub(crate) fn streams(coll: Collective, bytes: usize, n: usize) -> bool {
         }
 }
 
+/// Largest group whose large exchanges read the senders' memory
+/// ([`reads_remote`]).
+pub(crate) const REMOTE_MAX_RANKS: usize = 4;
+
+/// Most bytes a rank reads from all peers together in one remote-read
+/// call ([`reads_remote`]). Beyond it the copies dominate and the plans'
+/// engine, whose per-call cost no longer shows, did as well: 2-rank
+/// allgather and all-to-all at 1 MiB blocks 0.99x the engine's time, at
+/// 4 MiB blocks 0.98-1.08x (bench/RESULTS.md, seventh session).
+pub(crate) const REMOTE_MAX_CALL_BYTES: usize = 1 << 20;
+
+/// The block size past which an allgather or all-to-all among `n` ranks
+/// reads the peers' memory ([`reads_remote`]): 4 KiB on 2 ranks, where one
+/// read beats the eager buffers' two copies from 8 KiB blocks (2-rank
+/// allgather of 8 KiB blocks: 0.75-0.78x the time, 16 KiB: 0.63x; 4 KiB:
+/// 0.98x); the eager buffers' size on 3 and 4 ranks, where the reads lost
+/// below it with more ranks than cores (allgather of 8 KiB blocks on 3
+/// ranks 1.25-1.54x, 16 KiB on 4 ranks 1.33x; bench/RESULTS.md, seventh
+/// session).
+pub(crate) fn remote_floor(n: usize) -> usize {
+    if n == 2 {
+        EAGER_BYTES / 4
+    } else {
+        max_message(n)
+    }
+}
+
+/// Whether an allgather or all-to-all of `bytes` per block among `n` ranks
+/// (2-4) past [`remote_floor`], or a broadcast of `bytes` on 2 ranks past
+/// what is streamed, goes through the fast path as *remote reads* (when
+/// the job may read its ranks' memory, see [`FastPath::reads_remote`]):
+/// each rank sends every peer one slot with the address of the bytes that
+/// peer needs, each reads them straight from the sender's memory with
+/// `process_vm_readv`, and a sender's call returns once every peer has
+/// consumed its slot. That is what the plans' single copy does through the
+/// engine (one read of each peer's block, one local copy of its own),
+/// without a frame, a match or an acknowledgement frame per message: on
+/// 2 ranks the engine spent ~2 us a call outside the copies (128 KiB
+/// allgather: 6.7 us, of which 4.6 copying; bench/RESULTS.md, seventh
+/// session). At most [`REMOTE_MAX_CALL_BYTES`] a rank reads.
+pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
+    if !(2..=REMOTE_MAX_RANKS).contains(&n) {
+        return false;
+    }
+    match coll {
+        Collective::AllGather | Collective::AllToAll => {
+            bytes > remote_floor(n) && bytes.saturating_mul(n - 1) <= REMOTE_MAX_CALL_BYTES
+        }
+        // Past what the fast path streams, the receiver reads the root's
+        // whole buffer: on 2 ranks 0.78x the engine's time at 64 KiB,
+        // 0.91x at 256 KiB, 0.95x at 1 MiB; on 3 ranks 0.96-1.01x and on
+        // 4 (more ranks than cores here) 1.06-1.14x, so those keep the
+        // plans (bench/RESULTS.md, seventh session).
+        Collective::Broadcast => {
+            n == 2 && bytes > broadcast_stream_bytes(n) && bytes <= REMOTE_MAX_CALL_BYTES
+        }
+        _ => false,
+    }
+}
+
 /// Whether a call of `count` elements of `dtype` (block collectives: per
 /// block)
 /// among `n` ranks fits the fast path ([`max_message`], or [`streams`]).
@@ -132,6 +192,21 @@ pub(crate) fn eligible(coll: Collective, count: usize, dtype: DType, n: usize) -
         && count
             .checked_mul(dtype.size())
             .is_some_and(|bytes| bytes <= max_message(n) || streams(coll, bytes, n))
+}
+
+/// Whether a call of `count` elements of `dtype` among `n` ranks goes
+/// through the fast path as remote reads on `fast` ([`reads_remote`]).
+pub(crate) fn remote_eligible(
+    fast: &FastPath,
+    coll: Collective,
+    count: usize,
+    dtype: DType,
+    n: usize,
+) -> bool {
+    fast.reads_remote()
+        && count
+            .checked_mul(dtype.size())
+            .is_some_and(|bytes| reads_remote(coll, bytes, n))
 }
 
 /// Runs `call` on `mem` over `fast`, whose lengths must be those the
@@ -160,9 +235,11 @@ fn run_with<const PEERS: usize>(
 ) -> Result<()> {
     let (n, me, root) = (call.group.len(), call.rank, call.root);
     let len = call.count * call.dtype.size();
-    let streamed = len > EAGER_BYTES;
+    let remote = remote_eligible(fast, call.coll, call.count, call.dtype, n);
+    let streamed = len > EAGER_BYTES && !remote;
     debug_assert!(
-        (len <= EAGER_BYTES || streams(call.coll, len, n)) && (2..=PEERS + 1).contains(&n)
+        (len <= EAGER_BYTES || streams(call.coll, len, n) || remote)
+            && (2..=PEERS + 1).contains(&n)
     );
 
     let sends = match call.coll {
@@ -218,23 +295,39 @@ fn run_with<const PEERS: usize>(
     if streamed {
         return run_streamed::<PEERS>(fast, link, call, &ends, mem);
     }
+    if remote && call.coll == Collective::Broadcast {
+        return run_remote_broadcast::<PEERS>(fast, link, call, &ends, mem);
+    }
+    if remote {
+        return run_remote::<PEERS>(fast, link, call, &ends, mem, (mine_len, out_len));
+    }
 
     // This rank's contribution is read until the output is written, after
     // every message arrived: in place (the output overlaps it) it is
     // copied out first, into this thread's scratch.
     let mut scratch = SCRATCH.take();
-    let apart = mem.apart().is_some();
-    let (mine, out): (&[u8], &mut [u8]) = if apart {
-        let (input, output) = mem.apart().expect("checked just above");
-        (&input[..mine_len], &mut output[..out_len])
-    } else {
-        let copy = copy_into(&mut scratch, &mem.input()[..mine_len]);
-        (copy, &mut mem.output()[..out_len])
-    };
+    let (mine, out) = contribution_and_output(mem, &mut scratch, (mine_len, out_len));
     let piece = Piece::whole(&call.header);
     let result = exchange_piece::<PEERS>(fast, link, call, &ends, piece, call.timeout, mine, out);
     SCRATCH.set(scratch);
     result
+}
+
+/// This rank's contribution (its first `mine_len` input bytes) and output
+/// (the first `out_len` bytes): in place, where the output overlaps the
+/// input, the contribution is first copied into `scratch`.
+fn contribution_and_output<'m>(
+    mem: &'m mut Memory<'_>,
+    scratch: &'m mut Vec<u64>,
+    (mine_len, out_len): (usize, usize),
+) -> (&'m [u8], &'m mut [u8]) {
+    if mem.apart().is_some() {
+        let (input, output) = mem.apart().expect("checked just above");
+        (&input[..mine_len], &mut output[..out_len])
+    } else {
+        let copy = copy_into(scratch, &mem.input()[..mine_len]);
+        (copy, &mut mem.output()[..out_len])
+    }
 }
 
 /// `bytes` copied into `scratch` (8-byte aligned, as the reduction kernels
@@ -308,6 +401,125 @@ fn exchange_piece<const PEERS: usize>(
     )
 }
 
+/// An allgather or all-to-all as remote reads ([`reads_remote`]): every
+/// peer gets the address of what it needs (allgather: this rank's
+/// contribution; all-to-all: its block), and this rank reads every peer's
+/// block for it from that peer's memory into its output. In place, the
+/// contribution is first copied into this thread's scratch: the output is
+/// written while the peers still read.
+fn run_remote<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    ends: &Ends<'_>,
+    mem: &mut Memory<'_>,
+    (mine_len, out_len): (usize, usize),
+) -> Result<()> {
+    let (n, me) = (call.group.len(), call.rank);
+    let len = call.count * call.dtype.size();
+    let blocks = sends_blocks(call.coll);
+    let mut scratch = SCRATCH.take();
+    let (mine, out) = contribution_and_output(mem, &mut scratch, (mine_len, out_len));
+    // The address each peer reads from (`others` in group order: group
+    // rank i, or i + 1 from this rank on).
+    let mut addrs = [[0u8; REMOTE_PAYLOAD]; PEERS];
+    for (i, a) in addrs[..n - 1].iter_mut().enumerate() {
+        let r = if i < me { i } else { i + 1 };
+        let at = if blocks { r * len } else { 0 };
+        *a = (mine[at..].as_ptr() as u64).to_ne_bytes();
+    }
+    let mut payloads: [&[u8]; PEERS] = [&[]; PEERS];
+    for (p, a) in payloads.iter_mut().zip(&addrs) {
+        *p = a;
+    }
+    let piece = Piece {
+        count: call.count,
+        parts: 1,
+        last: true,
+        remote: true,
+    };
+    let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+    let own = if blocks {
+        &mine[me * len..(me + 1) * len]
+    } else {
+        mine
+    };
+    let result = fast.exchange(
+        link,
+        &call.header,
+        &payloads[..n - 1],
+        ends.others,
+        ends.others,
+        &mut got,
+        (piece, call.timeout),
+        |parts| -> Result<()> {
+            // The own block first: the peers read this rank's memory
+            // meanwhile, and its slots are consumed (the peers' calls
+            // released) only after the reads below.
+            for (r, block) in out.chunks_exact_mut(len.max(1)).enumerate() {
+                if r == me {
+                    block.copy_from_slice(own);
+                }
+            }
+            for (r, block) in out.chunks_exact_mut(len.max(1)).enumerate() {
+                if r != me {
+                    parts.read_into(if r < me { r } else { r - 1 }, block)?;
+                }
+            }
+            Ok(())
+        },
+    );
+    SCRATCH.set(scratch);
+    result?
+}
+
+/// A broadcast as remote reads ([`reads_remote`]): the root sends every
+/// peer the address of its buffer and returns once each has read it; a
+/// receiver reads it from the root's memory straight into its output.
+fn run_remote_broadcast<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    ends: &Ends<'_>,
+    mem: &mut Memory<'_>,
+) -> Result<()> {
+    let len = call.count * call.dtype.size();
+    let piece = Piece {
+        count: call.count,
+        parts: 1,
+        last: true,
+        remote: true,
+    };
+    let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+    let timed = (piece, call.timeout);
+    if call.rank != call.root {
+        let out = &mut mem.output()[..len];
+        let read = |parts: &Parts<'_>| parts.read_into(0, out);
+        return fast.exchange(
+            link,
+            &call.header,
+            &[],
+            &[],
+            &ends.root,
+            &mut got,
+            timed,
+            read,
+        )?;
+    }
+    let addr = (mem.input()[..len].as_ptr() as u64).to_ne_bytes();
+    let payloads: [&[u8]; PEERS] = [&addr; PEERS];
+    let others = ends.others;
+    let to = &payloads[..others.len()];
+    fast.exchange(link, &call.header, to, others, &[], &mut got, timed, |_| ())?;
+    // Out of place, the root's own output too (nobody reads it now).
+    if let Some((input, output)) = mem.apart() {
+        if !output.is_empty() {
+            output[..len].copy_from_slice(&input[..len]);
+        }
+    }
+    Ok(())
+}
+
 /// A streamed broadcast or reduce ([`streams`]): the call's bytes as
 /// consecutive messages of one eager buffer each, under the call's key, so
 /// that the receiver copies (or reduces) one part while the sender writes
@@ -342,6 +554,7 @@ fn run_streamed<const PEERS: usize>(
             count,
             parts,
             last: part + 1 == parts,
+            remote: false,
         };
         let timeout = until.saturating_duration_since(Instant::now());
         let exchange = |mine: &[u8], out: &mut [u8]| {
@@ -460,5 +673,32 @@ mod tests {
         assert!(!eligible(Collective::AllToAllV, 1, DType::U8, 2));
         assert!(!eligible(Collective::Gather, 1, DType::U8, 2));
         assert!(!eligible(Collective::AllReduce, usize::MAX, DType::F64, 2));
+    }
+
+    #[test]
+    fn remote_reads_by_block_size_and_group() {
+        use Collective::*;
+        // 2 ranks: past 4 KiB blocks; 3 and 4: past the eager buffers.
+        assert!(!reads_remote(AllGather, 4096, 2));
+        assert!(reads_remote(AllGather, 4097, 2));
+        assert!(!reads_remote(AllToAll, EAGER_BYTES, 3));
+        assert!(reads_remote(AllToAll, EAGER_BYTES + 1, 4));
+        // Up to 1 MiB from all peers together.
+        assert!(reads_remote(AllGather, REMOTE_MAX_CALL_BYTES, 2));
+        assert!(!reads_remote(AllGather, REMOTE_MAX_CALL_BYTES + 1, 2));
+        assert!(reads_remote(AllToAll, REMOTE_MAX_CALL_BYTES / 3, 4));
+        assert!(!reads_remote(AllToAll, REMOTE_MAX_CALL_BYTES / 3 + 1, 4));
+        // Only allgather and all-to-all, on 2-4 ranks.
+        for coll in [AllReduce, ReduceScatter, Reduce, AllToAllV, Gather] {
+            assert!(!reads_remote(coll, 1 << 16, 2), "{coll}");
+        }
+        // Broadcasts on 2 ranks past what is streamed, up to 1 MiB.
+        assert!(!reads_remote(Broadcast, broadcast_stream_bytes(2), 2));
+        assert!(reads_remote(Broadcast, broadcast_stream_bytes(2) + 1, 2));
+        assert!(reads_remote(Broadcast, REMOTE_MAX_CALL_BYTES, 2));
+        assert!(!reads_remote(Broadcast, REMOTE_MAX_CALL_BYTES + 1, 2));
+        assert!(!reads_remote(Broadcast, 1 << 18, 3));
+        assert!(!reads_remote(AllGather, 1 << 16, 1));
+        assert!(!reads_remote(AllGather, 1 << 16, REMOTE_MAX_RANKS + 1));
     }
 }

@@ -5,7 +5,10 @@
 
 use std::thread;
 
-use super::small::{broadcast_stream_bytes, max_message, streams, STREAM_MAX_RANKS};
+use super::small::{
+    broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams,
+    REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS, STREAM_MAX_RANKS,
+};
 use super::{all_bits, bits};
 use crate::launch::init::tests::world;
 use crate::transport::shm::{EAGER_BUFFERS, EAGER_BYTES, SLOT_PAYLOAD};
@@ -54,11 +57,79 @@ fn counts(n: usize, size: usize) -> Vec<(usize, bool)> {
     c
 }
 
+/// Allgather (out of place and in place) and all-to-all of `count`
+/// elements per block on `comm`, against a reference.
+fn exchanges_of<T: Small>(comm: &Communicator, count: usize) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let name = T::DTYPE;
+    let block = |r: usize| (0..count).map(move |i| T::of(value(r, i + 1)));
+    let want: Vec<T> = (0..n).flat_map(block).collect();
+    let mut out = vec![T::of(0); n * count];
+    comm.all_gather(&block(rank).collect::<Vec<_>>(), &mut out)
+        .unwrap();
+    assert_eq!(out, want, "allgather {name} count {count}");
+    let mut buf = vec![T::of(0); n * count];
+    buf[rank * count..(rank + 1) * count].copy_from_slice(&block(rank).collect::<Vec<_>>());
+    comm.all_gather_in_place(&mut buf).unwrap();
+    assert_eq!(buf, want, "allgather in place {name} count {count}");
+
+    // All-to-all: rank s's block d holds value(s * n + d, i), which
+    // rank d finds in its block s.
+    let cell = |s: usize, d: usize, i: usize| T::of(value(s * n + d, i));
+    let send: Vec<T> = (0..n)
+        .flat_map(|d| (0..count).map(move |i| cell(rank, d, i)))
+        .collect();
+    let want: Vec<T> = (0..n)
+        .flat_map(|s| (0..count).map(move |i| cell(s, rank, i)))
+        .collect();
+    let mut out = vec![T::of(0); n * count];
+    comm.all_to_all(&send, &mut out).unwrap();
+    assert_eq!(out, want, "alltoall {name} count {count} rank {rank}");
+}
+
+/// Broadcasts of `count` elements from every root, in place and not,
+/// against a reference.
+fn broadcasts_of<T: Small>(comm: &Communicator, count: usize) {
+    let (rank, n) = (comm.rank(), comm.size());
+    for root in 0..n {
+        let theirs: Vec<T> = (0..count).map(|i| T::of(value(root + 2, i))).collect();
+        let mut buf = if rank == root {
+            theirs.clone()
+        } else {
+            vec![T::of(0); count]
+        };
+        comm.broadcast_in_place(&mut buf, root).unwrap();
+        assert!(
+            buf == theirs,
+            "bcast in place {} count {count} root {root}",
+            T::DTYPE
+        );
+        let send = if rank == root { &theirs[..] } else { &[] };
+        let mut out = vec![T::of(0); count];
+        comm.broadcast(send, &mut out, root).unwrap();
+        assert!(
+            out == theirs,
+            "bcast {} count {count} root {root}",
+            T::DTYPE
+        );
+    }
+}
+
+/// Whether the job of `comm` lets large exchanges read the peers' memory
+/// (decided at start-up: the kernel may forbid `process_vm_readv`, or make
+/// it too slow to pay), as its choice of path for one shows.
+fn remote_reads_on(comm: &Communicator) -> bool {
+    let n = comm.size();
+    (2..=REMOTE_MAX_RANKS).contains(&n)
+        && comm.uses_fast_path(Collective::AllToAll, max_message(n) + 1, DType::U8)
+}
+
 /// Every fast collective of `T` on `comm` at [`counts`], checked against
 /// a reference computed here, and that each size takes the path it should.
 fn collectives_of<T: Small>(comm: &Communicator) {
     let (rank, n) = (comm.rank(), comm.size());
     let name = T::DTYPE;
+    let remote_on = remote_reads_on(comm);
     for (count, fast) in counts(n, T::DTYPE.size()) {
         for coll in [
             Collective::AllReduce,
@@ -69,9 +140,10 @@ fn collectives_of<T: Small>(comm: &Communicator) {
             Collective::ReduceScatter,
         ] {
             let streamed = streams(coll, count * T::DTYPE.size(), n);
+            let remote = remote_on && reads_remote(coll, count * T::DTYPE.size(), n);
             assert_eq!(
                 comm.uses_fast_path(coll, count, T::DTYPE),
-                (fast || streamed) && n > 1,
+                (fast || streamed || remote) && n > 1,
                 "{coll} {name} count {count} on {n} ranks: fast path?"
             );
         }
@@ -115,29 +187,11 @@ fn collectives_of<T: Small>(comm: &Communicator) {
         };
         comm.broadcast_in_place(&mut buf, root).unwrap();
         assert_eq!(buf, theirs, "bcast {name} count {count} root {root}");
-        let block = |r: usize| (0..count).map(move |i| T::of(value(r, i + 1)));
-        let want: Vec<T> = (0..n).flat_map(block).collect();
-        let mut out = vec![T::of(0); n * count];
-        comm.all_gather(&block(rank).collect::<Vec<_>>(), &mut out)
-            .unwrap();
-        assert_eq!(out, want, "allgather {name} count {count}");
-        let mut buf = vec![T::of(0); n * count];
-        buf[rank * count..(rank + 1) * count].copy_from_slice(&block(rank).collect::<Vec<_>>());
-        comm.all_gather_in_place(&mut buf).unwrap();
-        assert_eq!(buf, want, "allgather in place {name} count {count}");
-
-        // All-to-all: rank s's block d holds value(s * n + d, i), which
-        // rank d finds in its block s.
+        exchanges_of::<T>(comm, count);
         let cell = |s: usize, d: usize, i: usize| T::of(value(s * n + d, i));
         let send: Vec<T> = (0..n)
             .flat_map(|d| (0..count).map(move |i| cell(rank, d, i)))
             .collect();
-        let want: Vec<T> = (0..n)
-            .flat_map(|s| (0..count).map(move |i| cell(s, rank, i)))
-            .collect();
-        let mut out = vec![T::of(0); n * count];
-        comm.all_to_all(&send, &mut out).unwrap();
-        assert_eq!(out, want, "alltoall {name} count {count} rank {rank}");
         // Reduce-scatter of the same blocks: rank d gets the reduction of
         // every rank's block d, in rank order.
         for op in [ReduceOp::Sum, ReduceOp::Max] {
@@ -270,7 +324,13 @@ fn streamed_calls<T: Small>(comm: &Communicator) {
         .filter(|&c| c <= bcast_max)
     {
         assert!(comm.uses_fast_path(Collective::Broadcast, count, T::DTYPE));
-        assert!(!comm.uses_fast_path(Collective::Broadcast, bcast_max + 1, T::DTYPE));
+        // Past the streamed limit a broadcast reads the root's memory
+        // where the job allows it, else takes the plans (the remote-read
+        // tests cover it).
+        assert_eq!(
+            comm.uses_fast_path(Collective::Broadcast, bcast_max + 1, T::DTYPE),
+            n == 2 && remote_reads_on(comm)
+        );
         for root in 0..n {
             let theirs: Vec<T> = (0..count).map(|i| T::of(value(root + 1, i))).collect();
             let what = format!("{} count {count} n {n} root {root}", T::DTYPE);
@@ -387,6 +447,198 @@ fn streamed_calls_of_different_lengths_are_a_mismatch() {
             assert!(msg.contains("3 parts"), "{msg}");
         }
     });
+}
+
+/// Whether this process may read its own memory with `process_vm_readv`,
+/// as the test worlds' ranks (threads of this process) read each other's.
+fn remote_reads_allowed() -> bool {
+    let probe = [7u8; 16];
+    let mut got = [0u8; 16];
+    crate::transport::shm::cma_read(std::process::id(), probe.as_ptr() as u64, &mut got).is_ok()
+        && got == probe
+}
+
+/// The per-block counts of `T` to try around the remote reads among `n`
+/// ranks, and whether each reads remotely: the last at [`remote_floor`]
+/// and the first past it, the first past the eager buffers, an odd one,
+/// the last within [`REMOTE_MAX_CALL_BYTES`] and the first past it (which
+/// takes the plans).
+fn remote_counts(n: usize, size: usize) -> Vec<(usize, bool)> {
+    let floor = remote_floor(n) / size;
+    let eager = max_message(n) / size;
+    let last = REMOTE_MAX_CALL_BYTES / (n - 1) / size;
+    let mut c = vec![
+        (floor, false),
+        (floor + 1, true),
+        (eager + 1, true),
+        (3 * eager + 5, true),
+        (last, true),
+        (last + 1, false),
+    ];
+    c.dedup();
+    c
+}
+
+/// Allgathers and all-to-alls past [`remote_floor`], and broadcasts past
+/// what the fast path streams, read the peers' memory on 2-4 ranks, up to
+/// their size limit, in every element type tried, in place and not,
+/// against a reference; on 5 ranks they take the plans.
+#[test]
+fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
+    let allowed = remote_reads_allowed();
+    for n in 2..=REMOTE_MAX_RANKS {
+        world(n, TransportKind::Shm, |comm| {
+            let on = remote_reads_on(&comm);
+            if !allowed {
+                eprintln!("process_vm_readv is not allowed here: remote reads untested");
+            }
+            assert_eq!(on, allowed, "remote reads on {n} ranks");
+            fn each<T: Small>(comm: &Communicator, on: bool) {
+                let n = comm.size();
+                for (count, remote) in remote_counts(n, T::DTYPE.size()) {
+                    // At or below the eager buffers' size an exchange is
+                    // fast either way.
+                    let eager = count * T::DTYPE.size() <= max_message(n);
+                    for coll in [Collective::AllGather, Collective::AllToAll] {
+                        assert_eq!(
+                            comm.uses_fast_path(coll, count, T::DTYPE),
+                            eager || (remote && on),
+                            "{coll} {} count {count} on {n} ranks",
+                            T::DTYPE
+                        );
+                    }
+                    exchanges_of::<T>(comm, count);
+                }
+                // Broadcasts: streamed up to their limit, then on 2 ranks
+                // read from the root's memory up to REMOTE_MAX_CALL_BYTES.
+                let size = T::DTYPE.size();
+                let streamed = broadcast_stream_bytes(n) / size;
+                let last = REMOTE_MAX_CALL_BYTES / size;
+                let fast_bcast =
+                    |count| comm.uses_fast_path(Collective::Broadcast, count, T::DTYPE);
+                assert!(fast_bcast(streamed));
+                for (count, remote) in [(streamed + 1, true), (last, true), (last + 1, false)] {
+                    assert_eq!(
+                        fast_bcast(count),
+                        remote && on && n == 2,
+                        "bcast count {count} on {n} ranks"
+                    );
+                    broadcasts_of::<T>(comm, count);
+                }
+                // Other collectives of those sizes keep their paths.
+                let count = max_message(n) / T::DTYPE.size() + 1;
+                assert!(!comm.uses_fast_path(Collective::AllReduce, count, T::DTYPE));
+                assert!(!comm.uses_fast_path(Collective::ReduceScatter, count, T::DTYPE));
+            }
+            each::<f32>(&comm, on);
+            each::<bf16>(&comm, on);
+            each::<u8>(&comm, on);
+            each::<f64>(&comm, on);
+        });
+    }
+    world(REMOTE_MAX_RANKS + 1, TransportKind::Shm, |comm| {
+        let count = max_message(comm.size()) / 4 + 1;
+        assert!(!comm.uses_fast_path(Collective::AllGather, count, DType::F32));
+        assert!(!comm.uses_fast_path(Collective::AllToAll, count, DType::F32));
+        exchanges_of::<f32>(&comm, count);
+        assert!(!comm.uses_fast_path(Collective::Broadcast, count, DType::F32));
+    });
+}
+
+/// Remote reads with other calls in flight: non-blocking allgathers
+/// waited in reverse, and a second communicator's all-to-alls on another
+/// thread at the same time (a rank's calls find each other's messages at
+/// the heads of the mailboxes and take them out, reading the sender's
+/// memory before consuming them).
+#[test]
+fn remote_reads_in_flight_and_on_two_communicators_at_once() {
+    if !remote_reads_allowed() {
+        eprintln!("process_vm_readv is not allowed here: test skipped");
+        return;
+    }
+    for n in [2, 3] {
+        world(n, TransportKind::Shm, |comm| {
+            let (rank, size) = (comm.rank(), comm.size());
+            let count = 3 * EAGER_BYTES / 4 + 11;
+            assert!(comm.uses_fast_path(Collective::AllGather, count, DType::F32));
+            let reqs: Vec<_> = (0..4)
+                .map(|k| comm.iall_gather(vec![(rank * 10 + k) as f32; count]))
+                .collect();
+            let twin = comm.split(Some(0), 0).unwrap().unwrap();
+            let other = thread::spawn(move || {
+                let (r, m) = (twin.rank(), twin.size());
+                for i in 0..400u64 {
+                    let send: Vec<u64> = (0..m * count)
+                        .map(|j| i + (r * m + j / count) as u64)
+                        .collect();
+                    let mut out = vec![0u64; m * count];
+                    twin.all_to_all(&send, &mut out).unwrap();
+                    for (s, block) in out.chunks(count).enumerate() {
+                        assert!(
+                            block.iter().all(|x| *x == i + (s * m + r) as u64),
+                            "twin {i}"
+                        );
+                    }
+                }
+            });
+            for i in 0..400usize {
+                let mut out = vec![0.0f32; size * count];
+                comm.all_gather(&vec![(rank + i) as f32; count], &mut out)
+                    .unwrap();
+                for (s, block) in out.chunks(count).enumerate() {
+                    assert!(block.iter().all(|x| *x == (s + i) as f32), "world {i}");
+                }
+            }
+            other.join().unwrap();
+            for (k, r) in reqs.into_iter().enumerate().rev() {
+                let got = r.wait().unwrap();
+                for (s, block) in got.chunks(count).enumerate() {
+                    assert!(
+                        block.iter().all(|x| *x == (s * 10 + k) as f32),
+                        "request {k}"
+                    );
+                }
+            }
+        });
+    }
+}
+
+/// A remote-read allgather against a peer's of another length, or one
+/// that takes the plans, fails with a mismatch (no hang, no wrong data).
+#[test]
+fn remote_reads_of_other_lengths_are_a_mismatch() {
+    if !remote_reads_allowed() {
+        eprintln!("process_vm_readv is not allowed here: test skipped");
+        return;
+    }
+    let first = max_message(2) / 4 + 1;
+    let past = REMOTE_MAX_CALL_BYTES / 4 + 1;
+    // A remote broadcast against a streamed one of another length.
+    let bcast = broadcast_stream_bytes(2) / 4;
+    world(2, TransportKind::Shm, |comm| {
+        let count = if comm.rank() == 1 { bcast } else { bcast + 1 };
+        let mut buf = vec![1.0f32; count];
+        let err = comm.broadcast_in_place(&mut buf, 0);
+        let msg = err.expect_err("a broadcast of another length").to_string();
+        assert!(
+            msg.to_lowercase().contains("mismatch"),
+            "rank {}: {msg}",
+            comm.rank()
+        );
+    });
+    for theirs in [first + 1, past] {
+        world(2, TransportKind::Shm, |comm| {
+            let rank = comm.rank();
+            let count = if rank == 1 { theirs } else { first };
+            let mut out = vec![0.0f32; 2 * count];
+            let err = comm.all_gather(&vec![1.0f32; count], &mut out);
+            let msg = err.expect_err("an allgather of another length").to_string();
+            assert!(
+                msg.to_lowercase().contains("mismatch"),
+                "rank {rank}: {msg}"
+            );
+        });
+    }
 }
 
 #[test]

@@ -364,6 +364,20 @@ impl ShmNode {
         self.cma = which;
     }
 
+    /// The process ids of every local rank, by local rank, when the job
+    /// lets its ranks read each other's memory
+    /// ([`ShmNode::enable_single_copy`], decided alike on every local rank)
+    /// and every peer is attached; else `None`.
+    pub(crate) fn pids_if_single_copy(&self) -> Option<Vec<u32>> {
+        if self.cma == SingleCopyUse::Off {
+            return None;
+        }
+        self.peers
+            .iter()
+            .map(|seg| seg.as_ref().map(|seg| seg.pid))
+            .collect()
+    }
+
     /// Every local rank's segment, by local rank (ours at
     /// [`ShmNode::local_rank`]); `None` until every local peer is attached.
     /// The fast path's mailboxes (`fastpath::mailbox`) live in them.
