@@ -179,8 +179,10 @@ use super::{Header, Signature};
 use crate::error::{Error, Result};
 pub(crate) use mailbox::Mailboxes;
 use mailbox::SlotHeader;
-pub(crate) use pack::REMOTE_PAYLOAD;
-use pack::{describe, is_remote, message_bytes, pack, pack_remote, packed_len, with_parts};
+use pack::{
+    describe, is_remote, message_bytes, pack, pack_address, pack_remote, packed_len, with_parts,
+};
+pub(crate) use pack::{ADDRESS_PAYLOAD, REMOTE_PAYLOAD};
 
 /// What [`FastPath::exchange`] hands its passes: the payload for each rank
 /// it sends to, those ranks, the ranks it receives from, where their
@@ -351,6 +353,22 @@ impl Parts<'_> {
         }
     }
 
+    /// The two words (an address, and what the call's protocol says) an
+    /// address message from the `i`-th rank the call receives from carries
+    /// ([`Carries::Address`]).
+    pub(crate) fn address(&self, i: usize) -> (u64, u64) {
+        let bytes = self.get(i);
+        let word =
+            |k: usize| u64::from_ne_bytes(bytes[8 * k..8 * k + 8].try_into().expect("8 bytes"));
+        (word(0), word(1))
+    }
+
+    /// The process id of the `i`-th rank the call receives from (remote
+    /// reads are on).
+    pub(crate) fn pid(&self, i: usize) -> u32 {
+        self.fast.pid(self.from[i])
+    }
+
     /// Writes the message from the `i`-th rank the call receives from into
     /// `dst` (its length): the payload, or for a remote-read message the
     /// bytes at the address it carries, read from the sender's memory
@@ -433,10 +451,23 @@ pub(crate) struct Piece {
     /// finished (for late-message checks) once it is in, not before, so
     /// that a part still to come is never taken for a late message.
     pub(crate) last: bool,
-    /// The message carries the address of the sender's bytes, which the
-    /// receiver reads from its memory; the sender's call returns only once
-    /// every receiver has consumed it (`small::reads_remote`).
-    pub(crate) remote: bool,
+    /// What the message's payload is.
+    pub(crate) carries: Carries,
+}
+
+/// What a fast-path message's payload is ([`Piece::carries`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Carries {
+    /// The bytes themselves (`count` elements).
+    Bytes,
+    /// The address of the sender's `count` elements, which the receiver
+    /// reads from its memory; the sender's call returns only once every
+    /// receiver has consumed the message (`small::reads_remote`).
+    ReadFromSender,
+    /// The address of a buffer of the sender's, used as the call's
+    /// protocol says (the 2-rank broadcast split between both ends); the
+    /// message is an ordinary one of 8 bytes otherwise.
+    Address,
 }
 
 impl Piece {
@@ -446,7 +477,7 @@ impl Piece {
             count: header.sig.count,
             parts: 1,
             last: true,
-            remote: false,
+            carries: Carries::Bytes,
         }
     }
 }
@@ -743,10 +774,11 @@ impl FastPath {
         read: impl FnOnce(&Parts<'_>) -> R,
     ) -> Result<R> {
         assert!(to.len() < 32 && from.len() < 32 && got.len() >= from.len());
-        let len = if piece.remote {
-            REMOTE_PAYLOAD
-        } else {
-            piece.count.saturating_mul(header.sig.dtype.size())
+        let remote = piece.carries == Carries::ReadFromSender;
+        let len = match piece.carries {
+            Carries::Bytes => piece.count.saturating_mul(header.sig.dtype.size()),
+            Carries::ReadFromSender => REMOTE_PAYLOAD,
+            Carries::Address => ADDRESS_PAYLOAD,
         };
         assert!(len <= EAGER_BYTES && payloads.len() == to.len());
         assert!(payloads.iter().all(|p| p.len() == len));
@@ -754,14 +786,16 @@ impl FastPath {
             count: piece.count,
             ..header.sig
         };
-        let mut sig = if piece.remote {
+        if piece.carries != Carries::Bytes {
             assert!(self.reads_remote(), "remote reads are off");
-            pack_remote(&message)
-        } else {
-            pack(&message)
+        }
+        let mut sig = match piece.carries {
+            Carries::Bytes => pack(&message),
+            Carries::ReadFromSender => pack_remote(&message),
+            Carries::Address => pack_address(&message),
         }
         .expect("fast-path calls pack");
-        if piece.parts > 1 {
+        if piece.parts > 1 && piece.carries == Carries::Bytes {
             sig = with_parts(sig, piece.parts);
         }
         if link.is_aborted() {
@@ -789,10 +823,10 @@ impl FastPath {
             }
         }
         let mut books = done?;
-        if piece.remote || len * from.len() > READ_LOCKED_BYTES {
+        if piece.carries != Carries::Bytes || len * from.len() > READ_LOCKED_BYTES {
             // A long read (a reduction of up to 16 KiB per peer, a read
-            // of the peers' memory) does not keep other threads' fast
-            // calls out meanwhile.
+            // or write of a peer's memory) does not keep other threads'
+            // fast calls out meanwhile.
             books = None;
         }
         let got = &mut got[..from.len()];
@@ -801,7 +835,7 @@ impl FastPath {
             from,
             got,
             len,
-            remote: piece.remote,
+            remote,
         });
         match books {
             // A short read, done under the lock of the last pass: one lock
@@ -811,7 +845,7 @@ impl FastPath {
             Some(mut books) => self.release_locked(&mut books, from, got),
             None => self.release(from, got),
         }
-        if piece.remote {
+        if remote {
             // The receivers read this rank's memory: it stays untouched
             // until each has consumed the message (after its read).
             self.await_reads(link, header, to, &stamps[..to.len()], &mut wait)?;

@@ -15,8 +15,19 @@ const PACK_MARK: u64 = 0xFC << 56;
 /// reads with `process_vm_readv` ([`pack_remote`]).
 const REMOTE_MARK: u64 = 0xFD << 56;
 
-/// The payload of a remote-read message: the sender's address (8 bytes).
+/// Marks a packed signature of an *address* message (top byte): the slot
+/// carries the address of a buffer of the sender's, which the receiver
+/// reads or writes as the call's protocol says (a 2-rank broadcast split
+/// between both ends), and which a call that takes the message out for
+/// another one copies as it is ([`pack_address`]).
+const ADDRESS_MARK: u64 = 0xFE << 56;
+
+/// The payload of a remote-read message: an address (8 bytes).
 pub(crate) const REMOTE_PAYLOAD: usize = 8;
+
+/// The payload of an address message: an address and a word the call's
+/// protocol gives a meaning to (16 bytes).
+pub(crate) const ADDRESS_PAYLOAD: usize = 16;
 
 /// The position of `x` in `all`, which holds it.
 fn index_of<T: PartialEq>(all: &[T], x: &T) -> u64 {
@@ -90,6 +101,17 @@ pub(crate) fn pack_remote(sig: &Signature) -> Option<u64> {
     )
 }
 
+/// Packs the signature of an address message as [`pack_remote`] does,
+/// under its own mark.
+pub(crate) fn pack_address(sig: &Signature) -> Option<u64> {
+    pack_remote(sig).map(|word| word & !(0xFF << 56) | ADDRESS_MARK)
+}
+
+/// Whether `word` packs an address message's signature.
+pub(crate) fn is_address(word: u64) -> bool {
+    word & (0xFF << 56) == ADDRESS_MARK
+}
+
 /// Whether `word` packs a remote-read message's signature.
 pub(crate) fn is_remote(word: u64) -> bool {
     word & (0xFF << 56) == REMOTE_MARK
@@ -121,7 +143,7 @@ pub(crate) fn parts_of(word: u64) -> usize {
 /// streamed call: that message's signature, its count the part's).
 pub(crate) fn unpack(word: u64) -> Option<Signature> {
     let byte = |shift: u32| ((word >> shift) & 0xFF) as usize;
-    if is_remote(word) {
+    if is_remote(word) || is_address(word) {
         return Some(Signature {
             kind: CallKind::Collective(*Collective::ALL.get(byte(24))?),
             dtype: *DType::ALL.get(byte(32))?,
@@ -149,11 +171,13 @@ pub(crate) fn unpack(word: u64) -> Option<Signature> {
 }
 
 /// The payload length of a message with packed signature `word`: count x
-/// element size, [`REMOTE_PAYLOAD`] for a remote-read message (0 for a word
+/// element size, [`REMOTE_PAYLOAD`] for a remote-read message,
+/// [`ADDRESS_PAYLOAD`] for an address message (0 for a word
 /// that does not unpack).
 pub(super) fn packed_len(word: u64) -> usize {
     match unpack(word) {
         Some(_) if is_remote(word) => REMOTE_PAYLOAD,
+        Some(_) if is_address(word) => ADDRESS_PAYLOAD,
         Some(sig) => message_len(&sig),
         None => 0,
     }
@@ -171,6 +195,7 @@ pub(crate) fn describe(word: u64) -> String {
         || format!("an unreadable call (signature {word:#x})"),
         |s| match parts_of(word) {
             _ if is_remote(word) => format!("{s} (read from the sender's memory)"),
+            _ if is_address(word) => format!("{s} (split between both ends)"),
             1 => s.to_string(),
             0xFF => format!("{s} (a part of a call sent in 255 or more parts)"),
             parts => format!("{s} (a part of a call sent in {parts} parts)"),
@@ -267,6 +292,20 @@ mod tests {
             root: None,
         };
         assert_eq!(pack_remote(&huge), None);
+        // An address message: the same fields under its own mark.
+        let split = Signature {
+            kind: CallKind::Collective(Collective::Broadcast),
+            dtype: DType::F32,
+            op: None,
+            count: 1 << 18,
+            root: Some(1),
+        };
+        let word = pack_address(&split).unwrap();
+        assert!(is_address(word) && !is_remote(word));
+        assert_ne!(Some(word), pack_remote(&split));
+        assert_eq!(unpack(word), Some(split));
+        assert_eq!(packed_len(word), ADDRESS_PAYLOAD);
+        assert!(describe(word).ends_with("(split between both ends)"));
         let with_op = Signature {
             op: Some(ReduceOp::Sum),
             count: 1,

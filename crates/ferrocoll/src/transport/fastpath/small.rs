@@ -20,7 +20,9 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use super::{FastPath, Got, Parts, Piece, FAST_MAX_RANKS, REMOTE_PAYLOAD};
+use super::{
+    Carries, FastPath, Got, Parts, Piece, ADDRESS_PAYLOAD, FAST_MAX_RANKS, REMOTE_PAYLOAD,
+};
 use crate::error::{Error, Result};
 use crate::exec::Memory;
 use crate::kernels;
@@ -175,7 +177,7 @@ pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
         // 4 (more ranks than cores here) 1.06-1.14x, so those keep the
         // plans (bench/RESULTS.md, seventh session).
         Collective::Broadcast => {
-            n == 2 && bytes > broadcast_stream_bytes(n) && bytes <= REMOTE_MAX_CALL_BYTES
+            n == 2 && bytes > broadcast_stream_bytes(n) && bytes <= u32::MAX as usize
         }
         _ => false,
     }
@@ -436,7 +438,7 @@ fn run_remote<const PEERS: usize>(
         count: call.count,
         parts: 1,
         last: true,
-        remote: true,
+        carries: Carries::ReadFromSender,
     };
     let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
     let own = if blocks {
@@ -473,9 +475,40 @@ fn run_remote<const PEERS: usize>(
     result?
 }
 
-/// A broadcast as remote reads ([`reads_remote`]): the root sends every
-/// peer the address of its buffer and returns once each has read it; a
-/// receiver reads it from the root's memory straight into its output.
+/// Where a 2-rank broadcast of `len` bytes is split between its ends
+/// ([`run_remote_broadcast`]): the receiver reads the bytes before it, the
+/// root writes those from it on. In place, half, on a page boundary (the
+/// kernel pins whole pages for each side); out of place the root fills its
+/// own output meanwhile, as much copying as the receiver's whole read, so
+/// the receiver reads all (a root that also wrote half took 1.19-1.24x the
+/// plans' time at 2-8 MiB).
+fn split_point(len: usize, root_in_place: bool) -> usize {
+    if root_in_place {
+        (len / 2).next_multiple_of(4096).min(len)
+    } else {
+        len
+    }
+}
+
+/// The 8-byte words of an address message's payload.
+fn address_payload(addr: *const u8, word: usize) -> [u8; ADDRESS_PAYLOAD] {
+    let mut payload = [0u8; ADDRESS_PAYLOAD];
+    payload[..8].copy_from_slice(&(addr as u64).to_ne_bytes());
+    payload[8..].copy_from_slice(&(word as u64).to_ne_bytes());
+    payload
+}
+
+/// A 2-rank broadcast as remote reads and writes ([`reads_remote`]), in two
+/// messages each way under the call's key: first both ends send the
+/// address of their buffer (the root its input and the [`split_point`],
+/// the receiver its output); then the receiver reads the bytes before the
+/// split from the root's memory while the root writes those after it into
+/// the receiver's (or, out of place, fills its own output), each core
+/// copying about as much; then each tells the other it is done (an empty
+/// message), and returns once the other's has come. A single reader
+/// leaves the root's core idle: one read of 128 KiB took 4.6 us, two halves
+/// at once 3.1 us, of 1 MiB 47 us against 18 (a C program,
+/// bench/RESULTS.md, seventh session).
 fn run_remote_broadcast<const PEERS: usize>(
     fast: &FastPath,
     link: &Link<'_>,
@@ -483,39 +516,75 @@ fn run_remote_broadcast<const PEERS: usize>(
     ends: &Ends<'_>,
     mem: &mut Memory<'_>,
 ) -> Result<()> {
+    debug_assert_eq!(ends.others.len(), 1);
     let len = call.count * call.dtype.size();
-    let piece = Piece {
-        count: call.count,
-        parts: 1,
-        last: true,
-        remote: true,
-    };
+    let peer = ends.others;
+    let lost = |_| Error::PeerLost { rank: peer[0] };
     let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
-    let timed = (piece, call.timeout);
-    if call.rank != call.root {
-        let out = &mut mem.output()[..len];
-        let read = |parts: &Parts<'_>| parts.read_into(0, out);
-        return fast.exchange(
-            link,
-            &call.header,
-            &[],
-            &[],
-            &ends.root,
-            &mut got,
-            timed,
-            read,
+    let mut step =
+        |carries: Carries, payload: &[u8], work: &mut dyn FnMut(&Parts<'_>) -> Result<()>| {
+            let piece = Piece {
+                count: if carries == Carries::Bytes {
+                    0
+                } else {
+                    call.count
+                },
+                parts: 2,
+                last: carries == Carries::Bytes,
+                carries,
+            };
+            let timed = (piece, call.timeout);
+            fast.exchange(
+                link,
+                &call.header,
+                &[payload],
+                peer,
+                peer,
+                &mut got,
+                timed,
+                |parts| work(parts),
+            )?
+        };
+    if call.rank == call.root {
+        let apart = mem.apart().is_some_and(|(_, output)| !output.is_empty());
+        let split = split_point(len, !apart);
+        let (input, mut output) = match mem.apart() {
+            Some((input, output)) if apart => (input, Some(output)),
+            _ => (mem.input(), None),
+        };
+        let input = &input[..len];
+        step(
+            Carries::Address,
+            &address_payload(input.as_ptr(), split),
+            &mut |parts| {
+                let (theirs, _) = parts.address(0);
+                crate::transport::shm::cma_write(
+                    parts.pid(0),
+                    theirs + split as u64,
+                    &input[split..],
+                )
+                .map_err(lost)?;
+                if let Some(output) = output.as_mut() {
+                    output[..len].copy_from_slice(input);
+                }
+                Ok(())
+            },
         )?;
-    }
-    let addr = (mem.input()[..len].as_ptr() as u64).to_ne_bytes();
-    let payloads: [&[u8]; PEERS] = [&addr; PEERS];
-    let others = ends.others;
-    let to = &payloads[..others.len()];
-    fast.exchange(link, &call.header, to, others, &[], &mut got, timed, |_| ())?;
-    // Out of place, the root's own output too (nobody reads it now).
-    if let Some((input, output)) = mem.apart() {
-        if !output.is_empty() {
-            output[..len].copy_from_slice(&input[..len]);
-        }
+        step(Carries::Bytes, &[], &mut |_| Ok(()))?;
+    } else {
+        let out = &mut mem.output()[..len];
+        step(
+            Carries::Address,
+            &address_payload(out.as_ptr(), 0),
+            &mut |parts| {
+                // The root writes `out[split..]` meanwhile: disjoint.
+                let (root_input, split) = parts.address(0);
+                let split = usize::try_from(split).unwrap_or(usize::MAX).min(len);
+                crate::transport::shm::cma_read(parts.pid(0), root_input, &mut out[..split])
+                    .map_err(lost)
+            },
+        )?;
+        step(Carries::Bytes, &[], &mut |_| Ok(()))?;
     }
     Ok(())
 }
@@ -554,7 +623,7 @@ fn run_streamed<const PEERS: usize>(
             count,
             parts,
             last: part + 1 == parts,
-            remote: false,
+            carries: Carries::Bytes,
         };
         let timeout = until.saturating_duration_since(Instant::now());
         let exchange = |mine: &[u8], out: &mut [u8]| {
@@ -692,11 +761,13 @@ mod tests {
         for coll in [AllReduce, ReduceScatter, Reduce, AllToAllV, Gather] {
             assert!(!reads_remote(coll, 1 << 16, 2), "{coll}");
         }
-        // Broadcasts on 2 ranks past what is streamed, up to 1 MiB.
+        // Broadcasts on 2 ranks past what is streamed, up to 4 GiB (the
+        // address message's count).
         assert!(!reads_remote(Broadcast, broadcast_stream_bytes(2), 2));
         assert!(reads_remote(Broadcast, broadcast_stream_bytes(2) + 1, 2));
         assert!(reads_remote(Broadcast, REMOTE_MAX_CALL_BYTES, 2));
-        assert!(!reads_remote(Broadcast, REMOTE_MAX_CALL_BYTES + 1, 2));
+        assert!(reads_remote(Broadcast, u32::MAX as usize, 2));
+        assert!(!reads_remote(Broadcast, u32::MAX as usize + 1, 2));
         assert!(!reads_remote(Broadcast, 1 << 18, 3));
         assert!(!reads_remote(AllGather, 1 << 16, 1));
         assert!(!reads_remote(AllGather, 1 << 16, REMOTE_MAX_RANKS + 1));

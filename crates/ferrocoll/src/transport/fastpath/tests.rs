@@ -479,10 +479,11 @@ fn remote_counts(n: usize, size: usize) -> Vec<(usize, bool)> {
     c
 }
 
-/// Allgathers and all-to-alls past [`remote_floor`], and broadcasts past
-/// what the fast path streams, read the peers' memory on 2-4 ranks, up to
-/// their size limit, in every element type tried, in place and not,
-/// against a reference; on 5 ranks they take the plans.
+/// Allgathers and all-to-alls past [`remote_floor`] read the peers' memory
+/// on 2-4 ranks up to their size limit, and 2-rank broadcasts past what the
+/// fast path streams are split between both ends, in every element type
+/// tried, in place and not, against a reference; on 5 ranks they take the
+/// plans.
 #[test]
 fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
     let allowed = remote_reads_allowed();
@@ -510,17 +511,21 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                     exchanges_of::<T>(comm, count);
                 }
                 // Broadcasts: streamed up to their limit, then on 2 ranks
-                // read from the root's memory up to REMOTE_MAX_CALL_BYTES.
+                // split between the root's writes and the receiver's reads,
+                // of any length (odd ones, past a page and past 1 MiB).
                 let size = T::DTYPE.size();
                 let streamed = broadcast_stream_bytes(n) / size;
-                let last = REMOTE_MAX_CALL_BYTES / size;
                 let fast_bcast =
                     |count| comm.uses_fast_path(Collective::Broadcast, count, T::DTYPE);
                 assert!(fast_bcast(streamed));
-                for (count, remote) in [(streamed + 1, true), (last, true), (last + 1, false)] {
+                let mut counts = vec![streamed + 1, streamed + 4096 / size + 3];
+                if n == 2 {
+                    counts.push((3 << 20) / size + 1);
+                }
+                for count in counts {
                     assert_eq!(
                         fast_bcast(count),
-                        remote && on && n == 2,
+                        on && n == 2,
                         "bcast count {count} on {n} ranks"
                     );
                     broadcasts_of::<T>(comm, count);
@@ -546,8 +551,8 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
 }
 
 /// Remote reads with other calls in flight: non-blocking allgathers
-/// waited in reverse, and a second communicator's all-to-alls on another
-/// thread at the same time (a rank's calls find each other's messages at
+/// waited in reverse, and a second communicator's all-to-alls and
+/// broadcasts on another thread at the same time (a rank's calls find each other's messages at
 /// the heads of the mailboxes and take them out, reading the sender's
 /// memory before consuming them).
 #[test]
@@ -579,6 +584,14 @@ fn remote_reads_in_flight_and_on_two_communicators_at_once() {
                             "twin {i}"
                         );
                     }
+                    // On 2 ranks split between root and receiver.
+                    let root = i as usize % m;
+                    let mut b = vec![(r * 7) as u64 + i; count];
+                    twin.broadcast_in_place(&mut b, root).unwrap();
+                    assert!(
+                        b.iter().all(|x| *x == (root * 7) as u64 + i),
+                        "twin bcast {i}"
+                    );
                 }
             });
             for i in 0..400usize {
@@ -598,6 +611,53 @@ fn remote_reads_in_flight_and_on_two_communicators_at_once() {
                         "request {k}"
                     );
                 }
+            }
+        });
+    }
+}
+
+/// A 2-rank broadcast split between its ends whose first message (an
+/// address) lies at the head of a mailbox while the other rank runs
+/// another call, which takes it out; the broadcast then finds it among the
+/// messages taken out. Once with the root's message taken out, once with
+/// the receiver's.
+#[test]
+fn split_broadcast_messages_taken_out_for_another_call() {
+    if !remote_reads_allowed() {
+        eprintln!("process_vm_readv is not allowed here: test skipped");
+        return;
+    }
+    for early in [0, 1] {
+        world(2, TransportKind::Shm, |comm| {
+            let rank = comm.rank();
+            let count = broadcast_stream_bytes(2) / 4 * 3 + 5;
+            assert!(comm.uses_fast_path(Collective::Broadcast, count, DType::F32));
+            let twin = comm.split(Some(0), 0).unwrap().unwrap();
+            let bcast = move || {
+                let mut b = vec![rank as f32 + 1.0; count];
+                twin.broadcast_in_place(&mut b, 0).unwrap();
+                assert!(
+                    b.iter().all(|x| *x == 1.0),
+                    "bcast, rank {rank} early {early}"
+                );
+            };
+            let gather = || {
+                let mut out = vec![0.0f32; 2 * count];
+                comm.all_gather(&vec![rank as f32; count], &mut out)
+                    .unwrap();
+                assert!(out[..count].iter().all(|x| *x == 0.0));
+                assert!(out[count..].iter().all(|x| *x == 1.0));
+            };
+            if rank == early {
+                // This rank's broadcast message goes out first; the peer,
+                // in its allgather, finds it in the way.
+                let t = thread::spawn(bcast);
+                thread::sleep(std::time::Duration::from_millis(50));
+                gather();
+                t.join().unwrap();
+            } else {
+                gather();
+                bcast();
             }
         });
     }

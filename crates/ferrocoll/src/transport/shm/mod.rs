@@ -143,7 +143,7 @@ use std::io;
 
 pub(crate) use futex::futex_wait;
 pub(crate) use node::ShmNode;
-pub(crate) use process::{cma_read, SingleCopyUse};
+pub(crate) use process::{cma_read, cma_write, SingleCopyUse};
 use segment::{context, validate_job, NAME_PREFIX, SHM_DIR};
 pub(crate) use segment::{
     Segment, BLOCK, EAGER_BUFFERS, EAGER_BYTES, NOTICES, SLOTS, SLOT_HEADER, SLOT_PAYLOAD,

@@ -114,27 +114,83 @@ impl SingleCopyUse {
 /// the other process's pages into ours). Needs ptrace permission over the
 /// process: same user, and Yama's ptrace_scope and seccomp allowing it.
 pub(crate) fn cma_read(pid: u32, addr: u64, dst: &mut [u8]) -> io::Result<()> {
+    // SAFETY: `dst` is writable and exclusively borrowed for the call.
+    unsafe { cma_copy(pid, addr, dst.as_mut_ptr(), dst.len(), Direction::Read) }
+}
+
+/// Writes `src` to `addr` in process `pid` with `process_vm_writev` (one
+/// copy, by the kernel, from our pages into the other process's). Needs the
+/// same permission as [`cma_read`].
+pub(crate) fn cma_write(pid: u32, addr: u64, src: &[u8]) -> io::Result<()> {
+    // SAFETY: `src` is readable for the call, and the kernel only reads it
+    // when writing to another process (the pointer is cast to mutable
+    // because `iovec` wants one).
+    unsafe {
+        cma_copy(
+            pid,
+            addr,
+            src.as_ptr().cast_mut(),
+            src.len(),
+            Direction::Write,
+        )
+    }
+}
+
+/// Which way [`cma_copy`] copies.
+#[derive(Clone, Copy)]
+enum Direction {
+    /// From the other process into `local` (`process_vm_readv`).
+    Read,
+    /// From `local` into the other process (`process_vm_writev`).
+    Write,
+}
+
+/// Copies `len` bytes between `local` and `addr` in process `pid`, the way
+/// `direction` says, until all are copied.
+///
+/// # Safety
+///
+/// `local` is valid for `len` bytes: for writes into it (`Read`) or reads
+/// from it (`Write`), and nothing else touches it meanwhile.
+unsafe fn cma_copy(
+    pid: u32,
+    addr: u64,
+    local: *mut u8,
+    len: usize,
+    direction: Direction,
+) -> io::Result<()> {
     let mut done = 0;
-    while done < dst.len() {
-        let local = libc::iovec {
-            iov_base: dst[done..].as_mut_ptr().cast(),
-            iov_len: dst.len() - done,
+    while done < len {
+        let here = libc::iovec {
+            // SAFETY: `done < len`, inside the caller's range.
+            iov_base: unsafe { local.add(done) }.cast(),
+            iov_len: len - done,
         };
-        let remote = libc::iovec {
+        let there = libc::iovec {
             iov_base: (addr as usize + done) as *mut libc::c_void,
-            iov_len: dst.len() - done,
+            iov_len: len - done,
         };
-        // SAFETY: `local` describes the writable, exclusively borrowed rest
-        // of `dst`; the kernel checks `remote` against the other process's
-        // mappings (a bad address is an error, never a fault here).
-        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        // SAFETY: `here` describes the rest of the caller's range, valid for
+        // the direction's access (the function's contract); the kernel
+        // checks `there` against the other process's mappings (a bad
+        // address is an error, never a fault here).
+        let n = unsafe {
+            match direction {
+                Direction::Read => {
+                    libc::process_vm_readv(pid as libc::pid_t, &here, 1, &there, 1, 0)
+                }
+                Direction::Write => {
+                    libc::process_vm_writev(pid as libc::pid_t, &here, 1, &there, 1, 0)
+                }
+            }
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                "process_vm_readv read nothing",
+                "process_vm_readv/writev copied nothing",
             ));
         }
         done += n as usize;
