@@ -77,11 +77,10 @@
 //!
 //! **Remote reads.** Where the job lets its ranks read each other's memory
 //! (`process_vm_readv`, decided alike on every local rank at start-up),
-//! allgathers and all-to-alls on 2-4 ranks and broadcasts on 2, past the
-//! sizes the eager buffers serve and up to 1 MiB a rank reads
-//! ([`small::reads_remote`]), send each peer
-//! one slot whose payload is the address of the bytes that peer needs; its
-//! signature is packed with its own mark and a 40-bit count
+//! allgathers and all-to-alls on 2-4 ranks, past the sizes the eager
+//! buffers serve and up to 1 MiB a rank reads ([`small::reads_remote`]),
+//! send each peer one slot whose payload is the address of the bytes that
+//! peer needs; its signature is packed with its own mark and a 32-bit count
 //! ([`pack::pack_remote`]), so it never matches an eager message. The
 //! receiver reads the bytes straight from the sender's memory into its
 //! output and then consumes the slot, as any other; the sender's call
@@ -89,7 +88,12 @@
 //! ([`FastPath::await_reads`]), so its buffer is never reused while read.
 //! A call that takes such a message out for another call (the stash, see
 //! below) reads the sender's bytes before it consumes the slot, for the
-//! same reason.
+//! same reason. A 2-rank broadcast past one eager buffer is *split*: both
+//! ends send an *address* message ([`Carries::Address`], its own mark
+//! again; taken out for another call it is copied like any payload), the
+//! receiver reads the first part from the root's memory while the root
+//! writes the rest into the receiver's (`process_vm_writev`), and a second,
+//! empty message each way says each is done.
 //!
 //! The collectives on top (`crate::fast`) exchange whole contributions in
 //! one step: every rank writes to every rank it must inform and reads from

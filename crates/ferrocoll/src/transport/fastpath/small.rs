@@ -152,7 +152,7 @@ pub(crate) fn remote_floor(n: usize) -> usize {
 
 /// Whether an allgather or all-to-all of `bytes` per block among `n` ranks
 /// (2-4) past [`remote_floor`], or a broadcast of `bytes` on 2 ranks past
-/// what is streamed, goes through the fast path as *remote reads* (when
+/// one eager buffer, goes through the fast path as *remote reads* (when
 /// the job may read its ranks' memory, see [`FastPath::reads_remote`]):
 /// each rank sends every peer one slot with the address of the bytes that
 /// peer needs, each reads them straight from the sender's memory with
@@ -171,14 +171,14 @@ pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
         Collective::AllGather | Collective::AllToAll => {
             bytes > remote_floor(n) && bytes.saturating_mul(n - 1) <= REMOTE_MAX_CALL_BYTES
         }
-        // Past what the fast path streams, the receiver reads the root's
-        // whole buffer: on 2 ranks 0.78x the engine's time at 64 KiB,
-        // 0.91x at 256 KiB, 0.95x at 1 MiB; on 3 ranks 0.96-1.01x and on
-        // 4 (more ranks than cores here) 1.06-1.14x, so those keep the
-        // plans (bench/RESULTS.md, seventh session).
-        Collective::Broadcast => {
-            n == 2 && bytes > broadcast_stream_bytes(n) && bytes <= u32::MAX as usize
-        }
+        // On 2 ranks past one eager buffer, split between the root's
+        // writes and the receiver's reads (`run_remote_broadcast`): in
+        // place 0.37-0.62x the engine's time at 64 KiB - 64 MiB, 0.71-0.77x
+        // the streamed parts' at 24-32 KiB (a tie at 20 KiB). A single
+        // reader on 3 ranks took 0.96-1.01x the engine's time and on 4
+        // (more ranks than cores here) 1.06-1.14x, so those keep the
+        // streamed parts and the plans (bench/RESULTS.md, seventh session).
+        Collective::Broadcast => n == 2 && bytes > max_message(n) && bytes <= u32::MAX as usize,
         _ => false,
     }
 }
@@ -761,10 +761,10 @@ mod tests {
         for coll in [AllReduce, ReduceScatter, Reduce, AllToAllV, Gather] {
             assert!(!reads_remote(coll, 1 << 16, 2), "{coll}");
         }
-        // Broadcasts on 2 ranks past what is streamed, up to 4 GiB (the
+        // Broadcasts on 2 ranks past one eager buffer, up to 4 GiB (the
         // address message's count).
-        assert!(!reads_remote(Broadcast, broadcast_stream_bytes(2), 2));
-        assert!(reads_remote(Broadcast, broadcast_stream_bytes(2) + 1, 2));
+        assert!(!reads_remote(Broadcast, max_message(2), 2));
+        assert!(reads_remote(Broadcast, max_message(2) + 1, 2));
         assert!(reads_remote(Broadcast, REMOTE_MAX_CALL_BYTES, 2));
         assert!(reads_remote(Broadcast, u32::MAX as usize, 2));
         assert!(!reads_remote(Broadcast, u32::MAX as usize + 1, 2));

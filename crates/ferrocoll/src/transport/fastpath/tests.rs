@@ -510,14 +510,17 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                     }
                     exchanges_of::<T>(comm, count);
                 }
-                // Broadcasts: streamed up to their limit, then on 2 ranks
-                // split between the root's writes and the receiver's reads,
-                // of any length (odd ones, past a page and past 1 MiB).
+                // Broadcasts: on 2 ranks past one eager buffer split
+                // between the root's writes and the receiver's reads, of any
+                // length (odd ones, past a page and past 1 MiB); on 3 and 4
+                // streamed up to their limit, then the plans.
                 let size = T::DTYPE.size();
                 let streamed = broadcast_stream_bytes(n) / size;
                 let fast_bcast =
                     |count| comm.uses_fast_path(Collective::Broadcast, count, T::DTYPE);
-                assert!(fast_bcast(streamed));
+                let first = max_message(n) / size + 1;
+                assert!(fast_bcast(first) && fast_bcast(streamed));
+                broadcasts_of::<T>(comm, first);
                 let mut counts = vec![streamed + 1, streamed + 4096 / size + 3];
                 if n == 2 {
                     counts.push((3 << 20) / size + 1);
@@ -673,7 +676,7 @@ fn remote_reads_of_other_lengths_are_a_mismatch() {
     }
     let first = max_message(2) / 4 + 1;
     let past = REMOTE_MAX_CALL_BYTES / 4 + 1;
-    // A remote broadcast against a streamed one of another length.
+    // A broadcast split between its ends against one of another length.
     let bcast = broadcast_stream_bytes(2) / 4;
     world(2, TransportKind::Shm, |comm| {
         let count = if comm.rank() == 1 { bcast } else { bcast + 1 };
