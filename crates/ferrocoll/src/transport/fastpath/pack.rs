@@ -72,28 +72,27 @@ pub(crate) fn pack(sig: &Signature) -> Option<u64> {
 }
 
 /// Packs the signature of a remote-read message (`small::reads_remote`):
-/// as [`pack`], but for a collective without an operator (allgather,
-/// all-to-all, broadcast), whose count may be beyond 16 bits: count bits
-/// 0-15 in bits 0-15, bits 16-31 in the operator's and the parts' bytes
-/// (32 bits in all), and its own mark, so that a remote-read message never
-/// matches an eager one. `None` for a signature with an operator, a count
-/// of 2^32 or more (a remote read is at most 1 MiB), or a root that does
-/// not fit.
+/// as [`pack`], but with a count beyond 16 bits: count bits 0-15 in bits
+/// 0-15, bits 16-31 in bits 40-55 (32 bits in all), the root's byte holding
+/// the root of a collective that has one and the operator of one that
+/// does not, and its own mark, so that a remote-read message never matches
+/// an eager one. `None` for a count of 2^32 or more (a remote read is at
+/// most 4 GiB), a root that does not fit, or a collective with a root and
+/// an operator (a reduce).
 pub(crate) fn pack_remote(sig: &Signature) -> Option<u64> {
     let CallKind::Collective(coll) = sig.kind else {
         return None;
     };
-    if sig.op.is_some() {
-        return None;
-    }
     let count = u64::from(u32::try_from(sig.count).ok()?);
-    let root = match sig.root {
-        Some(r) => u8::try_from(r).ok().filter(|r| *r != 0xFF)?,
-        None => 0xFF,
+    let root_or_op = match (sig.root, sig.op) {
+        (Some(_), Some(_)) => return None,
+        (Some(r), None) => u64::from(u8::try_from(r).ok().filter(|r| *r != 0xFF)?),
+        (None, Some(op)) => index_of(&ReduceOp::ALL, &op),
+        (None, None) => 0xFF,
     };
     Some(
         (count & 0xFFFF)
-            | u64::from(root) << 16
+            | root_or_op << 16
             | index_of(&Collective::ALL, &coll) << 24
             | index_of(&DType::ALL, &sig.dtype) << 32
             | (count >> 16) << 40
@@ -144,12 +143,18 @@ pub(crate) fn parts_of(word: u64) -> usize {
 pub(crate) fn unpack(word: u64) -> Option<Signature> {
     let byte = |shift: u32| ((word >> shift) & 0xFF) as usize;
     if is_remote(word) || is_address(word) {
+        let coll = *Collective::ALL.get(byte(24))?;
+        let (root, op) = match byte(16) {
+            0xFF => (None, None),
+            b if coll.has_root() => (Some(b), None),
+            o => (None, Some(*ReduceOp::ALL.get(o)?)),
+        };
         return Some(Signature {
-            kind: CallKind::Collective(*Collective::ALL.get(byte(24))?),
+            kind: CallKind::Collective(coll),
             dtype: *DType::ALL.get(byte(32))?,
-            op: None,
+            op,
             count: ((word & 0xFFFF) | (word >> 40 & 0xFFFF) << 16) as usize,
-            root: (byte(16) != 0xFF).then_some(byte(16)),
+            root,
         });
     }
     if word & (0xFF << 56) != PACK_MARK {
@@ -267,8 +272,14 @@ mod tests {
             .into_iter()
             .chain([(0x12_3456, Some(15)), ((1 << 32) - 1, None)])
         {
+            // A root only where the collective has one.
+            let coll = if root.is_some() {
+                Collective::Broadcast
+            } else {
+                Collective::AllGather
+            };
             let sig = Signature {
-                kind: CallKind::Collective(Collective::AllGather),
+                kind: CallKind::Collective(coll),
                 dtype: DType::BF16,
                 op: None,
                 count,
@@ -306,12 +317,25 @@ mod tests {
         assert_eq!(unpack(word), Some(split));
         assert_eq!(packed_len(word), ADDRESS_PAYLOAD);
         assert!(describe(word).ends_with("(split between both ends)"));
-        let with_op = Signature {
+        // An operator where there is no root (an allreduce); a reduce has
+        // both, which does not pack.
+        for op in ReduceOp::ALL {
+            let with_op = Signature {
+                kind: CallKind::Collective(Collective::AllReduce),
+                op: Some(op),
+                count: 1 << 20,
+                ..huge
+            };
+            assert_eq!(unpack(pack_address(&with_op).unwrap()), Some(with_op));
+        }
+        let reduce = Signature {
+            kind: CallKind::Collective(Collective::Reduce),
             op: Some(ReduceOp::Sum),
+            root: Some(0),
             count: 1,
             ..huge
         };
-        assert_eq!(pack_remote(&with_op), None);
+        assert_eq!(pack_remote(&reduce), None);
         assert_eq!(unpack(0), None);
         assert_eq!(packed_len(0), 0);
         assert!(describe(0).contains("unreadable"));

@@ -151,8 +151,10 @@ pub(crate) fn remote_floor(n: usize) -> usize {
 }
 
 /// Whether an allgather or all-to-all of `bytes` per block among `n` ranks
-/// (2-4) past [`remote_floor`], or a broadcast of `bytes` on 2 ranks past
-/// one eager buffer, goes through the fast path as *remote reads* (when
+/// (2-4) past [`remote_floor`], or a broadcast or allreduce of `bytes` on
+/// 2 ranks past one eager buffer (split between both ends,
+/// [`run_remote_broadcast`], [`run_split_allreduce`]), goes through the
+/// fast path as *remote reads* (when
 /// the job may read its ranks' memory, see [`FastPath::reads_remote`]):
 /// each rank sends every peer one slot with the address of the bytes that
 /// peer needs, each reads them straight from the sender's memory with
@@ -179,6 +181,11 @@ pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
         // (more ranks than cores here) 1.06-1.14x, so those keep the
         // streamed parts and the plans (bench/RESULTS.md, seventh session).
         Collective::Broadcast => n == 2 && bytes > max_message(n) && bytes <= u32::MAX as usize,
+        // On 2 ranks past one eager buffer, split between both ends
+        // (`run_split_allreduce`): 0.36-0.66x the engine's time at
+        // 20-512 KiB, 0.78-0.83x at 2-8 MiB (bench/RESULTS.md, seventh
+        // session).
+        Collective::AllReduce => n == 2 && bytes > max_message(n) && bytes <= u32::MAX as usize,
         _ => false,
     }
 }
@@ -299,6 +306,9 @@ fn run_with<const PEERS: usize>(
     }
     if remote && call.coll == Collective::Broadcast {
         return run_remote_broadcast::<PEERS>(fast, link, call, &ends, mem);
+    }
+    if remote && call.coll == Collective::AllReduce {
+        return run_split_allreduce::<PEERS>(fast, link, call, &ends, mem);
     }
     if remote {
         return run_remote::<PEERS>(fast, link, call, &ends, mem, (mine_len, out_len));
@@ -523,27 +533,7 @@ fn run_remote_broadcast<const PEERS: usize>(
     let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
     let mut step =
         |carries: Carries, payload: &[u8], work: &mut dyn FnMut(&Parts<'_>) -> Result<()>| {
-            let piece = Piece {
-                count: if carries == Carries::Bytes {
-                    0
-                } else {
-                    call.count
-                },
-                parts: 2,
-                last: carries == Carries::Bytes,
-                carries,
-            };
-            let timed = (piece, call.timeout);
-            fast.exchange(
-                link,
-                &call.header,
-                &[payload],
-                peer,
-                peer,
-                &mut got,
-                timed,
-                |parts| work(parts),
-            )?
+            split_step::<PEERS>(fast, link, call, peer, &mut got, (carries, payload), work)
         };
     if call.rank == call.root {
         let apart = mem.apart().is_some_and(|(_, output)| !output.is_empty());
@@ -587,6 +577,135 @@ fn run_remote_broadcast<const PEERS: usize>(
         step(Carries::Bytes, &[], &mut |_| Ok(()))?;
     }
     Ok(())
+}
+
+/// One of the two messages each way of a 2-rank call split between its
+/// ends (the split broadcast and allreduce): the addresses, with `work`
+/// run once the peer's has come, or the empty one that says the work is
+/// done.
+fn split_step<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    peer: &[usize],
+    got: &mut [Got; PEERS],
+    (carries, payload): (Carries, &[u8]),
+    work: &mut dyn FnMut(&Parts<'_>) -> Result<()>,
+) -> Result<()> {
+    let piece = Piece {
+        count: if carries == Carries::Bytes {
+            0
+        } else {
+            call.count
+        },
+        parts: 2,
+        last: carries == Carries::Bytes,
+        carries,
+    };
+    let timed = (piece, call.timeout);
+    fast.exchange(
+        link,
+        &call.header,
+        &[payload],
+        peer,
+        peer,
+        got,
+        timed,
+        |parts| work(parts),
+    )?
+}
+
+/// Bytes a split allreduce reduces per read of the peer's memory: enough
+/// that a system call's cost is small beside the copy, few enough to stay
+/// in the cache between the read, the reduction and the write.
+const SPLIT_CHUNK: usize = 256 << 10;
+
+/// A 2-rank allreduce split between its ends ([`reads_remote`]): both send
+/// the addresses of their input and output; each rank then reduces its
+/// half ([`split_point`]: rank 0 the bytes before it, rank 1 those from
+/// it on), in [`SPLIT_CHUNK`]s: it reads the peer's input from the peer's
+/// memory, reduces its own into it, and writes the result into its own
+/// output and the peer's; then each tells the other it is done (an empty
+/// message) and returns once the other's has come. Each byte is read from
+/// the peer once and written to it once, by the rank that reduces it, and
+/// both cores reduce at once; through the rings each half crosses twice
+/// more. In place works too: a rank reads the peer's input only in its
+/// own half, where nobody writes but itself, chunk by chunk after the read.
+/// Both ranks hold the same bits: each half is computed once and copied
+/// (the operators are commutative, so the order of the two operands does
+/// not change a result).
+fn run_split_allreduce<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    ends: &Ends<'_>,
+    mem: &mut Memory<'_>,
+) -> Result<()> {
+    debug_assert_eq!(ends.others.len(), 1);
+    let len = call.count * call.dtype.size();
+    let peer = ends.others;
+    let lost = |_| Error::PeerLost { rank: peer[0] };
+    let split = split_point(len, true);
+    let mine = if call.rank == 0 { 0..split } else { split..len };
+    let (in_addr, out_addr) = match mem.apart() {
+        Some((input, output)) => (input.as_ptr(), output.as_ptr() as usize),
+        None => {
+            let buf = mem.output();
+            (buf.as_ptr(), buf.as_ptr() as usize)
+        }
+    };
+    let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+    let mut scratch = SCRATCH.take();
+    scratch.resize(SPLIT_CHUNK / 8, 0);
+    let bounce: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch);
+    let mut reduce_half = |parts: &Parts<'_>| -> Result<()> {
+        let (their_in, their_out) = parts.address(0);
+        let pid = parts.pid(0);
+        let mut at = mine.start;
+        while at < mine.end {
+            let n = (mine.end - at).min(SPLIT_CHUNK);
+            let theirs = &mut bounce[..n];
+            crate::transport::shm::cma_read(pid, their_in + at as u64, theirs).map_err(lost)?;
+            let out = match mem.apart() {
+                Some((input, output)) => {
+                    let out = &mut output[at..at + n];
+                    kernels::combine(call.dtype, call.op, out, &input[at..at + n], theirs);
+                    out
+                }
+                None => {
+                    let out = &mut mem.output()[at..at + n];
+                    kernels::accumulate(call.dtype, call.op, out, theirs);
+                    out
+                }
+            };
+            crate::transport::shm::cma_write(pid, their_out + at as u64, out).map_err(lost)?;
+            at += n;
+        }
+        Ok(())
+    };
+    let payload = address_payload(in_addr, out_addr);
+    let result = split_step::<PEERS>(
+        fast,
+        link,
+        call,
+        peer,
+        &mut got,
+        (Carries::Address, &payload),
+        &mut reduce_half,
+    )
+    .and_then(|()| {
+        split_step::<PEERS>(
+            fast,
+            link,
+            call,
+            peer,
+            &mut got,
+            (Carries::Bytes, &[]),
+            &mut |_| Ok(()),
+        )
+    });
+    SCRATCH.set(scratch);
+    result
 }
 
 /// A streamed broadcast or reduce ([`streams`]): the call's bytes as
@@ -757,8 +876,8 @@ mod tests {
         assert!(!reads_remote(AllGather, REMOTE_MAX_CALL_BYTES + 1, 2));
         assert!(reads_remote(AllToAll, REMOTE_MAX_CALL_BYTES / 3, 4));
         assert!(!reads_remote(AllToAll, REMOTE_MAX_CALL_BYTES / 3 + 1, 4));
-        // Only allgather and all-to-all, on 2-4 ranks.
-        for coll in [AllReduce, ReduceScatter, Reduce, AllToAllV, Gather] {
+        // Not the other collectives.
+        for coll in [ReduceScatter, Reduce, AllToAllV, Gather] {
             assert!(!reads_remote(coll, 1 << 16, 2), "{coll}");
         }
         // Broadcasts on 2 ranks past one eager buffer, up to 4 GiB (the
@@ -769,6 +888,12 @@ mod tests {
         assert!(reads_remote(Broadcast, u32::MAX as usize, 2));
         assert!(!reads_remote(Broadcast, u32::MAX as usize + 1, 2));
         assert!(!reads_remote(Broadcast, 1 << 18, 3));
+        // Allreduces on 2 ranks past one eager buffer, split.
+        assert!(!reads_remote(AllReduce, max_message(2), 2));
+        assert!(reads_remote(AllReduce, max_message(2) + 1, 2));
+        assert!(reads_remote(AllReduce, u32::MAX as usize, 2));
+        assert!(!reads_remote(AllReduce, u32::MAX as usize + 1, 2));
+        assert!(!reads_remote(AllReduce, 1 << 18, 3));
         assert!(!reads_remote(AllGather, 1 << 16, 1));
         assert!(!reads_remote(AllGather, 1 << 16, REMOTE_MAX_RANKS + 1));
     }

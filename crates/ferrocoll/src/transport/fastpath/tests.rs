@@ -115,6 +115,38 @@ fn broadcasts_of<T: Small>(comm: &Communicator, count: usize) {
     }
 }
 
+/// The reduction by `op` (sum, min or max) of `n` ranks' `count` elements
+/// `value(r, i)`.
+fn reduced<T: Small>(op: ReduceOp, n: usize, count: usize) -> Vec<T> {
+    let column = |i: usize| (0..n).map(move |r| value(r, i));
+    (0..count)
+        .map(|i| {
+            T::of(match op {
+                ReduceOp::Sum => column(i).sum(),
+                ReduceOp::Min => column(i).min().unwrap(),
+                _ => column(i).max().unwrap(),
+            })
+        })
+        .collect()
+}
+
+/// Allreduces of `count` elements (sum, min and max; in place and not)
+/// against a reference.
+fn allreduces_of<T: Small>(comm: &Communicator, count: usize) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let mine: Vec<T> = (0..count).map(|i| T::of(value(rank, i))).collect();
+    for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
+        let want = reduced::<T>(op, n, count);
+        let what = format!("{} {op:?} count {count} rank {rank}", T::DTYPE);
+        let mut out = vec![T::of(0); count];
+        comm.all_reduce(&mine, &mut out, op).unwrap();
+        assert!(out == want, "allreduce {what}");
+        let mut buf = mine.clone();
+        comm.all_reduce_in_place(&mut buf, op).unwrap();
+        assert!(buf == want, "allreduce in place {what}");
+    }
+}
+
 /// Whether the job of `comm` lets large exchanges read the peers' memory
 /// (decided at start-up: the kernel may forbid `process_vm_readv`, or make
 /// it too slow to pay), as its choice of path for one shows.
@@ -148,17 +180,8 @@ fn collectives_of<T: Small>(comm: &Communicator) {
             );
         }
         let mine: Vec<T> = (0..count).map(|i| T::of(value(rank, i))).collect();
-        let column = |i: usize| (0..n).map(move |r| value(r, i));
         for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max] {
-            let want: Vec<T> = (0..count)
-                .map(|i| {
-                    T::of(match op {
-                        ReduceOp::Sum => column(i).sum(),
-                        ReduceOp::Min => column(i).min().unwrap(),
-                        _ => column(i).max().unwrap(),
-                    })
-                })
-                .collect();
+            let want = reduced::<T>(op, n, count);
             let what = format!("{name} {op:?} count {count} n {n} rank {rank}");
             let mut out = vec![T::of(0); count];
             comm.all_reduce(&mine, &mut out, op).unwrap();
@@ -533,9 +556,22 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                     );
                     broadcasts_of::<T>(comm, count);
                 }
+                // Allreduces: on 2 ranks past one eager buffer split
+                // between both ends, of any length (a page, the chunk, odd).
+                let eager = max_message(n) / size;
+                for count in [eager + 1, 4096 + 7, (3 << 20) / size + 5] {
+                    let remote = on && n == 2;
+                    assert_eq!(
+                        comm.uses_fast_path(Collective::AllReduce, count, T::DTYPE),
+                        count <= eager || remote,
+                        "allreduce count {count} on {n} ranks"
+                    );
+                    if remote || count < (1 << 16) {
+                        allreduces_of::<T>(comm, count);
+                    }
+                }
                 // Other collectives of those sizes keep their paths.
                 let count = max_message(n) / T::DTYPE.size() + 1;
-                assert!(!comm.uses_fast_path(Collective::AllReduce, count, T::DTYPE));
                 assert!(!comm.uses_fast_path(Collective::ReduceScatter, count, T::DTYPE));
             }
             each::<f32>(&comm, on);
