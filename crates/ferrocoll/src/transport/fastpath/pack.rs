@@ -76,26 +76,31 @@ pub(crate) fn pack(sig: &Signature) -> Option<u64> {
 /// 0-15, bits 16-31 in bits 40-55 (32 bits in all), the root's byte holding
 /// the root of a collective that has one and the operator of one that
 /// does not, and its own mark, so that a remote-read message never matches
-/// an eager one. `None` for a count of 2^32 or more (a remote read is at
-/// most 4 GiB), a root that does not fit, or a collective with a root and
-/// an operator (a reduce).
+/// an eager one. A reduce, which has both a root and an operator, keeps
+/// the root there, the operator in bits 48-55, and 24 bits of count. `None`
+/// for a count of 2^32 or more (2^24 for a reduce), or a root that does not
+/// fit.
 pub(crate) fn pack_remote(sig: &Signature) -> Option<u64> {
     let CallKind::Collective(coll) = sig.kind else {
         return None;
     };
     let count = u64::from(u32::try_from(sig.count).ok()?);
-    let root_or_op = match (sig.root, sig.op) {
+    let root = |r: usize| u8::try_from(r).ok().filter(|r| *r != 0xFF).map(u64::from);
+    let (root_or_op, high) = match (sig.root, sig.op) {
+        (Some(r), Some(op)) if count < 1 << 24 => {
+            (root(r)?, count >> 16 | index_of(&ReduceOp::ALL, &op) << 8)
+        }
         (Some(_), Some(_)) => return None,
-        (Some(r), None) => u64::from(u8::try_from(r).ok().filter(|r| *r != 0xFF)?),
-        (None, Some(op)) => index_of(&ReduceOp::ALL, &op),
-        (None, None) => 0xFF,
+        (Some(r), None) => (root(r)?, count >> 16),
+        (None, Some(op)) => (index_of(&ReduceOp::ALL, &op), count >> 16),
+        (None, None) => (0xFF, count >> 16),
     };
     Some(
         (count & 0xFFFF)
             | root_or_op << 16
             | index_of(&Collective::ALL, &coll) << 24
             | index_of(&DType::ALL, &sig.dtype) << 32
-            | (count >> 16) << 40
+            | high << 40
             | REMOTE_MARK,
     )
 }
@@ -144,16 +149,24 @@ pub(crate) fn unpack(word: u64) -> Option<Signature> {
     let byte = |shift: u32| ((word >> shift) & 0xFF) as usize;
     if is_remote(word) || is_address(word) {
         let coll = *Collective::ALL.get(byte(24))?;
-        let (root, op) = match byte(16) {
-            0xFF => (None, None),
-            b if coll.has_root() => (Some(b), None),
-            o => (None, Some(*ReduceOp::ALL.get(o)?)),
+        let low = (word & 0xFFFF) as usize;
+        let high = ((word >> 40) & 0xFFFF) as usize;
+        let (root, op, count) = match byte(16) {
+            // A reduce: root, operator and 24 bits of count.
+            b if coll.has_root() && coll.reduces() => (
+                Some(b),
+                Some(*ReduceOp::ALL.get(byte(48))?),
+                low | byte(40) << 16,
+            ),
+            0xFF => (None, None, low | high << 16),
+            b if coll.has_root() => (Some(b), None, low | high << 16),
+            o => (None, Some(*ReduceOp::ALL.get(o)?), low | high << 16),
         };
         return Some(Signature {
             kind: CallKind::Collective(coll),
             dtype: *DType::ALL.get(byte(32))?,
             op,
-            count: ((word & 0xFFFF) | (word >> 40 & 0xFFFF) << 16) as usize,
+            count,
             root,
         });
     }
@@ -328,11 +341,22 @@ mod tests {
             };
             assert_eq!(unpack(pack_address(&with_op).unwrap()), Some(with_op));
         }
+        // A reduce: root, operator and up to 24 bits of count.
+        for (count, op) in [(1, ReduceOp::Sum), ((1 << 24) - 1, ReduceOp::Max)] {
+            let reduce = Signature {
+                kind: CallKind::Collective(Collective::Reduce),
+                op: Some(op),
+                root: Some(1),
+                count,
+                ..huge
+            };
+            assert_eq!(unpack(pack_address(&reduce).unwrap()), Some(reduce));
+        }
         let reduce = Signature {
             kind: CallKind::Collective(Collective::Reduce),
             op: Some(ReduceOp::Sum),
             root: Some(0),
-            count: 1,
+            count: 1 << 24,
             ..huge
         };
         assert_eq!(pack_remote(&reduce), None);

@@ -150,11 +150,16 @@ pub(crate) fn remote_floor(n: usize) -> usize {
     }
 }
 
+/// The bytes past which a 2-rank reduce is split between its ends (up to
+/// [`REMOTE_MAX_CALL_BYTES`]; the streamed parts below and above).
+pub(crate) const REDUCE_SPLIT_FLOOR: usize = 64 << 10;
+
 /// Whether an allgather or all-to-all of `bytes` per block among `n` ranks
 /// (2-4) past [`remote_floor`], or a broadcast or allreduce of `bytes` on
-/// 2 ranks past one eager buffer (split between both ends,
-/// [`run_remote_broadcast`], [`run_split_allreduce`]), goes through the
-/// fast path as *remote reads* (when
+/// 2 ranks past one eager buffer, or a 2-rank reduce past
+/// [`REDUCE_SPLIT_FLOOR`] up to [`REMOTE_MAX_CALL_BYTES`] (split between
+/// both ends, [`run_remote_broadcast`], [`run_split_reduction`]), goes
+/// through the fast path as *remote reads* (when
 /// the job may read its ranks' memory, see [`FastPath::reads_remote`]):
 /// each rank sends every peer one slot with the address of the bytes that
 /// peer needs, each reads them straight from the sender's memory with
@@ -182,10 +187,18 @@ pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
         // streamed parts and the plans (bench/RESULTS.md, seventh session).
         Collective::Broadcast => n == 2 && bytes > max_message(n) && bytes <= u32::MAX as usize,
         // On 2 ranks past one eager buffer, split between both ends
-        // (`run_split_allreduce`): 0.36-0.66x the engine's time at
+        // (`run_split_reduction`): 0.36-0.66x the engine's time at
         // 20-512 KiB, 0.78-0.83x at 2-8 MiB (bench/RESULTS.md, seventh
         // session).
         Collective::AllReduce => n == 2 && bytes > max_message(n) && bytes <= u32::MAX as usize,
+        // Likewise a 2-rank reduce past 64 KiB up to 1 MiB, the non-root
+        // writing its half's result to the root: 0.69-0.76x the streamed
+        // parts' time at 128-512 KiB, 0.91x at 1 MiB; 1.02x at 64 KiB,
+        // 1.16-1.36x at 32-48 KiB and 1.18x at 2 MiB, where the parts
+        // stay (bench/RESULTS.md, seventh session).
+        Collective::Reduce => {
+            n == 2 && bytes > REDUCE_SPLIT_FLOOR && bytes <= REMOTE_MAX_CALL_BYTES
+        }
         _ => false,
     }
 }
@@ -307,8 +320,8 @@ fn run_with<const PEERS: usize>(
     if remote && call.coll == Collective::Broadcast {
         return run_remote_broadcast::<PEERS>(fast, link, call, &ends, mem);
     }
-    if remote && call.coll == Collective::AllReduce {
-        return run_split_allreduce::<PEERS>(fast, link, call, &ends, mem);
+    if remote && matches!(call.coll, Collective::AllReduce | Collective::Reduce) {
+        return run_split_reduction::<PEERS>(fast, link, call, &ends, mem);
     }
     if remote {
         return run_remote::<PEERS>(fast, link, call, &ends, mem, (mine_len, out_len));
@@ -620,8 +633,9 @@ fn split_step<const PEERS: usize>(
 /// in the cache between the read, the reduction and the write.
 const SPLIT_CHUNK: usize = 256 << 10;
 
-/// A 2-rank allreduce split between its ends ([`reads_remote`]): both send
-/// the addresses of their input and output; each rank then reduces its
+/// A 2-rank allreduce or reduce split between its ends ([`reads_remote`]):
+/// both send the addresses of their input and output (a reduce's non-root
+/// has none: its half's result goes to the root only); each rank then reduces its
 /// half ([`split_point`]: rank 0 the bytes before it, rank 1 those from
 /// it on), in [`SPLIT_CHUNK`]s: it reads the peer's input from the peer's
 /// memory, reduces its own into it, and writes the result into its own
@@ -634,7 +648,7 @@ const SPLIT_CHUNK: usize = 256 << 10;
 /// Both ranks hold the same bits: each half is computed once and copied
 /// (the operators are commutative, so the order of the two operands does
 /// not change a result).
-fn run_split_allreduce<const PEERS: usize>(
+fn run_split_reduction<const PEERS: usize>(
     fast: &FastPath,
     link: &Link<'_>,
     call: &SmallCall<'_>,
@@ -647,7 +661,10 @@ fn run_split_allreduce<const PEERS: usize>(
     let lost = |_| Error::PeerLost { rank: peer[0] };
     let split = split_point(len, true);
     let mine = if call.rank == 0 { 0..split } else { split..len };
+    // A reduce's non-root has no output: its half's result goes to the
+    // root only (address 0: nothing to write to).
     let (in_addr, out_addr) = match mem.apart() {
+        Some((input, output)) if output.is_empty() => (input.as_ptr(), 0),
         Some((input, output)) => (input.as_ptr(), output.as_ptr() as usize),
         None => {
             let buf = mem.output();
@@ -666,7 +683,11 @@ fn run_split_allreduce<const PEERS: usize>(
             let n = (mine.end - at).min(SPLIT_CHUNK);
             let theirs = &mut bounce[..n];
             crate::transport::shm::cma_read(pid, their_in + at as u64, theirs).map_err(lost)?;
-            let out = match mem.apart() {
+            let result: &[u8] = match mem.apart() {
+                Some((input, output)) if output.is_empty() => {
+                    kernels::accumulate(call.dtype, call.op, theirs, &input[at..at + n]);
+                    theirs
+                }
                 Some((input, output)) => {
                     let out = &mut output[at..at + n];
                     kernels::combine(call.dtype, call.op, out, &input[at..at + n], theirs);
@@ -678,7 +699,10 @@ fn run_split_allreduce<const PEERS: usize>(
                     out
                 }
             };
-            crate::transport::shm::cma_write(pid, their_out + at as u64, out).map_err(lost)?;
+            if their_out != 0 {
+                crate::transport::shm::cma_write(pid, their_out + at as u64, result)
+                    .map_err(lost)?;
+            }
             at += n;
         }
         Ok(())
@@ -894,6 +918,12 @@ mod tests {
         assert!(reads_remote(AllReduce, u32::MAX as usize, 2));
         assert!(!reads_remote(AllReduce, u32::MAX as usize + 1, 2));
         assert!(!reads_remote(AllReduce, 1 << 18, 3));
+        // Reduces on 2 ranks past 64 KiB up to 1 MiB.
+        assert!(!reads_remote(Reduce, REDUCE_SPLIT_FLOOR, 2));
+        assert!(reads_remote(Reduce, REDUCE_SPLIT_FLOOR + 1, 2));
+        assert!(reads_remote(Reduce, REMOTE_MAX_CALL_BYTES, 2));
+        assert!(!reads_remote(Reduce, REMOTE_MAX_CALL_BYTES + 1, 2));
+        assert!(!reads_remote(Reduce, 1 << 18, 3));
         assert!(!reads_remote(AllGather, 1 << 16, 1));
         assert!(!reads_remote(AllGather, 1 << 16, REMOTE_MAX_RANKS + 1));
     }

@@ -6,7 +6,7 @@
 use std::thread;
 
 use super::small::{
-    broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams,
+    broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams, REDUCE_SPLIT_FLOOR,
     REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS, STREAM_MAX_RANKS,
 };
 use super::{all_bits, bits};
@@ -144,6 +144,27 @@ fn allreduces_of<T: Small>(comm: &Communicator, count: usize) {
         let mut buf = mine.clone();
         comm.all_reduce_in_place(&mut buf, op).unwrap();
         assert!(buf == want, "allreduce in place {what}");
+    }
+}
+
+/// Reduces of `count` elements to every root (sum, min and max; in place
+/// and not) against a reference.
+fn reduces_of<T: Small>(comm: &Communicator, count: usize) {
+    let (rank, n) = (comm.rank(), comm.size());
+    let mine: Vec<T> = (0..count).map(|i| T::of(value(rank, i))).collect();
+    for (root, op) in (0..n).zip(
+        [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max]
+            .into_iter()
+            .cycle(),
+    ) {
+        let want = reduced::<T>(op, n, count);
+        let what = format!("{} {op:?} count {count} root {root} rank {rank}", T::DTYPE);
+        let mut out = vec![T::of(0); if rank == root { count } else { 0 }];
+        comm.reduce(&mine, &mut out, op, root).unwrap();
+        assert!(rank != root || out == want, "reduce {what}");
+        let mut buf = mine.clone();
+        comm.reduce_in_place(&mut buf, op, root).unwrap();
+        assert!(rank != root || buf == want, "reduce in place {what}");
     }
 }
 
@@ -569,6 +590,13 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                     if remote || count < (1 << 16) {
                         allreduces_of::<T>(comm, count);
                     }
+                }
+                // Reduces: on 2 ranks split past 64 KiB up to 1 MiB (the
+                // streamed parts around it).
+                for bytes in [REDUCE_SPLIT_FLOOR + 4096, REMOTE_MAX_CALL_BYTES] {
+                    let count = bytes / size;
+                    assert!(comm.uses_fast_path(Collective::Reduce, count, T::DTYPE) == (n <= 4));
+                    reduces_of::<T>(comm, count);
                 }
                 // Other collectives of those sizes keep their paths.
                 let count = max_message(n) / T::DTYPE.size() + 1;
