@@ -664,7 +664,7 @@ fn run_split_reduction<const PEERS: usize>(
     // A reduce's non-root has no output: its half's result goes to the
     // root only (address 0: nothing to write to).
     let (in_addr, out_addr) = match mem.apart() {
-        Some((input, output)) if output.is_empty() => (input.as_ptr(), 0),
+        Some((input, [])) => (input.as_ptr(), 0),
         Some((input, output)) => (input.as_ptr(), output.as_ptr() as usize),
         None => {
             let buf = mem.output();
@@ -684,7 +684,7 @@ fn run_split_reduction<const PEERS: usize>(
             let theirs = &mut bounce[..n];
             crate::transport::shm::cma_read(pid, their_in + at as u64, theirs).map_err(lost)?;
             let result: &[u8] = match mem.apart() {
-                Some((input, output)) if output.is_empty() => {
+                Some((input, [])) => {
                     kernels::accumulate(call.dtype, call.op, theirs, &input[at..at + n]);
                     theirs
                 }
