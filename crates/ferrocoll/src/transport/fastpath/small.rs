@@ -543,11 +543,9 @@ fn run_remote_broadcast<const PEERS: usize>(
     let len = call.count * call.dtype.size();
     let peer = ends.others;
     let lost = |_| Error::PeerLost { rank: peer[0] };
-    let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
-    let mut step =
-        |carries: Carries, payload: &[u8], work: &mut dyn FnMut(&Parts<'_>) -> Result<()>| {
-            split_step::<PEERS>(fast, link, call, peer, &mut got, (carries, payload), work)
-        };
+    let split_exchange = |payload: &[u8], work: &mut dyn FnMut(&Parts<'_>) -> Result<()>| {
+        split_exchange::<PEERS>(fast, link, call, peer, payload, work)
+    };
     if call.rank == call.root {
         let apart = mem.apart().is_some_and(|(_, output)| !output.is_empty());
         let split = split_point(len, !apart);
@@ -556,76 +554,71 @@ fn run_remote_broadcast<const PEERS: usize>(
             _ => (mem.input(), None),
         };
         let input = &input[..len];
-        step(
-            Carries::Address,
-            &address_payload(input.as_ptr(), split),
-            &mut |parts| {
-                let (theirs, _) = parts.address(0);
-                crate::transport::shm::cma_write(
-                    parts.pid(0),
-                    theirs + split as u64,
-                    &input[split..],
-                )
+        split_exchange(&address_payload(input.as_ptr(), split), &mut |parts| {
+            let (theirs, _) = parts.address(0);
+            crate::transport::shm::cma_write(parts.pid(0), theirs + split as u64, &input[split..])
                 .map_err(lost)?;
-                if let Some(output) = output.as_mut() {
-                    output[..len].copy_from_slice(input);
-                }
-                Ok(())
-            },
-        )?;
-        step(Carries::Bytes, &[], &mut |_| Ok(()))?;
+            if let Some(output) = output.as_mut() {
+                output[..len].copy_from_slice(input);
+            }
+            Ok(())
+        })
     } else {
         let out = &mut mem.output()[..len];
-        step(
-            Carries::Address,
-            &address_payload(out.as_ptr(), 0),
-            &mut |parts| {
-                // The root writes `out[split..]` meanwhile: disjoint.
-                let (root_input, split) = parts.address(0);
-                let split = usize::try_from(split).unwrap_or(usize::MAX).min(len);
-                crate::transport::shm::cma_read(parts.pid(0), root_input, &mut out[..split])
-                    .map_err(lost)
-            },
-        )?;
-        step(Carries::Bytes, &[], &mut |_| Ok(()))?;
+        split_exchange(&address_payload(out.as_ptr(), 0), &mut |parts| {
+            // The root writes `out[split..]` meanwhile: disjoint.
+            let (root_input, split) = parts.address(0);
+            let split = usize::try_from(split).unwrap_or(usize::MAX).min(len);
+            crate::transport::shm::cma_read(parts.pid(0), root_input, &mut out[..split])
+                .map_err(lost)
+        })
     }
-    Ok(())
 }
 
-/// One of the two messages each way of a 2-rank call split between its
-/// ends (the split broadcast and allreduce): the addresses, with `work`
-/// run once the peer's has come, or the empty one that says the work is
-/// done.
-fn split_step<const PEERS: usize>(
+/// The two messages each way of a 2-rank call split between its ends (the
+/// split broadcast, allreduce and reduce): first the addresses (`payload`),
+/// with `work` run once the peer's has come, then an empty one that says
+/// the work is done; returns once the peer's has come too.
+fn split_exchange<const PEERS: usize>(
     fast: &FastPath,
     link: &Link<'_>,
     call: &SmallCall<'_>,
     peer: &[usize],
-    got: &mut [Got; PEERS],
-    (carries, payload): (Carries, &[u8]),
+    payload: &[u8],
     work: &mut dyn FnMut(&Parts<'_>) -> Result<()>,
 ) -> Result<()> {
-    let piece = Piece {
-        count: if carries == Carries::Bytes {
-            0
-        } else {
-            call.count
-        },
-        parts: 2,
-        last: carries == Carries::Bytes,
-        carries,
-    };
-    let timed = (piece, call.timeout);
-    fast.exchange(
-        link,
-        &call.header,
-        &[payload],
-        peer,
-        peer,
-        got,
-        timed,
-        |parts| work(parts),
-    )?
+    let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+    for (carries, payload) in [(Carries::Address, payload), (Carries::Bytes, &[][..])] {
+        let piece = Piece {
+            count: if carries == Carries::Bytes {
+                0
+            } else {
+                call.count
+            },
+            parts: 2,
+            last: carries == Carries::Bytes,
+            carries,
+        };
+        let timed = (piece, call.timeout);
+        let work = &mut *work;
+        fast.exchange(
+            link,
+            &call.header,
+            &[payload],
+            peer,
+            peer,
+            &mut got,
+            timed,
+            |parts| {
+                if carries == Carries::Bytes {
+                    Ok(())
+                } else {
+                    work(parts)
+                }
+            },
+        )??;
+    }
+    Ok(())
 }
 
 /// Bytes a split allreduce reduces per read of the peer's memory: enough
@@ -671,7 +664,6 @@ fn run_split_reduction<const PEERS: usize>(
             (buf.as_ptr(), buf.as_ptr() as usize)
         }
     };
-    let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
     let mut scratch = SCRATCH.take();
     scratch.resize(SPLIT_CHUNK / 8, 0);
     let bounce: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch);
@@ -708,26 +700,7 @@ fn run_split_reduction<const PEERS: usize>(
         Ok(())
     };
     let payload = address_payload(in_addr, out_addr);
-    let result = split_step::<PEERS>(
-        fast,
-        link,
-        call,
-        peer,
-        &mut got,
-        (Carries::Address, &payload),
-        &mut reduce_half,
-    )
-    .and_then(|()| {
-        split_step::<PEERS>(
-            fast,
-            link,
-            call,
-            peer,
-            &mut got,
-            (Carries::Bytes, &[]),
-            &mut |_| Ok(()),
-        )
-    });
+    let result = split_exchange::<PEERS>(fast, link, call, peer, &payload, &mut reduce_half);
     SCRATCH.set(scratch);
     result
 }
