@@ -50,7 +50,10 @@ def family(schedule: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("sweep", help="the sweep's JSON lines (bench/moe.sh keeps them as RAW/sweep.json)")
+    ap.add_argument(
+        "sweep",
+        help="the sweep's JSON lines (bench/moe.sh keeps them as RAW/sweep.json)",
+    )
     ap.add_argument(
         "--stat",
         choices=("median", "mean"),
@@ -80,60 +83,83 @@ def main() -> None:
         + " ".join(f"{q:>10}" for q in FORCED)
         + f" {'auto':>10} {'auto ran':>19} {'fastest':>19} {'ok':>3} {'wrong':>5}"
     )
+    # auto's pick may differ from run to run (it measures its candidates on
+    # the run's first calls): every run's pick is scored against the runs'
+    # mean of each forced schedule.
     right = {"dispatch": 0, "combine": 0, "layer": 0}
     strict = {"dispatch": 0, "combine": 0}
+    fam_ok = 0
     noise = []
     for t, s in points:
-        auto = runs[(t, s, "auto")][0]
-        picks = {"dispatch": auto["schedule"], "combine": auto["combine_schedule"]}
-        ok, fastest = "", []
-        for phase in ("dispatch", "combine"):
-            times = {q: mean(t, s, q, phase) for q in FORCED}
-            best = min(times, key=lambda q: times[q])
-            fastest.append(best)
-            strict[phase] += picks[phase] == best
-            good = times[picks[phase]] <= (1 + TOL) * times[best]
-            right[phase] += good
-            ok += "y" if good else "n"
+        times = {
+            ph: {q: mean(t, s, q, ph) for q in FORCED} for ph in ("dispatch", "combine")
+        }
+        fastest = [
+            min(times[ph], key=lambda q: times[ph][q]) for ph in ("dispatch", "combine")
+        ]
         layer = {q: layer_of(t, s, q) for q in FORCED}
-        picked = mean(t, s, picks["dispatch"], "dispatch") + mean(t, s, picks["combine"], "combine")
-        good = picked <= (1 + TOL) * min(layer.values())
-        right["layer"] += good
-        ok += "y" if good else "n"
-        if picks["dispatch"] == picks["combine"]:
-            own = layer_of(t, s, "auto")
-            noise.append(abs(own - layer[picks["dispatch"]]) / layer[picks["dispatch"]])
-        wrong = sum(int(r["wrong"] or 0) for k, v in runs.items() if k[:2] == (t, s) for r in v)
+        best_family = {
+            f: min(v for q, v in layer.items() if family(q) == f)
+            for f in ("flat", "hier")
+        }
+        oks, ran = [], []
+        for auto in runs[(t, s, "auto")]:
+            picks = {"dispatch": auto["schedule"], "combine": auto["combine_schedule"]}
+            ok = ""
+            for phase, best in zip(("dispatch", "combine"), fastest):
+                strict[phase] += picks[phase] == best
+                good = times[phase][picks[phase]] <= (1 + TOL) * times[phase][best]
+                right[phase] += good
+                ok += "y" if good else "n"
+            picked = (
+                times["dispatch"][picks["dispatch"]]
+                + times["combine"][picks["combine"]]
+            )
+            good = picked <= (1 + TOL) * min(layer.values())
+            right["layer"] += good
+            ok += "y" if good else "n"
+            fam_ok += all(
+                best_family[f] <= (1 + TOL) * min(best_family.values())
+                for f in {family(picks["dispatch"]), family(picks["combine"])}
+            )
+            if picks["dispatch"] == picks["combine"]:
+                own = auto[field.format("dispatch")] + auto[field.format("combine")]
+                noise.append(
+                    abs(own - layer[picks["dispatch"]]) / layer[picks["dispatch"]]
+                )
+            oks.append(ok)
+            ran.append(picks["dispatch"] + "/" + picks["combine"])
+        wrong = sum(
+            int(r["wrong"] or 0) for k, v in runs.items() if k[:2] == (t, s) for r in v
+        )
+        shown = ran[0] if len(set(ran)) == 1 else "varied"
         print(
             f"{t:>6} {s:>9} "
             + " ".join(f"{layer[q]:>10.1f}" for q in FORCED)
             + f" {layer_of(t, s, 'auto'):>10.1f}"
-            f" {picks['dispatch'] + '/' + picks['combine']:>19} {'/'.join(fastest):>19}"
-            f" {ok:>3} {wrong:>5}"
+            f" {shown:>19} {'/'.join(fastest):>19}"
+            f" {','.join(oks):>3} {wrong:>5}"
         )
+        if shown == "varied":
+            print(f"#   auto's picks by run: {', '.join(ran)}")
     n = len(points)
-    calls = 100 * (right["dispatch"] + right["combine"]) / (2 * n)
+    picks_n = sum(len(runs[(t, s, "auto")]) for t, s in points)
+    calls = 100 * (right["dispatch"] + right["combine"]) / (2 * picks_n)
     print(
-        f"# auto's pick within {TOL:.0%} of the fastest: dispatch {right['dispatch']}/{n},"
-        f" combine {right['combine']}/{n} ({calls:.0f} % of the calls), layer {right['layer']}/{n}"
-        f" ({100 * right['layer'] / n:.0f} %); the fastest itself:"
-        f" {strict['dispatch'] + strict['combine']}/{2 * n} calls"
+        f"# auto's pick within {TOL:.0%} of the fastest, every run's pick scored: dispatch"
+        f" {right['dispatch']}/{picks_n}, combine {right['combine']}/{picks_n} ({calls:.0f} % of the"
+        f" calls), layer {right['layer']}/{picks_n} ({100 * right['layer'] / picks_n:.0f} %); the"
+        f" fastest itself: {strict['dispatch'] + strict['combine']}/{2 * picks_n} calls"
     )
     # The flat-or-hierarchical question: the faster family by layer time (its
     # best member), a tie within TOL counting either way.
-    fam_ok = 0
-    for t, s in points:
-        layer = {q: layer_of(t, s, q) for q in FORCED}
-        best = {f: min(v for q, v in layer.items() if family(q) == f) for f in ("flat", "hier")}
-        auto = runs[(t, s, "auto")][0]
-        picked_families = {family(auto["schedule"]), family(auto["combine_schedule"])}
-        fam_ok += all(best[f] <= (1 + TOL) * min(best.values()) for f in picked_families)
     print(
-        f"# flat or hierarchical: auto's family the faster (or within {TOL:.0%}) in {fam_ok}/{n}"
-        f" ({100 * fam_ok / n:.0f} %)"
+        f"# flat or hierarchical: auto's family the faster (or within {TOL:.0%}) in"
+        f" {fam_ok}/{picks_n} ({100 * fam_ok / picks_n:.0f} %)"
     )
     own_ok = sum(
-        layer_of(t, s, "auto") <= (1 + TOL) * min(layer_of(t, s, q) for q in FORCED) for t, s in points
+        layer_of(t, s, "auto") <= (1 + TOL) * min(layer_of(t, s, q) for q in FORCED)
+        for t, s in points
     )
     print(
         f"# auto's own layer time within {TOL:.0%} of the fastest forced schedule's: {own_ok}/{n}"

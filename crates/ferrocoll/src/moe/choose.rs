@@ -10,9 +10,12 @@
 //! within 2 % to the fewest rounds, [`super::schedule::choose`]). Every
 //! input is the same on every rank, so every rank chooses alike.
 //!
-//! `FERROCOLL_DEBUG=tune` makes rank 0 print the candidates' predicted times
-//! and the choice to stderr, for the first dispatch and the first combine
-//! and whenever the choice changes from the previous call's.
+//! Candidates the model cannot separate (within 25 % of its choice) are
+//! then measured on real calls, and the fastest measured runs (`tune.rs`).
+//!
+//! `FERROCOLL_DEBUG=tune` makes rank 0 print the candidates' predicted (and
+//! measured) times and the choice to stderr, for the first dispatch and the
+//! first combine and whenever the choice changes from the previous call's.
 
 use std::sync::Arc;
 
@@ -24,6 +27,7 @@ use crate::plan::{Algorithm, Collective};
 use crate::types::Element;
 
 use super::schedule::{self, Candidate, Schedule};
+use super::tune;
 use super::two_level::Groups;
 use super::Dispatcher;
 
@@ -73,7 +77,8 @@ pub(crate) fn check_env(vars: Vars<'_>) -> Result<()> {
 
 impl Dispatcher {
     /// The schedule of one exchange of `rows` (`[s·P + d]` rows, s to d),
-    /// never `Auto`; explains it under `FERROCOLL_DEBUG=tune`.
+    /// never `Auto`, and the class it is measured in when `auto` is
+    /// measuring (`tune.rs`); explains it under `FERROCOLL_DEBUG=tune`.
     /// `row_bytes` is the bytes of one row (dispatch's element type; combine
     /// is priced with it too, its outputs' type being unknown until then).
     pub(super) fn resolve(
@@ -81,7 +86,7 @@ impl Dispatcher {
         rows: &[usize],
         row_bytes: f64,
         dir: Direction,
-    ) -> Result<Schedule> {
+    ) -> Result<(Schedule, Option<(usize, u32)>)> {
         let p = self.comm.size();
         let tune = self.comm.config().debug_tune && self.comm.rank() == 0;
         let forcing = self
@@ -106,25 +111,48 @@ impl Dispatcher {
             None
         };
         if let (Some((s, _)), false) = (&decided, tune) {
-            return Ok(*s);
+            return Ok((*s, None));
         }
         let candidates = self.candidates(rows, row_bytes);
-        let (choice, why) = decided.unwrap_or_else(|| {
-            let best = schedule::choose(&candidates).expect("direct is always a candidate");
-            let why = if Some(best) == schedule::cheapest(&candidates) {
-                "least predicted time".to_string()
-            } else {
-                format!(
-                    "fewest rounds among the predictions within {:.0} % of the least",
-                    schedule::TIE * 100.0
-                )
-            };
-            (best.schedule, why)
-        });
+        let mut key = None;
+        let (choice, why) = match decided {
+            Some(d) => d,
+            None => {
+                let best = schedule::choose(&candidates).expect("direct is always a candidate");
+                let class = tune::class_of(dir as usize, rows, p, row_bytes);
+                let (s, how) = self
+                    .state
+                    .tuner
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .pick(class, &candidates, best);
+                key = Some(class);
+                let why = match how {
+                    tune::Pick::Measuring => format!(
+                        "measuring the predictions within {:.0} % of the model's {}",
+                        tune::BAND * 100.0,
+                        best.schedule.name()
+                    ),
+                    tune::Pick::Measured => format!(
+                        "fastest measured of the predictions within {:.0} % of the model's {}",
+                        tune::BAND * 100.0,
+                        best.schedule.name()
+                    ),
+                    tune::Pick::Model if Some(best) == schedule::cheapest(&candidates) => {
+                        "least predicted time".to_string()
+                    }
+                    tune::Pick::Model => format!(
+                        "fewest rounds among the predictions within {:.0} % of the least",
+                        schedule::TIE * 100.0
+                    ),
+                };
+                (s, why)
+            }
+        };
         if tune {
-            self.explain(dir, rows, row_bytes, &candidates, choice, &why);
+            self.explain(dir, rows, row_bytes, &candidates, (choice, &why), key);
         }
-        Ok(choice)
+        Ok((choice, key))
     }
 
     /// The candidates' predicted times for `rows` on this communicator.
@@ -143,16 +171,16 @@ impl Dispatcher {
         )
     }
 
-    /// Prints the table of `FERROCOLL_DEBUG=tune` when `choice` is new for
-    /// `dir`.
+    /// Prints the table of `FERROCOLL_DEBUG=tune` when the choice is new
+    /// for `dir`, with what `auto` measured of each candidate in `class`.
     fn explain(
         &self,
         dir: Direction,
         rows: &[usize],
         rb: f64,
         candidates: &[Candidate],
-        choice: Schedule,
-        why: &str,
+        (choice, why): (Schedule, &str),
+        class: Option<(usize, u32)>,
     ) {
         let slot = dir as usize;
         {
@@ -164,6 +192,10 @@ impl Dispatcher {
             }
             last[slot] = Some(choice);
         }
+        let measured = |s: Schedule| {
+            let tuner = self.state.tuner.lock().ok()?;
+            tuner.measured(class?, s)
+        };
         let p = self.comm.size();
         let remote = |s: usize, d: usize| if s == d { 0 } else { rows[s * p + d] };
         let sent = (0..p)
@@ -192,6 +224,9 @@ impl Dispatcher {
                 c.cost.bandwidth * 1e6,
                 c.cost.compute * 1e6
             ));
+            if let Some(t) = measured(c.schedule) {
+                text.push_str(&format!("; measured {:.2}", t * 1e6));
+            }
         }
         let mut ranked = candidates.to_vec();
         ranked.sort_by(|a, b| a.cost.total().total_cmp(&b.cost.total()));
@@ -250,6 +285,15 @@ impl Dispatcher {
             algorithm: Some(algorithm),
             ..self.comm.options().clone()
         })
+    }
+
+    /// Makes what `schedule` runs on (the hierarchical schedules'
+    /// sub-communicators) if it is not made yet.
+    pub(super) fn prepare(&self, schedule: Schedule) -> Result<()> {
+        if matches!(schedule, Schedule::TwoLevel | Schedule::Rail) {
+            self.groups()?;
+        }
+        Ok(())
     }
 
     /// The two-level sub-communicators, made by the first call that needs

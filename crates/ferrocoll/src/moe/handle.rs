@@ -129,6 +129,8 @@ pub struct Handle {
     /// Whether dispatch and combine run one exchange per local expert
     /// (`passes.rs`).
     pub(super) by_expert: [bool; 2],
+    /// The class combine's time is measured in, when `auto` measures it.
+    pub(super) tune_class: Option<(usize, u32)>,
 }
 
 impl Handle {

@@ -113,6 +113,7 @@ pub mod reference;
 mod routing;
 mod schedule;
 mod scratch;
+mod tune;
 mod two_level;
 
 pub use accumulate::Accumulate;
@@ -235,11 +236,15 @@ struct State {
     pool: scratch::Pool,
     /// The schedule last explained for dispatch and for combine.
     explained: Mutex<[Option<Schedule>; 2]>,
+    /// What `auto` measured of the schedules it could not tell apart.
+    tuner: Mutex<tune::Tuner>,
 }
 
 /// Words before the counts in each rank's contribution to the count
-/// exchange: its verdict on its own arguments and its spec's fingerprint.
-const HEADER: usize = 2;
+/// exchange: its verdict on its own arguments, its spec's fingerprint, and
+/// how long its last measured dispatch and combine exchanges took
+/// (`tune.rs`).
+const HEADER: usize = 4;
 /// The verdicts.
 const ARGS_OK: u32 = 0;
 const ARGS_BAD: u32 = 1;
@@ -346,6 +351,8 @@ impl Dispatcher {
             ARGS_OK
         };
         mine[1] = self.spec.fingerprint(self.forced.0);
+        let report = self.tuner().report();
+        mine[2..4].copy_from_slice(&report);
         if local_error.is_none() {
             for (pair, &e) in topk_idx.iter().enumerate() {
                 mine[HEADER + e as usize * k + pair % k] += 1;
@@ -357,6 +364,8 @@ impl Dispatcher {
             return Err(e);
         }
         self.check_peers(&all, width)?;
+        let reports: Vec<[u32; 2]> = all.chunks_exact(width).map(|r| [r[2], r[3]]).collect();
+        self.tuner().record(&reports);
         let routed: Vec<usize> = all
             .chunks_exact(width)
             .flat_map(|r| r[HEADER..].iter().map(|&c| c as usize))
@@ -413,6 +422,7 @@ impl Dispatcher {
             dropped,
             schedules: [Schedule::Auto; 2],
             by_expert: [false; 2],
+            tune_class: None,
         };
 
         // 4. The schedules of dispatch and of combine (the transpose), the
@@ -421,10 +431,10 @@ impl Dispatcher {
         let forward = handle.rank_rows();
         let backward = transpose(&forward, p);
         let row_bytes = (h * T::DTYPE.size()) as f64;
-        handle.schedules = [
-            self.resolve(&forward, row_bytes, choose::Direction::Dispatch)?,
-            self.resolve(&backward, row_bytes, choose::Direction::Combine)?,
-        ];
+        let (d, d_class) = self.resolve(&forward, row_bytes, choose::Direction::Dispatch)?;
+        let (c, c_class) = self.resolve(&backward, row_bytes, choose::Direction::Combine)?;
+        handle.schedules = [d, c];
+        handle.tune_class = c_class;
         handle.by_expert = [
             self.by_expert(handle.schedules[0], &forward, row_bytes),
             self.by_expert(handle.schedules[1], &backward, row_bytes),
@@ -497,6 +507,10 @@ impl Dispatcher {
         let blocks = handle.blocks();
         let total: usize = (0..p).map(|s| forward[s * p + me]).sum::<usize>() * h;
         let mut recv = self.state.pool.sized(total);
+        // The sub-communicators are made before the clock starts: a
+        // measured exchange must not include them.
+        self.prepare(d)?;
+        let started = std::time::Instant::now();
         // With one source or one expert per rank the arrival order is the
         // experts' order: the caller gets the buffer the rows arrive in.
         let rows = if handle.by_expert[0] {
@@ -515,6 +529,10 @@ impl Dispatcher {
                 rows
             }
         };
+        if let Some(class) = d_class {
+            self.tuner()
+                .ran(0, class, d, started.elapsed().as_secs_f64());
+        }
         let mut offsets = vec![0usize; l + 1];
         for x in 0..l {
             offsets[x + 1] = offsets[x] + (0..p).map(|s| blocks[s * l + x]).sum::<usize>();
@@ -636,6 +654,8 @@ impl Dispatcher {
         let pool = &self.state.pool;
         let me = self.comm.rank();
         let mut returned = pool.sized((0..p).map(|d| backward[d * p + me]).sum::<usize>() * h);
+        self.prepare(handle.schedules[1])?;
+        let started = std::time::Instant::now();
         let place = if handle.by_expert[1] {
             self.combine_by_expert(handle.schedules[1], expert_outputs, handle, &mut returned)?;
             Some(handle.by_expert_positions())
@@ -660,7 +680,23 @@ impl Dispatcher {
             pool.give(back);
             None
         };
+        if let Some(class) = handle.tune_class {
+            self.tuner().ran(
+                1,
+                class,
+                handle.schedules[1],
+                started.elapsed().as_secs_f64(),
+            );
+        }
         Ok((returned, place))
+    }
+
+    /// What `auto` measured (a poisoned lock still holds usable numbers).
+    fn tuner(&self) -> std::sync::MutexGuard<'_, tune::Tuner> {
+        self.state
+            .tuner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// This rank's arguments to dispatch, checked.
