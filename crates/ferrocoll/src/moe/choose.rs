@@ -10,8 +10,12 @@
 //! within 2 % to the fewest rounds, [`super::schedule::choose`]). Every
 //! input is the same on every rank, so every rank chooses alike.
 //!
-//! Candidates the model cannot separate (within 25 % of its choice) are
-//! then measured on real calls, and the fastest measured runs (`tune.rs`).
+//! Where the model's choice and the other family's cheapest candidate (flat
+//! against through the hosts) are predicted within [`tune::BAND`] (50 %) of
+//! each other, both are then measured on real calls of the same class, in
+//! turns, and the rival runs from then on only if its median is more than
+//! [`tune::MARGIN`] (5 %) faster (`tune.rs`): every rank records the
+//! slowest rank's times, so every rank still chooses alike.
 //!
 //! `FERROCOLL_DEBUG=tune` makes rank 0 print the candidates' predicted (and
 //! measured) times and the choice to stderr, for the first dispatch and the

@@ -129,8 +129,9 @@ pub struct Handle {
     /// Whether dispatch and combine run one exchange per local expert
     /// (`passes.rs`).
     pub(super) by_expert: [bool; 2],
-    /// The class combine's time is measured in, when `auto` measures it.
-    pub(super) tune_class: Option<(usize, u32)>,
+    /// The classes dispatch's and combine's times are measured in, where
+    /// `auto` measures them (`tune.rs`).
+    pub(super) tune_class: [Option<(usize, u32)>; 2],
 }
 
 impl Handle {

@@ -422,7 +422,7 @@ impl Dispatcher {
             dropped,
             schedules: [Schedule::Auto; 2],
             by_expert: [false; 2],
-            tune_class: None,
+            tune_class: [None; 2],
         };
 
         // 4. The schedules of dispatch and of combine (the transpose), the
@@ -434,14 +434,14 @@ impl Dispatcher {
         let (d, d_class) = self.resolve(&forward, row_bytes, choose::Direction::Dispatch)?;
         let (c, c_class) = self.resolve(&backward, row_bytes, choose::Direction::Combine)?;
         handle.schedules = [d, c];
-        handle.tune_class = c_class;
+        handle.tune_class = [d_class, c_class];
         handle.by_expert = [
             self.by_expert(handle.schedules[0], &forward, row_bytes),
             self.by_expert(handle.schedules[1], &backward, row_bytes),
         ];
 
         // 5-6. The rows: each kept pair's row is token t's.
-        let inputs = self.deliver(x, &handle, |pair| pair / k)?;
+        let inputs = self.deliver(x, &handle, |pair| pair / k, true)?;
         Ok((inputs, handle))
     }
 
@@ -474,7 +474,7 @@ impl Dispatcher {
                 handle.tokens
             )));
         }
-        self.deliver(pair_rows, handle, |pair| pair)
+        self.deliver(pair_rows, handle, |pair| pair, false)
     }
 
     /// Dispatch's steps 5 and 6 for `handle`: packs the row
@@ -489,6 +489,7 @@ impl Dispatcher {
         src: &[T],
         handle: &Handle,
         row_of: impl Fn(usize) -> usize,
+        measured: bool,
     ) -> Result<ExpertInputs<T>> {
         let (p, me, h) = (self.comm.size(), self.comm.rank(), self.spec.hidden);
         let forward = handle.rank_rows();
@@ -509,7 +510,7 @@ impl Dispatcher {
         let mut recv = self.state.pool.sized(total);
         // The sub-communicators are made before the clock starts: a
         // measured exchange must not include them.
-        self.prepare(d)?;
+        self.prepare(handle.schedules[0])?;
         let started = std::time::Instant::now();
         // With one source or one expert per rank the arrival order is the
         // experts' order: the caller gets the buffer the rows arrive in.
@@ -529,9 +530,9 @@ impl Dispatcher {
                 rows
             }
         };
-        if let Some(class) = d_class {
-            self.tuner()
-                .ran(0, class, d, started.elapsed().as_secs_f64());
+        if let (Some(class), true) = (handle.tune_class[0], measured) {
+            let secs = started.elapsed().as_secs_f64();
+            self.tuner().ran(0, class, handle.schedules[0], secs);
         }
         let mut offsets = vec![0usize; l + 1];
         for x in 0..l {
@@ -680,7 +681,7 @@ impl Dispatcher {
             pool.give(back);
             None
         };
-        if let Some(class) = handle.tune_class {
+        if let Some(class) = handle.tune_class[1] {
             self.tuner().ran(
                 1,
                 class,

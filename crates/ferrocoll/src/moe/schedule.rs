@@ -61,8 +61,11 @@ use crate::topo::Topology;
 pub enum Schedule {
     /// Let the cost model choose per call from the observed count matrix
     /// (among [`Schedule::Direct`], [`Schedule::Pairwise`] and, on a
-    /// topology of several hosts of several ranks, [`Schedule::TwoLevel`]);
-    /// a communicator that forces an alltoallv algorithm (call options or
+    /// topology of several hosts of several ranks, [`Schedule::TwoLevel`]
+    /// and [`Schedule::Rail`]), and where it predicts the other family
+    /// (flat or through the hosts) within 50 % of its choice, measure both
+    /// on the first calls of that size and keep the faster; a communicator
+    /// that forces an alltoallv algorithm (call options or
     /// `FERROCOLL_ALGO`) gets [`Schedule::Flat`] instead.
     #[default]
     Auto,
