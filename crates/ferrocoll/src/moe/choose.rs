@@ -11,11 +11,13 @@
 //! input is the same on every rank, so every rank chooses alike.
 //!
 //! Where the model's choice and the other family's cheapest candidate (flat
-//! against through the hosts) are predicted within [`tune::BAND`] (50 %) of
-//! each other, both are then measured on real calls of the same class, in
-//! turns, and the rival runs from then on only if its median is more than
-//! [`tune::MARGIN`] (5 %) faster (`tune.rs`): every rank records the
-//! slowest rank's times, so every rank still chooses alike.
+//! against through the hosts; direct for the flat family) are predicted
+//! within [`tune::BAND`] (50 %) of each other and the choice within
+//! [`tune::MEASURED_UP_TO`] (3 ms), both (and direct, when the model's
+//! choice is pairwise) are then measured on real calls of the same class,
+//! in turns, and a candidate replaces the model's choice only if its median
+//! is more than [`tune::MARGIN`] (5 %) faster (`tune.rs`): every rank
+//! records the slowest rank's times, so every rank still chooses alike.
 //!
 //! `FERROCOLL_DEBUG=tune` makes rank 0 print the candidates' predicted (and
 //! measured) times and the choice to stderr, for the first dispatch and the

@@ -63,8 +63,9 @@ pub enum Schedule {
     /// (among [`Schedule::Direct`], [`Schedule::Pairwise`] and, on a
     /// topology of several hosts of several ranks, [`Schedule::TwoLevel`]
     /// and [`Schedule::Rail`]), and where it predicts the other family
-    /// (flat or through the hosts) within 50 % of its choice, measure both
-    /// on the first calls of that size and keep the faster; a communicator
+    /// (flat or through the hosts) within 50 % of a choice of 3 ms or less,
+    /// measure both on the first calls of that size and keep the faster
+    /// (see the module `choose.rs`); a communicator
     /// that forces an alltoallv algorithm (call options or
     /// `FERROCOLL_ALGO`) gets [`Schedule::Flat`] instead.
     #[default]

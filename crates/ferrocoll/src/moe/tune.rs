@@ -10,13 +10,16 @@
 //! round and a message more through a host's link cost on the machine at
 //! hand, which on the 2-host cluster moved from one machine to the next
 //! while the model's ranking did not (bench/RESULTS.md, issue 18). So where
-//! the other family's cheapest candidate is predicted within [`BAND`] of
-//! the model's choice, `auto` runs both [`SAMPLES`] times on real calls of
-//! the same class (direction and the busiest rank's bytes to within a
-//! factor of 2), in turns (so that each follows the other as often: on a
-//! shaped link the previous exchange's burst decides how full the token
-//! bucket is), then keeps the rival only if its median is faster by more
-//! than [`MARGIN`], re-measuring every [`REVISIT`] calls of the class.
+//! the other family's cheapest candidate (direct for the flat family) is
+//! predicted within [`BAND`] of the model's choice, and the choice is
+//! predicted to take at most [`MEASURED_UP_TO`], `auto` runs both (and
+//! direct too when the model's choice is pairwise) [`SAMPLES`] times on real
+//! calls of the same class (direction and the busiest rank's bytes to
+//! within a factor of 2), in turns (so that each follows the others as
+//! often: on a shaped link the previous exchange's burst decides how full
+//! the token bucket is), then switches from the model's choice only to a
+//! candidate whose median is faster by more than [`MARGIN`], re-measuring
+//! every [`REVISIT`] calls of the class.
 //!
 //! Every rank must choose alike, so the times are the same on every rank:
 //! each rank reports how long its last dispatch and combine exchanges took
@@ -33,6 +36,13 @@ use super::schedule::{Candidate, Schedule};
 /// above two-level at 2-4 tokens a rank, where direct measured 15-37 %
 /// faster (bench/RESULTS.md, issue 18).
 pub(super) const BAND: f64 = 0.5;
+
+/// Exchanges predicted longer than this (seconds) run the model's choice
+/// unmeasured: on the 2-host cluster the model's choice was within 5 % of
+/// the fastest at every exchange of 64 tokens a rank or more (4-60 ms a
+/// layer), while 12 calls of a rival 20 % slower cost a 4096-token layer
+/// on 1 Gbit/s links seconds (bench/RESULTS.md, issue 18).
+pub(super) const MEASURED_UP_TO: f64 = 3e-3;
 
 /// A measured candidate replaces the model's choice only when its median
 /// is faster by more than this (relative): closer than that, 8 calls on a
@@ -129,16 +139,32 @@ impl Tuner {
         // within the band: the model ranks the members of a family well (the
         // same messages in other orders), but not the families, whose
         // difference is what an intra-host round and a message more through
-        // a host's link cost on the machine at hand.
+        // a host's link cost on the machine at hand. The flat family's rival
+        // is direct: pairwise differs from it only in its lower
+        // concurrency, which the model prices no better than the families,
+        // so where pairwise is the model's choice direct is measured too.
         let rival = candidates
             .iter()
             .copied()
-            .filter(|c| hierarchical(c.schedule) != hierarchical(model.schedule))
+            .filter(|c| {
+                hierarchical(c.schedule) != hierarchical(model.schedule)
+                    && c.schedule != Schedule::Pairwise
+            })
             .min_by(|a, b| a.cost.total().total_cmp(&b.cost.total()));
+        let direct = candidates
+            .iter()
+            .copied()
+            .filter(|c| model.schedule == Schedule::Pairwise && c.schedule == Schedule::Direct);
         let mut band: Vec<Candidate> = std::iter::once(model)
             .chain(rival)
+            .chain(direct)
             .filter(|c| c.cost.total() <= model.cost.total() * (1.0 + BAND))
             .collect();
+        // Long exchanges are not measured: their bytes dominate, which the
+        // model prices well, and a rival's calls would cost too much.
+        if model.cost.total() > MEASURED_UP_TO {
+            band.truncate(1);
+        }
         if band.len() < 2 {
             return (model.schedule, Pick::Model);
         }
@@ -313,6 +339,62 @@ mod tests {
             }
             assert_eq!(t.pick(key, &cands, model), (want, Pick::Measured));
         }
+    }
+
+    #[test]
+    fn pairwise_is_measured_against_direct_too() {
+        let mut t = Tuner::default();
+        let key = (0, 9);
+        let cands = [
+            c(Schedule::Direct, 110.0),
+            c(Schedule::Pairwise, 100.0),
+            c(Schedule::TwoLevel, 130.0),
+            c(Schedule::Rail, 120.0),
+        ];
+        let mut ran = Vec::new();
+        for _ in 0..3 * SAMPLES {
+            let (s, how) = t.pick(key, &cands, cands[1]);
+            assert_eq!(how, Pick::Measuring);
+            ran.push(s);
+            t.ran(0, key, s, 1e-3);
+            let us = if s == Schedule::Direct { 100 } else { 200 };
+            t.record(&[[us, NONE]]);
+        }
+        // In turns: the model's pairwise, then by prediction.
+        assert_eq!(
+            ran[..3],
+            [Schedule::Pairwise, Schedule::Direct, Schedule::Rail]
+        );
+        assert!(!ran.contains(&Schedule::TwoLevel));
+        assert_eq!(
+            t.pick(key, &cands, cands[1]),
+            (Schedule::Direct, Pick::Measured)
+        );
+    }
+
+    #[test]
+    fn long_exchanges_and_pairwise_rivals_are_not_measured() {
+        let mut t = Tuner::default();
+        let ms = |s, ms: f64| c(s, ms * 1e3);
+        let long = [ms(Schedule::Direct, 10.0), ms(Schedule::Rail, 10.1)];
+        assert_eq!(
+            t.pick((0, 20), &long, long[0]),
+            (Schedule::Direct, Pick::Model)
+        );
+        // Rail's flat rival is direct, not the cheaper pairwise.
+        let cands = [
+            c(Schedule::Direct, 130.0),
+            c(Schedule::Pairwise, 110.0),
+            c(Schedule::Rail, 100.0),
+        ];
+        let mut ran = std::collections::HashSet::new();
+        for _ in 0..2 * SAMPLES {
+            let (s, _) = t.pick((0, 9), &cands, cands[2]);
+            ran.insert(s);
+            t.ran(0, (0, 9), s, 1e-4);
+            t.record(&[[100, NONE]]);
+        }
+        assert_eq!(ran, [Schedule::Rail, Schedule::Direct].into());
     }
 
     #[test]
