@@ -6,7 +6,10 @@ For every (tokens, skew) point of a sweep of `ferrocoll bench moe
 re-prices the count matrix the bench observed (`ferrocoll sim moe`: the same
 routing generator and seed, the dispatcher's own drop rule) with the run's
 profile, exactly as every rank's `auto` priced it (`moe::model::price`), and
-sets the model's ordering of the schedules against the measured one.
+sets the model's ordering of the schedules against the measured one. Since
+2eb7d8f `auto` also measures the other family's best on its first calls
+(`moe/tune.rs`); this script judges the model's part, the choice before that
+measurement (`sim moe` reports it as `auto`).
 
 A miss (auto's pick more than 5 % slower than the fastest forced schedule)
 is classed by how much slower the pick measured against the run's noise
