@@ -92,7 +92,7 @@ impl Dispatcher {
         rows: &[usize],
         row_bytes: f64,
         dir: Direction,
-    ) -> Result<(Schedule, Option<(usize, u32)>)> {
+    ) -> Result<(Schedule, Option<tune::Key>)> {
         let p = self.comm.size();
         let tune = self.comm.config().debug_tune && self.comm.rank() == 0;
         let forcing = self
@@ -126,23 +126,22 @@ impl Dispatcher {
             None => {
                 let best = schedule::choose(&candidates).expect("direct is always a candidate");
                 let class = tune::class_of(dir as usize, rows, p, row_bytes);
-                let (s, how) = self
-                    .state
-                    .tuner
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner())
-                    .pick(class, &candidates, best);
-                key = Some(class);
+                let (s, how) = self.tuner().pick(class, &candidates, best);
+                // Only an exchange of a measured class reports its time:
+                // the others' times would pile up unread.
+                if how != tune::Pick::Model {
+                    key = Some(class);
+                }
                 let why = match how {
                     tune::Pick::Measuring => format!(
-                        "measuring the predictions within {:.0} % of the model's {}",
+                        "measuring the model's {} against the other family's best (within {:.0} %)",
+                        best.schedule.name(),
                         tune::BAND * 100.0,
-                        best.schedule.name()
                     ),
                     tune::Pick::Measured => format!(
-                        "fastest measured of the predictions within {:.0} % of the model's {}",
-                        tune::BAND * 100.0,
-                        best.schedule.name()
+                        "measured against the model's {} (a rival must be {:.0} % faster)",
+                        best.schedule.name(),
+                        tune::MARGIN * 100.0,
                     ),
                     tune::Pick::Model if Some(best) == schedule::cheapest(&candidates) => {
                         "least predicted time".to_string()
@@ -186,7 +185,7 @@ impl Dispatcher {
         rb: f64,
         candidates: &[Candidate],
         (choice, why): (Schedule, &str),
-        class: Option<(usize, u32)>,
+        class: Option<tune::Key>,
     ) {
         let slot = dir as usize;
         {
@@ -198,10 +197,7 @@ impl Dispatcher {
             }
             last[slot] = Some(choice);
         }
-        let measured = |s: Schedule| {
-            let tuner = self.state.tuner.lock().ok()?;
-            tuner.measured(class?, s)
-        };
+        let measured = |s: Schedule| self.tuner().measured(class?, s);
         let p = self.comm.size();
         let remote = |s: usize, d: usize| if s == d { 0 } else { rows[s * p + d] };
         let sent = (0..p)

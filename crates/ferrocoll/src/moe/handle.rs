@@ -131,7 +131,7 @@ pub struct Handle {
     pub(super) by_expert: [bool; 2],
     /// The classes dispatch's and combine's times are measured in, where
     /// `auto` measures them (`tune.rs`).
-    pub(super) tune_class: [Option<(usize, u32)>; 2],
+    pub(super) tune_class: [Option<super::tune::Key>; 2],
 }
 
 impl Handle {

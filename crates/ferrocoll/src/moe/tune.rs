@@ -66,6 +66,10 @@ pub(super) const REVISIT: u32 = 1000;
 /// A reported time meaning "nothing to report".
 pub(super) const NONE: u32 = u32::MAX;
 
+/// A class of exchanges: the direction (0 dispatch, 1 combine) and the
+/// busiest rank's bytes, log2 rounded ([`class_of`]).
+pub(super) type Key = (usize, u32);
+
 /// What one class of calls has measured.
 #[derive(Debug, Default)]
 struct Class {
@@ -78,10 +82,10 @@ struct Class {
 /// The measurements of one dispatcher (shared by its clones).
 #[derive(Debug, Default)]
 pub(super) struct Tuner {
-    classes: HashMap<(usize, u32), Class>,
+    classes: HashMap<Key, Class>,
     /// Per direction, the class and schedule of the last tuned exchange
     /// whose time the next count exchange brings.
-    pending: [Option<((usize, u32), Schedule)>; 2],
+    pending: [Option<(Key, Schedule)>; 2],
     /// Per direction, this rank's time of that exchange, in µs.
     elapsed: [u32; 2],
 }
@@ -121,7 +125,7 @@ impl Tuner {
 
     /// This rank's time of the exchange of direction `dir` just run by
     /// `schedule` in class `key`, reported by the next count exchange.
-    pub(super) fn ran(&mut self, dir: usize, key: (usize, u32), schedule: Schedule, secs: f64) {
+    pub(super) fn ran(&mut self, dir: usize, key: Key, schedule: Schedule, secs: f64) {
         self.pending[dir] = Some((key, schedule));
         self.elapsed[dir] = (secs * 1e6).round().min((NONE - 1) as f64) as u32;
     }
@@ -131,7 +135,7 @@ impl Tuner {
     /// measured.
     pub(super) fn pick(
         &mut self,
-        key: (usize, u32),
+        key: Key,
         candidates: &[Candidate],
         model: Candidate,
     ) -> (Schedule, Pick) {
@@ -168,23 +172,17 @@ impl Tuner {
         if band.len() < 2 {
             return (model.schedule, Pick::Model);
         }
-        band.sort_by(|a, b| a.cost.total().total_cmp(&b.cost.total()));
+        // The model's choice first, then the others by prediction; the
+        // one of fewest samples runs next (the first of equals), so the
+        // candidates take turns.
+        band[1..].sort_by(|a, b| a.cost.total().total_cmp(&b.cost.total()));
+        let order: Vec<Schedule> = band.iter().map(|c| c.schedule).collect();
         let class = self.classes.entry(key).or_default();
         class.calls += 1;
         if class.calls > REVISIT {
             class.calls = 0;
             class.times.clear();
         }
-        // The model's choice first, then the others by prediction; the
-        // one of fewest samples runs next (the first of equals), so the
-        // candidates take turns.
-        let order: Vec<Schedule> = std::iter::once(model.schedule)
-            .chain(
-                band.iter()
-                    .map(|c| c.schedule)
-                    .filter(|&s| s != model.schedule),
-            )
-            .collect();
         let samples = |s: &Schedule| class.times.get(s).map_or(0, Vec::len);
         let next = *order
             .iter()
@@ -205,7 +203,7 @@ impl Tuner {
     }
 
     /// The median measured time of `schedule` in class `key`, if any.
-    pub(super) fn measured(&self, key: (usize, u32), schedule: Schedule) -> Option<f64> {
+    pub(super) fn measured(&self, key: Key, schedule: Schedule) -> Option<f64> {
         self.classes
             .get(&key)
             .and_then(|c| c.times.get(&schedule))
@@ -240,7 +238,7 @@ pub(super) enum Pick {
 
 /// The class of an exchange: its direction and the busiest rank's bytes
 /// (sent or received) to within a factor of 2.
-pub(super) fn class_of(dir: usize, rows: &[usize], p: usize, row_bytes: f64) -> (usize, u32) {
+pub(super) fn class_of(dir: usize, rows: &[usize], p: usize, row_bytes: f64) -> Key {
     let most = (0..p)
         .map(|i| {
             let sent: usize = rows[i * p..(i + 1) * p].iter().sum();
