@@ -126,14 +126,16 @@ PY
     export FERROCOLL_PROFILE="$OUT/profile.json"
     SCHED=direct,pairwise,two-level,rail,auto
     for rep in $(seq 1 "${REPEAT:-3}"); do
-        run "$BIN" bench moe --tokens 1,2,4,8,16 "${WORK[@]}" --schedule $SCHED --iters 200 --warmup 15 \
+        run "$BIN" bench moe --tokens 1,2,4,8,16,32 "${WORK[@]}" --schedule $SCHED --iters 200 --warmup 15 \
             --check --json >>"$OUT/sweep.json"
-        run "$BIN" bench moe --tokens 32,64,128,256 "${WORK[@]}" --schedule $SCHED --iters 40 --warmup 15 \
+        run "$BIN" bench moe --tokens 64,128,256 "${WORK[@]}" --schedule $SCHED --iters 40 --warmup 15 \
             --check --json >>"$OUT/sweep.json"
     done
     python3 bench/moe_score.py "$OUT/sweep.json"
     echo "# the same by the layers' mean:"
     python3 bench/moe_score.py "$OUT/sweep.json" --stat mean | grep "^# "
+    echo "# the same by the median of each layer's slowest rank (what auto measures):"
+    python3 bench/moe_score.py "$OUT/sweep.json" --stat layer
     # auto's misses: its picks re-priced on the observed matrices with this
     # run's profile, against the measured ordering and this run's noise.
     python3 bench/moe_auto_check.py --sweep "$OUT/sweep.json" --profile "$OUT/profile.json"

@@ -6,7 +6,8 @@ direct,pairwise,two-level,rail,auto` (several runs appended), and prints per
 (tokens, skew) point every schedule's layer time (dispatch, count exchange
 included, + combine), auto's picks, the fastest forced schedule per phase,
 and whether auto's pick is within 5 % of it; then the share of points where
-it is, for the calls, the layers and the family (flat or hierarchical).
+it is, for the calls, the layers and the family (flat or hierarchical), and
+the layers scored against each run's own forced schedules.
 
 Each run's statistic per schedule is the median of its timed layers by
 default (`--stat mean` for the mean): on the namespace cluster's shaped
@@ -14,7 +15,13 @@ links single layers stall for 5-50 ms now and then whatever the schedule
 (plain Python sockets do too: bench/RESULTS.md, issue 18), and a few such
 stalls in 40 layers move a mean by more than the schedules differ.
 
-Usage: bench/moe_score.py RAW/sweep.json [--stat median|mean]
+`--stat layer` takes instead the median over the timed layers of the
+slowest rank's time of each layer: what a synchronous layer waits for, and
+the statistic `auto` measures its candidates by (the slowest rank of each
+call). The default, the slowest rank's own median, is the smaller of the
+two where the slowest rank changes from layer to layer.
+
+Usage: bench/moe_score.py RAW/sweep.json [--stat median|mean|layer]
 """
 
 from __future__ import annotations
@@ -56,12 +63,14 @@ def main() -> None:
     )
     ap.add_argument(
         "--stat",
-        choices=("median", "mean"),
+        choices=("median", "mean", "layer"),
         default="median",
         help="each run's per-schedule statistic of the timed layers (default median)",
     )
     args = ap.parse_args()
-    field = "{}_median_us" if args.stat == "median" else "{}_us"
+    field = {"median": "{}_median_us", "mean": "{}_us", "layer": "{}_layer_median_us"}[
+        args.stat
+    ]
     runs = load(args.sweep)
     points = sorted({(t, s) for t, s, _ in runs})
 
@@ -174,6 +183,29 @@ def main() -> None:
     print(
         f"# each run's own fastest schedule (every forced layer of the run measured) within"
         f" {TOL:.0%} of the runs' fastest: {ceiling}/{n * reps}"
+    )
+    # The same question asked of each run alone: auto's pick against the
+    # forced schedules of its own run, whose layers interleave with auto's
+    # (the same minutes of the machine), rather than against the runs' mean.
+    in_run = 0
+    for t, s in points:
+        for i, auto in enumerate(runs[(t, s, "auto")]):
+            one = {
+                q: {
+                    ph: runs[(t, s, q)][i][field.format(ph)]
+                    for ph in ("dispatch", "combine")
+                }
+                for q in FORCED
+            }
+            picked = (
+                one[auto["schedule"]]["dispatch"]
+                + one[auto["combine_schedule"]]["combine"]
+            )
+            best = min(v["dispatch"] + v["combine"] for v in one.values())
+            in_run += picked <= (1 + TOL) * best
+    print(
+        f"# auto's pick against its own run's forced schedules (layers interleaved with auto's):"
+        f" layer within {TOL:.0%} in {in_run}/{picks_n} ({100 * in_run / picks_n:.0f} %)"
     )
     own_ok = sum(
         layer_of(t, s, "auto") <= (1 + TOL) * min(layer_of(t, s, q) for q in FORCED)

@@ -172,8 +172,16 @@ struct Line {
     dispatch_us: f64,
     /// Slowest rank's mean time of combine, us.
     combine_us: f64,
+    /// Slowest rank's median time of dispatch, us.
     dispatch_median_us: f64,
+    /// Slowest rank's median time of combine, us.
     combine_median_us: f64,
+    /// Median over the timed layers of the slowest rank's time of that
+    /// layer's dispatch, us: what a synchronous layer waits for, and the
+    /// statistic `auto`'s measuring takes (the slowest rank per call).
+    dispatch_layer_median_us: f64,
+    /// The same for combine.
+    combine_layer_median_us: f64,
     /// Mean over ranks of the bytes of the rows a rank receives.
     logical_bytes: f64,
     #[serde(rename = "logical_GBps")]
@@ -347,19 +355,16 @@ fn run_as<T: TestElem>(comm: &Communicator, setup: &Setup<'_>) -> Result<u64, Cl
                     Ok((s, moe, Timed::default()))
                 })
                 .collect::<Result<Vec<_>, CliError>>()?;
-            for _ in 0..a.warmup {
-                for (_, moe, timed) in &mut runs {
-                    timed.layer(comm, moe, input, a.recycle, false)?;
-                }
-            }
-            // Each iteration starts one schedule later, so that none always
+            // Each round starts one schedule later, so that none always
             // follows the same one (on a shaped link the previous layer's
-            // burst decides how full the token bucket is).
-            for i in 0..a.iters as usize {
-                let k = runs.len();
+            // burst decides how full the token bucket is). The warm-up
+            // rounds run like the timed ones, barriers included: `auto`
+            // measures its candidates on its first calls, warm-up or not.
+            let k = runs.len();
+            for i in 0..a.warmup + a.iters as usize {
                 for q in 0..k {
                     let (_, moe, timed) = &mut runs[(i + q) % k];
-                    timed.layer(comm, moe, input, a.recycle, true)?;
+                    timed.layer(comm, moe, input, a.recycle, i >= a.warmup)?;
                 }
             }
             for (requested, moe, timed) in runs {
@@ -384,7 +389,7 @@ struct Timed {
 
 impl Timed {
     /// One layer: dispatch then combine of the received rows, each after a
-    /// barrier and timed when `timed`.
+    /// barrier, timed (kept) when `timed`.
     fn layer<T: TestElem>(
         &mut self,
         comm: &Communicator,
@@ -393,15 +398,11 @@ impl Timed {
         recycle: bool,
         timed: bool,
     ) -> Result<(), CliError> {
-        if timed {
-            comm.barrier()?;
-        }
+        comm.barrier()?;
         let t = Instant::now();
         let (inputs, h) = moe.dispatch(x, idx, w)?;
         let dispatch = t.elapsed().as_secs_f64();
-        if timed {
-            comm.barrier()?;
-        }
+        comm.barrier()?;
         let t = Instant::now();
         let y = moe.combine(inputs.as_slice(), &h)?;
         let combine = t.elapsed().as_secs_f64();
@@ -435,6 +436,14 @@ fn finish<T: TestElem>(
         handle,
     } = timed;
     let handle = handle.expect("at least one timed layer");
+    // Per layer, the slowest rank's time (before the sorting below).
+    let per_layer = |v: &[f64]| -> Result<f64, CliError> {
+        let mut slowest = vec![0.0f64; v.len()];
+        comm.all_reduce(v, &mut slowest, ReduceOp::Max)?;
+        slowest.sort_by(f64::total_cmp);
+        Ok(slowest[slowest.len() / 2])
+    };
+    let layer_medians = [per_layer(&dispatch)?, per_layer(&combine)?];
     let stats = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         (v.iter().sum::<f64>() / v.len() as f64, v[v.len() / 2])
@@ -513,6 +522,8 @@ fn finish<T: TestElem>(
         combine_us: slowest[2] * 1e6,
         dispatch_median_us: slowest[1] * 1e6,
         combine_median_us: slowest[3] * 1e6,
+        dispatch_layer_median_us: layer_medians[0] * 1e6,
+        combine_layer_median_us: layer_medians[1] * 1e6,
         logical_bytes,
         logical_gbps: 2.0 * logical_bytes / (slowest[0] + slowest[2]) / 1e9,
         dispatch_gbps: logical_bytes / slowest[0] / 1e9,

@@ -269,11 +269,10 @@ fn ranks_that_force_different_schedules_fail_on_every_rank() {
 }
 
 #[test]
-fn auto_measures_flat_against_hierarchical_and_every_rank_runs_the_same() {
+fn auto_races_flat_against_hierarchical_and_every_rank_runs_the_same() {
     // The 2-host cluster's profile (bench/RESULTS.md): at one token a rank
-    // the model's choice and the other family's best are predicted within
-    // 50 % of each other, so auto runs both on real calls, in turns, then
-    // keeps one.
+    // direct, two-level and rail are predicted within 2x of each other, so
+    // auto races them on real calls, in turns, then keeps one.
     let mut p = Profile::uniform(11.9e-6, 17e9, 1.9e-11);
     p.intra.overhead = 0.27e-6;
     p.inter = LinkParams {
@@ -291,7 +290,8 @@ fn auto_measures_flat_against_hierarchical_and_every_rank_runs_the_same() {
         let r = comm.rank() as u32;
         let x = vec![bf16::ONE; 2048];
         let mut ran = Vec::new();
-        for _ in 0..45 {
+        // A race ends by 40 calls of each of at most 4 candidates.
+        for _ in 0..170 {
             let (inputs, h) = moe.dispatch(&x, &[r, (r + 3) % 8], &[0.5, 0.5])?;
             let y = moe.combine(inputs.as_slice(), &h)?;
             assert_eq!(y, x);
@@ -310,12 +310,10 @@ fn auto_measures_flat_against_hierarchical_and_every_rank_runs_the_same() {
     }
     let tried: std::collections::HashSet<Schedule> = first.iter().map(|s| s[0]).collect();
     let hierarchical = |s: &Schedule| matches!(s, Schedule::TwoLevel | Schedule::Rail);
-    assert_eq!(tried.len(), 2, "two candidates measured: {first:?}");
-    assert_eq!(
-        tried.iter().filter(|s| hierarchical(s)).count(),
-        1,
-        "one of each family: {first:?}"
+    assert!(
+        tried.iter().any(hierarchical) && tried.iter().any(|s| !hierarchical(s)),
+        "both families raced: {first:?}"
     );
-    // Once measured (2 candidates x 12 calls), one schedule stays.
-    assert!(first[25..].windows(2).all(|w| w[0] == w[1]), "{first:?}");
+    // Once the race is over, one schedule stays.
+    assert!(first[161..].windows(2).all(|w| w[0] == w[1]), "{first:?}");
 }

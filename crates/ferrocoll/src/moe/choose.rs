@@ -10,18 +10,18 @@
 //! within 2 % to the fewest rounds, [`super::schedule::choose`]). Every
 //! input is the same on every rank, so every rank chooses alike.
 //!
-//! Where the model's choice and the other family's cheapest candidate (flat
-//! against through the hosts; direct for the flat family) are predicted
-//! within [`tune::BAND`] (50 %) of each other and the choice within
-//! [`tune::MEASURED_UP_TO`] (3 ms), both (and direct, when the model's
-//! choice is pairwise) are then measured on real calls of the same class,
-//! in turns, and a candidate replaces the model's choice only if its median
-//! is more than [`tune::MARGIN`] (5 %) faster (`tune.rs`): every rank
-//! records the slowest rank's times, so every rank still chooses alike.
+//! Where the model's choice is predicted within [`tune::MEASURED_UP_TO`]
+//! (3 ms), `auto` then races it on real calls of the same class against
+//! the other candidates predicted within [`tune::BAND`] (2x) of it (pairwise
+//! only as the model's choice): in turns, a candidate slower beyond doubt
+//! dropped after each round from [`tune::MIN_SAMPLES`] calls, the least
+//! median winning at [`tune::MAX_SAMPLES`] (`tune.rs`). Every rank records the slowest rank's times, so every rank
+//! still chooses alike.
 //!
 //! `FERROCOLL_DEBUG=tune` makes rank 0 print the candidates' predicted (and
 //! measured) times and the choice to stderr, for the first dispatch and the
-//! first combine and whenever the choice changes from the previous call's.
+//! first combine and whenever the choice changes from the previous call's
+//! (a race's first call only).
 
 use std::sync::Arc;
 
@@ -120,28 +120,31 @@ impl Dispatcher {
             return Ok((*s, None));
         }
         let candidates = self.candidates(rows, row_bytes);
-        let mut key = None;
+        let (mut report, mut raced) = (None, None);
         let (choice, why) = match decided {
             Some(d) => d,
             None => {
                 let best = schedule::choose(&candidates).expect("direct is always a candidate");
                 let class = tune::class_of(dir as usize, rows, p, row_bytes);
                 let (s, how) = self.tuner().pick(class, &candidates, best);
-                // Only an exchange of a measured class reports its time:
-                // the others' times would pile up unread.
+                // Only a racing exchange reports its time: the others'
+                // times would pile up unread.
+                if how == tune::Pick::Racing {
+                    report = Some(class);
+                }
                 if how != tune::Pick::Model {
-                    key = Some(class);
+                    raced = Some(class);
                 }
                 let why = match how {
-                    tune::Pick::Measuring => format!(
-                        "measuring the model's {} against the other family's best (within {:.0} %)",
+                    tune::Pick::Racing => format!(
+                        "racing the model's {} against the candidates predicted within {:.0} %",
                         best.schedule.name(),
                         tune::BAND * 100.0,
                     ),
-                    tune::Pick::Measured => format!(
-                        "measured against the model's {} (a rival must be {:.0} % faster)",
+                    tune::Pick::Raced => format!(
+                        "won the race against the model's {} and the candidates within {:.0} % of it",
                         best.schedule.name(),
-                        tune::MARGIN * 100.0,
+                        tune::BAND * 100.0,
                     ),
                     tune::Pick::Model if Some(best) == schedule::cheapest(&candidates) => {
                         "least predicted time".to_string()
@@ -155,9 +158,18 @@ impl Dispatcher {
             }
         };
         if tune {
-            self.explain(dir, rows, row_bytes, &candidates, (choice, &why), key);
+            let racing = report.is_some();
+            self.explain(
+                dir,
+                rows,
+                row_bytes,
+                &candidates,
+                (choice, &why),
+                raced,
+                racing,
+            );
         }
-        Ok((choice, key))
+        Ok((choice, report))
     }
 
     /// The candidates' predicted times for `rows` on this communicator.
@@ -177,7 +189,9 @@ impl Dispatcher {
     }
 
     /// Prints the table of `FERROCOLL_DEBUG=tune` when the choice is new
-    /// for `dir`, with what `auto` measured of each candidate in `class`.
+    /// for `dir`, with what `auto` measured of each candidate in `class`;
+    /// a race prints its first call only (its calls alternate).
+    #[allow(clippy::too_many_arguments)]
     fn explain(
         &self,
         dir: Direction,
@@ -186,18 +200,21 @@ impl Dispatcher {
         candidates: &[Candidate],
         (choice, why): (Schedule, &str),
         class: Option<tune::Key>,
+        racing: bool,
     ) {
         let slot = dir as usize;
         {
             let Ok(mut last) = self.state.explained.lock() else {
                 return;
             };
-            if last[slot] == Some(choice) {
+            // `Auto` (never a chosen schedule) stands for "racing".
+            let shown = if racing { Schedule::Auto } else { choice };
+            if last[slot] == Some(shown) {
                 return;
             }
-            last[slot] = Some(choice);
+            last[slot] = Some(shown);
         }
-        let measured = |s: Schedule| self.tuner().measured(class?, s);
+        let measured = |s: Schedule| self.tuner().summary(class?, s);
         let p = self.comm.size();
         let remote = |s: usize, d: usize| if s == d { 0 } else { rows[s * p + d] };
         let sent = (0..p)
@@ -226,8 +243,8 @@ impl Dispatcher {
                 c.cost.bandwidth * 1e6,
                 c.cost.compute * 1e6
             ));
-            if let Some(t) = measured(c.schedule) {
-                text.push_str(&format!("; measured {:.2}", t * 1e6));
+            if let Some(m) = measured(c.schedule) {
+                text.push_str(&format!("; {m}"));
             }
         }
         let mut ranked = candidates.to_vec();

@@ -62,10 +62,10 @@ pub enum Schedule {
     /// Let the cost model choose per call from the observed count matrix
     /// (among [`Schedule::Direct`], [`Schedule::Pairwise`] and, on a
     /// topology of several hosts of several ranks, [`Schedule::TwoLevel`]
-    /// and [`Schedule::Rail`]), and where it predicts the other family
-    /// (flat or through the hosts) within 50 % of a choice of 3 ms or less,
-    /// measure both on the first calls of that size and keep the faster
-    /// (see the module `choose.rs`); a communicator
+    /// and [`Schedule::Rail`]), and where its choice is predicted at 3 ms
+    /// or less, race it against the candidates predicted within 2x of it
+    /// on the first calls of that size and keep the fastest measured (see
+    /// the module `choose.rs`); a communicator
     /// that forces an alltoallv algorithm (call options or
     /// `FERROCOLL_ALGO`) gets [`Schedule::Flat`] instead.
     #[default]
