@@ -16,7 +16,9 @@ Both are ferrocoll calls on the process group's communicator
 (:class:`ferrocoll.torch.ProcessGroupFerrocoll`): the count exchange, the
 capacity decision (``ferrocoll::moe``: GShard's priority, every rank's first
 choices before any second choice, then source rank, then token position), the
-schedule the cost model picks (``FERROCOLL_DEBUG=tune`` explains it) and the
+schedule ``auto`` picks (the cost model's, then, for short exchanges, the
+winner of a race among the candidates it predicts within 2x, run on the first
+calls of each exchange size; ``FERROCOLL_DEBUG=tune`` explains it) and the
 rows' all-to-all-v are the Rust library's; the GIL is released while they
 run.
 
