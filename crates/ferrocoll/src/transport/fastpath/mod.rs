@@ -61,11 +61,12 @@
 //! which move less than a whole contribution per peer, do better.
 //!
 //! **Streamed calls.** One-way calls longer than an eager buffer, reduces
-//! of any length and broadcasts up to 64 KiB on 2-4 ranks
-//! ([`small::streams`]), go as consecutive messages of one eager buffer
-//! each (a [`Piece`] apiece), in order, under the call's one key: the
-//! receiver reduces or copies each part in place while the sender writes
-//! the next, up to [`EAGER_BUFFERS`] parts ahead. Every part's packed
+//! of any length and broadcasts up to 64 KiB on 2-4 ranks, and 2-rank
+//! allreduces up to 4 MiB (each part both ways) ([`small::streams`]), go as
+//! consecutive messages of one eager buffer each (a [`Piece`] apiece), in
+//! order, under the call's one key: the receiver reduces or copies each
+//! part in place while the sender writes the next, up to [`EAGER_BUFFERS`]
+//! parts ahead. Every part's packed
 //! signature carries its own length and the call's number of parts
 //! ([`pack::with_parts`]), so a streamed call against a whole one or a
 //! shorter one fails on its first message; the call counts as finished

@@ -100,11 +100,12 @@ pub(crate) fn broadcast_stream_bytes(n: usize) -> usize {
 /// and 4 ranks.
 pub(crate) const STREAM_MAX_RANKS: usize = 4;
 
-/// Whether a broadcast or reduce of `bytes` among `n` ranks, too long for
-/// one message, goes through the fast path as consecutive messages of one
-/// eager buffer each (up to [`STREAM_MAX_RANKS`] ranks; broadcasts up to
-/// [`broadcast_stream_bytes`], reduces of any length). These are one-way
-/// calls: the receiver copies or reduces each part, in place in the eager
+/// Whether a broadcast or reduce of `bytes` among `n` ranks (or a 2-rank
+/// allreduce up to [`STREAM_ALLREDUCE_MAX`]), too long for one message,
+/// goes through the fast path as consecutive messages of one eager buffer
+/// each (up to [`STREAM_MAX_RANKS`] ranks; broadcasts up to
+/// [`broadcast_stream_bytes`], reduces of any length). Broadcasts and
+/// reduces are one-way calls: the receiver copies or reduces each part, in place in the eager
 /// buffer, while the sender writes the next, a sender runs up to
 /// [`EAGER_BUFFERS`](crate::transport::shm::EAGER_BUFFERS) parts ahead
 /// of its receiver, and no frame, match or acknowledgement goes through
@@ -119,9 +120,22 @@ pub(crate) fn streams(coll: Collective, bytes: usize, n: usize) -> bool {
         && match coll {
             Collective::Broadcast => bytes <= broadcast_stream_bytes(n),
             Collective::Reduce => true,
+            Collective::AllReduce => n == 2 && bytes <= STREAM_ALLREDUCE_MAX,
             _ => false,
         }
 }
+
+/// Longest 2-rank allreduce the fast path streams ([`streams`]): each part
+/// goes both ways through the eager buffers, and each rank reduces all of
+/// it (a one-step allreduce per part), where the split allreduce
+/// ([`reads_remote`]) reads half the peer's input with `process_vm_readv`
+/// and writes half the result back into it. The kernel's copy runs at
+/// about 10 GB/s on this VM against 35-42 GB/s for a memcpy of cache-resident
+/// bytes, with huge pages as well, so the two user-space copies win while
+/// the buffers stay in the cache: the median of 6 interleaved runs took
+/// 0.54-0.83x the split's time at 32 KiB - 4 MiB, and 1.21-1.22x at 8-16
+/// MiB (bench/RESULTS.md, ninth session).
+pub(crate) const STREAM_ALLREDUCE_MAX: usize = 4 << 20;
 
 /// Largest group whose large exchanges read the senders' memory
 /// ([`reads_remote`]).
@@ -186,11 +200,14 @@ pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
         // (more ranks than cores here) 1.06-1.14x, so those keep the
         // streamed parts and the plans (bench/RESULTS.md, seventh session).
         Collective::Broadcast => n == 2 && bytes > max_message(n) && bytes <= u32::MAX as usize,
-        // On 2 ranks past one eager buffer, split between both ends
-        // (`run_split_reduction`): 0.36-0.66x the engine's time at
-        // 20-512 KiB, 0.78-0.83x at 2-8 MiB (bench/RESULTS.md, seventh
-        // session).
-        Collective::AllReduce => n == 2 && bytes > max_message(n) && bytes <= u32::MAX as usize,
+        // On 2 ranks past the streamed parts ([`STREAM_ALLREDUCE_MAX`]),
+        // split between both ends (`run_split_reduction`): 0.36-0.66x the
+        // engine's time at 20-512 KiB, 0.78-0.83x at 2-8 MiB
+        // (bench/RESULTS.md, seventh session); the parts beat it up to
+        // 4 MiB (ninth session).
+        Collective::AllReduce => {
+            n == 2 && bytes > STREAM_ALLREDUCE_MAX && bytes <= u32::MAX as usize
+        }
         // Likewise a 2-rank reduce past 64 KiB up to 1 MiB, the non-root
         // writing its half's result to the root: 0.69-0.76x the streamed
         // parts' time at 128-512 KiB, 0.91x at 1 MiB; 1.02x at 64 KiB,
@@ -839,9 +856,18 @@ mod tests {
         assert!(eligible(Collective::AllGather, 2048, DType::F64, 4));
         assert!(!eligible(Collective::AllGather, 2049, DType::F64, 4));
         assert!(eligible(Collective::Reduce, 4096, DType::F32, 2));
-        assert!(!eligible(Collective::AllReduce, 4097, DType::F32, 2));
+        assert!(!eligible(Collective::AllReduce, 4097, DType::F32, 3));
         // Broadcasts and reduces past one eager buffer are streamed on up
-        // to 4 ranks: broadcasts up to 64 KiB, reduces of any length.
+        // to 4 ranks: broadcasts up to 64 KiB, reduces of any length; and
+        // allreduces on 2 ranks up to 4 MiB.
+        assert!(eligible(Collective::AllReduce, 4097, DType::F32, 2));
+        assert!(eligible(Collective::AllReduce, 1 << 20, DType::F32, 2));
+        assert!(!eligible(
+            Collective::AllReduce,
+            (1 << 20) + 1,
+            DType::F32,
+            2
+        ));
         assert!(eligible(Collective::Reduce, 4097, DType::F32, 2));
         assert!(eligible(Collective::Reduce, 1 << 30, DType::F32, 4));
         assert!(!eligible(Collective::Reduce, 4097, DType::F32, 5));
@@ -885,9 +911,10 @@ mod tests {
         assert!(reads_remote(Broadcast, u32::MAX as usize, 2));
         assert!(!reads_remote(Broadcast, u32::MAX as usize + 1, 2));
         assert!(!reads_remote(Broadcast, 1 << 18, 3));
-        // Allreduces on 2 ranks past one eager buffer, split.
-        assert!(!reads_remote(AllReduce, max_message(2), 2));
-        assert!(reads_remote(AllReduce, max_message(2) + 1, 2));
+        // Allreduces on 2 ranks past the streamed ones, split.
+        assert!(!reads_remote(AllReduce, max_message(2) + 1, 2));
+        assert!(!reads_remote(AllReduce, STREAM_ALLREDUCE_MAX, 2));
+        assert!(reads_remote(AllReduce, STREAM_ALLREDUCE_MAX + 1, 2));
         assert!(reads_remote(AllReduce, u32::MAX as usize, 2));
         assert!(!reads_remote(AllReduce, u32::MAX as usize + 1, 2));
         assert!(!reads_remote(AllReduce, 1 << 18, 3));

@@ -7,7 +7,7 @@ use std::thread;
 
 use super::small::{
     broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams, REDUCE_SPLIT_FLOOR,
-    REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS, STREAM_MAX_RANKS,
+    REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS, STREAM_ALLREDUCE_MAX, STREAM_MAX_RANKS,
 };
 use super::{all_bits, bits};
 use crate::launch::init::tests::world;
@@ -577,17 +577,21 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                     );
                     broadcasts_of::<T>(comm, count);
                 }
-                // Allreduces: on 2 ranks past one eager buffer split
-                // between both ends, of any length (a page, the chunk, odd).
+                // Allreduces: on 2 ranks past one eager buffer streamed up
+                // to STREAM_ALLREDUCE_MAX, split between both ends past it,
+                // of any length (a page, the chunk, odd).
                 let eager = max_message(n) / size;
-                for count in [eager + 1, 4096 + 7, (3 << 20) / size + 5] {
-                    let remote = on && n == 2;
+                let past_streams = STREAM_ALLREDUCE_MAX / size + 3;
+                for count in [eager + 1, 4096 + 7, (3 << 20) / size + 5, past_streams] {
+                    let bytes = count * size;
+                    let streamed = streams(Collective::AllReduce, bytes, n);
+                    let remote = on && reads_remote(Collective::AllReduce, bytes, n);
                     assert_eq!(
                         comm.uses_fast_path(Collective::AllReduce, count, T::DTYPE),
-                        count <= eager || remote,
+                        count <= eager || streamed || remote,
                         "allreduce count {count} on {n} ranks"
                     );
-                    if remote || count < (1 << 16) {
+                    if streamed || remote || count < (1 << 16) {
                         allreduces_of::<T>(comm, count);
                     }
                 }
