@@ -15,8 +15,8 @@
 //! the other candidates predicted within [`tune::BAND`] (2x) of it (pairwise
 //! only as the model's choice): in turns, a candidate slower beyond doubt
 //! dropped after each round from [`tune::MIN_SAMPLES`] calls, the least
-//! median winning at [`tune::MAX_SAMPLES`] (`tune.rs`). Every rank records the slowest rank's times, so every rank
-//! still chooses alike.
+//! median winning at [`tune::MAX_SAMPLES`] (`tune.rs`). Every rank records
+//! the slowest rank's times, so every rank still chooses alike.
 //!
 //! `FERROCOLL_DEBUG=tune` makes rank 0 print the candidates' predicted (and
 //! measured) times and the choice to stderr, for the first dispatch and the
@@ -120,20 +120,16 @@ impl Dispatcher {
             return Ok((*s, None));
         }
         let candidates = self.candidates(rows, row_bytes);
-        let (mut report, mut raced) = (None, None);
+        // The class and how the tuner picked, where `auto` asked it.
+        let mut tuned = None;
         let (choice, why) = match decided {
             Some(d) => d,
             None => {
                 let best = schedule::choose(&candidates).expect("direct is always a candidate");
                 let class = tune::class_of(dir as usize, rows, p, row_bytes);
                 let (s, how) = self.tuner().pick(class, &candidates, best);
-                // Only a racing exchange reports its time: the others'
-                // times would pile up unread.
-                if how == tune::Pick::Racing {
-                    report = Some(class);
-                }
                 if how != tune::Pick::Model {
-                    raced = Some(class);
+                    tuned = Some((class, how));
                 }
                 let why = match how {
                     tune::Pick::Racing => format!(
@@ -158,17 +154,13 @@ impl Dispatcher {
             }
         };
         if tune {
-            let racing = report.is_some();
-            self.explain(
-                dir,
-                rows,
-                row_bytes,
-                &candidates,
-                (choice, &why),
-                raced,
-                racing,
-            );
+            self.explain(dir, rows, row_bytes, &candidates, (choice, &why), tuned);
         }
+        // Only a racing exchange reports its time: the others' times would
+        // pile up unread.
+        let report = tuned
+            .filter(|&(_, how)| how == tune::Pick::Racing)
+            .map(|(class, _)| class);
         Ok((choice, report))
     }
 
@@ -189,9 +181,9 @@ impl Dispatcher {
     }
 
     /// Prints the table of `FERROCOLL_DEBUG=tune` when the choice is new
-    /// for `dir`, with what `auto` measured of each candidate in `class`;
-    /// a race prints its first call only (its calls alternate).
-    #[allow(clippy::too_many_arguments)]
+    /// for `dir`, with what `auto` measured of each candidate in the class
+    /// of `tuned` (and how it picked); a race prints its first call only
+    /// (its calls alternate).
     fn explain(
         &self,
         dir: Direction,
@@ -199,9 +191,9 @@ impl Dispatcher {
         rb: f64,
         candidates: &[Candidate],
         (choice, why): (Schedule, &str),
-        class: Option<tune::Key>,
-        racing: bool,
+        tuned: Option<(tune::Key, tune::Pick)>,
     ) {
+        let racing = matches!(tuned, Some((_, tune::Pick::Racing)));
         let slot = dir as usize;
         {
             let Ok(mut last) = self.state.explained.lock() else {
@@ -214,7 +206,7 @@ impl Dispatcher {
             }
             last[slot] = Some(shown);
         }
-        let measured = |s: Schedule| self.tuner().summary(class?, s);
+        let measured = |s: Schedule| self.tuner().summary(tuned?.0, s);
         let p = self.comm.size();
         let remote = |s: usize, d: usize| if s == d { 0 } else { rows[s * p + d] };
         let sent = (0..p)

@@ -171,14 +171,6 @@ impl Tuner {
         if racers.len() < 2 || model.cost.total() > MEASURED_UP_TO {
             return (model.schedule, Pick::Model);
         }
-        // The model's choice first, then the others by prediction: the
-        // first of equals runs next, so the candidates take turns.
-        racers.sort_by(|a, b| {
-            let first = |c: &Candidate| c.schedule != model.schedule;
-            (first(a), a.cost.total())
-                .partial_cmp(&(first(b), b.cost.total()))
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
         let class = self.classes.entry(key).or_default();
         class.calls += 1;
         if class.calls > REVISIT {
@@ -190,6 +182,14 @@ impl Tuner {
         if let Some(winner) = class.winner {
             return (winner, Pick::Raced);
         }
+        // The model's choice first, then the others by prediction: the
+        // first of equals runs next, so the candidates take turns.
+        racers.sort_by(|a, b| {
+            let first = |c: &Candidate| c.schedule != model.schedule;
+            (first(a), a.cost.total())
+                .partial_cmp(&(first(b), b.cost.total()))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
         let left: Vec<Schedule> = racers
             .iter()
             .map(|c| c.schedule)
@@ -209,16 +209,22 @@ impl Tuner {
         let fewest = left.iter().map(samples).min().unwrap_or(0);
         let round_done = left.iter().all(|s| samples(s) == fewest);
         if fewest >= MIN_SAMPLES && round_done {
-            let ranked = |s: &Schedule| median(&class.times[s]);
-            let leader = *left
+            // Per racer its median and the median's interval.
+            let stats: Vec<(Schedule, f64, (f64, f64))> = left
                 .iter()
-                .min_by(|a, b| ranked(a).total_cmp(&ranked(b)))
+                .map(|&s| {
+                    let times = &class.times[&s];
+                    (s, median(times), median_interval(times))
+                })
+                .collect();
+            let &(leader, _, (_, leader_high)) = stats
+                .iter()
+                .min_by(|a, b| a.1.total_cmp(&b.1))
                 .expect("two racers or more");
-            let (_, leader_high) = median_interval(&class.times[&leader]);
-            let behind: Vec<Schedule> = left
+            let behind: Vec<Schedule> = stats
                 .iter()
-                .copied()
-                .filter(|s| *s != leader && median_interval(&class.times[s]).0 > leader_high)
+                .filter(|&&(s, _, (low, _))| s != leader && low > leader_high)
+                .map(|&(s, ..)| s)
                 .collect();
             class.dropped.extend(&behind);
             let left: Vec<Schedule> = left.into_iter().filter(|s| !behind.contains(s)).collect();
@@ -249,9 +255,6 @@ impl Tuner {
     pub(super) fn summary(&self, key: Key, schedule: Schedule) -> Option<String> {
         let times = self.samples(key, schedule)?;
         let (low, high) = median_interval(times);
-        if std::env::var_os("FERROCOLL_TUNE_SAMPLES").is_some() {
-            eprintln!("samples {key:?} {schedule:?} {times:?}");
-        }
         let dropped = self.classes[&key].dropped.contains(&schedule);
         Some(format!(
             "measured {:.2} ({:.2}-{:.2}, {} calls{})",

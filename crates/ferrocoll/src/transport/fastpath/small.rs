@@ -105,8 +105,9 @@ pub(crate) const STREAM_MAX_RANKS: usize = 4;
 /// goes through the fast path as consecutive messages of one eager buffer
 /// each (up to [`STREAM_MAX_RANKS`] ranks; broadcasts up to
 /// [`broadcast_stream_bytes`], reduces of any length). Broadcasts and
-/// reduces are one-way calls: the receiver copies or reduces each part, in place in the eager
-/// buffer, while the sender writes the next, a sender runs up to
+/// reduces are one-way calls: the receiver copies or reduces each part, in
+/// place in the eager buffer, while the sender writes the next, a sender
+/// runs up to
 /// [`EAGER_BUFFERS`](crate::transport::shm::EAGER_BUFFERS) parts ahead
 /// of its receiver, and no frame, match or acknowledgement goes through
 /// the rings. A reduce so moves each byte
