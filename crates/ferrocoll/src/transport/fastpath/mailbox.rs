@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::transport::shm::{
-    futex_wait, Segment, ShmNode, BLOCK, EAGER_BUFFERS, EAGER_BYTES, NOTICES, SLOTS, SLOT_HEADER,
-    SLOT_PAYLOAD,
+    futex_wait, Segment, ShmNode, BLOCK, EAGER_BUFFERS, NOTICES, SLOTS, SLOT_HEADER, SLOT_PAYLOAD,
 };
 
 /// The mailboxes of one rank (see the layout in [`crate::transport::shm`]):
@@ -66,6 +65,12 @@ impl Mailboxes {
         self.peers.len()
     }
 
+    /// Bytes of one eager buffer: the most payload a message carries
+    /// (`shm::eager_buffer_bytes`, alike in every local segment).
+    pub(crate) fn eager_buffer_bytes(&self) -> usize {
+        self.own.eager_buffer_bytes()
+    }
+
     /// Offset of the slot of message `stamp` of mailbox `sender` in any
     /// segment.
     fn slot_offset(seg: &Segment, sender: usize, stamp: u64) -> usize {
@@ -79,8 +84,9 @@ impl Mailboxes {
         if len <= SLOT_PAYLOAD {
             Self::slot_offset(seg, sender, stamp) + SLOT_HEADER
         } else {
-            assert!(len <= EAGER_BYTES, "payload too large for an eager buffer");
-            seg.eager_offset(sender) + (stamp % EAGER_BUFFERS as u64) as usize * EAGER_BYTES
+            let buffer = seg.eager_buffer_bytes();
+            assert!(len <= buffer, "payload too large for an eager buffer");
+            seg.eager_offset(sender) + (stamp % EAGER_BUFFERS as u64) as usize * buffer
         }
     }
 
@@ -110,7 +116,8 @@ impl Mailboxes {
     /// # Safety
     ///
     /// The caller has seen the message arrive, as for [`Mailboxes::peek`],
-    /// `len` is the length its signature gives (at most [`EAGER_BYTES`]),
+    /// `len` is the length its signature gives (at most
+    /// [`Mailboxes::eager_buffer_bytes`]),
     /// and the slice is not used after the caller's
     /// [`Mailboxes::consume`] of the message: until then the sender does
     /// not write these bytes (see the type's documentation).
@@ -240,7 +247,7 @@ impl Mailboxes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::shm::MIN_RING_BYTES;
+    use crate::transport::shm::{LARGE_EAGER_BYTES, MIN_RING_BYTES};
     use std::sync::atomic::AtomicUsize;
     use std::thread;
     use std::time::Instant;
@@ -291,10 +298,13 @@ mod tests {
         assert_ne!(mb.inbound_stamp(0, next).load(Ordering::Acquire), next);
         // Payloads longer than a slot's go through the eager buffers, one
         // per stamp modulo EAGER_BUFFERS: every buffer in use at once keeps
-        // its own bytes, and a payload exactly one buffer long fits.
+        // its own bytes, and a payload exactly one buffer long fits (on 2
+        // local ranks a large one: a streamed allreduce's part).
+        let buffer = ma.eager_buffer_bytes();
+        assert_eq!(buffer, LARGE_EAGER_BYTES);
         let eager: Vec<Vec<u8>> = (0..EAGER_BUFFERS)
             .map(|k| {
-                let len = [SLOT_PAYLOAD + 1, EAGER_BYTES, 4096, 1000][k % 4];
+                let len = [SLOT_PAYLOAD + 1, buffer, 4096, 1000][k % 4];
                 (0..len).map(|i| (i * 7 + k) as u8).collect()
             })
             .collect();

@@ -62,7 +62,9 @@
 //!
 //! **Streamed calls.** One-way calls longer than an eager buffer, reduces
 //! of any length and broadcasts up to 64 KiB on 2-4 ranks, and 2-rank
-//! allreduces up to 4 MiB (each part both ways) ([`small::streams`]), go as
+//! allreduces of any length (each part both ways, in parts of the larger
+//! eager buffers of small hosts, each rank sending several parts ahead:
+//! `small::run_streamed_pair`) ([`small::streams`]), go as
 //! consecutive messages of one eager buffer each (a [`Piece`] apiece), in
 //! order, under the call's one key: the receiver reduces or copies each
 //! part in place while the sender writes the next, up to [`EAGER_BUFFERS`]
@@ -72,9 +74,8 @@
 //! shorter one fails on its first message; the call counts as finished
 //! only with its last part, and the next parts of the ranks a part waits
 //! for may lie in the stash without being a mismatch. The
-//! eager buffers take 256 KiB of address space per ordered pair, of which
-//! only the touched pages are allocated (costs and layout in
-//! [`super::shm`]).
+//! eager buffers take 256 KiB of address space per ordered pair beyond 4
+//! local ranks and 2 MiB up to 4 (costs and layout in [`super::shm`]).
 //!
 //! **Remote reads.** Where the job lets its ranks read each other's memory
 //! (`process_vm_readv`, decided alike on every local rank at start-up),
@@ -284,7 +285,8 @@ impl Books {
 
     /// Keeps `data` (a stashed message's buffer) for reuse.
     fn recycle(&mut self, data: Vec<u64>) {
-        // A remote-read message's buffer may be large: not kept.
+        // A remote-read message's buffer, or a streamed allreduce's part
+        // in a large eager buffer, may be large: not kept.
         if self.spare.len() < SPARE_KEPT
             && data.capacity() > 0
             && data.capacity() <= EAGER_BYTES / 8
@@ -560,6 +562,12 @@ impl FastPath {
         self
     }
 
+    /// Bytes of one eager buffer on this host: the most payload one
+    /// message carries (`shm::eager_buffer_bytes`).
+    pub(crate) fn eager_buffer_bytes(&self) -> usize {
+        self.boxes.eager_buffer_bytes()
+    }
+
     /// Whether large exchanges read the senders' memory
     /// ([`FastPath::with_remote_reads`]).
     pub(crate) fn reads_remote(&self) -> bool {
@@ -675,7 +683,7 @@ impl FastPath {
     /// sender is gone; the waits' checkups report it).
     fn stash_head(&self, books: &mut Books, lp: usize, (stamp, head): (u64, SlotHeader)) -> bool {
         let remote = is_remote(head.sig) && self.pids.is_some();
-        let payload_len = packed_len(head.sig).min(EAGER_BYTES);
+        let payload_len = packed_len(head.sig).min(self.boxes.eager_buffer_bytes());
         let len = if remote {
             message_bytes(head.sig)
         } else {
@@ -785,7 +793,7 @@ impl FastPath {
             Carries::ReadFromSender => REMOTE_PAYLOAD,
             Carries::Address => ADDRESS_PAYLOAD,
         };
-        assert!(len <= EAGER_BYTES && payloads.len() == to.len());
+        assert!(len <= self.boxes.eager_buffer_bytes() && payloads.len() == to.len());
         assert!(payloads.iter().all(|p| p.len() == len));
         let message = Signature {
             count: piece.count,
@@ -1086,9 +1094,14 @@ impl FastPath {
         // Every message is here. One for this call from a rank it expects
         // nothing from means that rank called something else here (before
         // a streamed call's last part, the next parts of the ranks it
-        // receives from may lie in the stash already: those are its own).
+        // receives from may lie in the stash already: those are its own;
+        // a part that only sends, as a streamed 2-rank allreduce's sends
+        // ahead, receives from no one but belongs to a call that does, so
+        // its call's last part looks instead).
         let stray = if last {
             ledger.take_stashed(key, |_| true)
+        } else if from.is_empty() {
+            None
         } else {
             ledger.take_stashed(key, |p| !from.contains(&p))
         };

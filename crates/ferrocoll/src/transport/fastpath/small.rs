@@ -28,7 +28,7 @@ use crate::exec::Memory;
 use crate::kernels;
 use crate::plan::Collective;
 use crate::transport::engine::Link;
-use crate::transport::shm::{EAGER_BYTES, SLOT_PAYLOAD};
+use crate::transport::shm::{EAGER_BUFFERS, EAGER_BYTES, SLOT_PAYLOAD};
 use crate::transport::SmallCall;
 use crate::types::DType;
 
@@ -101,7 +101,7 @@ pub(crate) fn broadcast_stream_bytes(n: usize) -> usize {
 pub(crate) const STREAM_MAX_RANKS: usize = 4;
 
 /// Whether a broadcast or reduce of `bytes` among `n` ranks (or a 2-rank
-/// allreduce up to [`STREAM_ALLREDUCE_MAX`]), too long for one message,
+/// allreduce of any length, [`run_streamed_pair`]), too long for one message,
 /// goes through the fast path as consecutive messages of one eager buffer
 /// each (up to [`STREAM_MAX_RANKS`] ranks; broadcasts up to
 /// [`broadcast_stream_bytes`], reduces of any length). Broadcasts and
@@ -121,22 +121,19 @@ pub(crate) fn streams(coll: Collective, bytes: usize, n: usize) -> bool {
         && match coll {
             Collective::Broadcast => bytes <= broadcast_stream_bytes(n),
             Collective::Reduce => true,
-            Collective::AllReduce => n == 2 && bytes <= STREAM_ALLREDUCE_MAX,
+            Collective::AllReduce => n == 2,
             _ => false,
         }
 }
 
-/// Longest 2-rank allreduce the fast path streams ([`streams`]): each part
-/// goes both ways through the eager buffers, and each rank reduces all of
-/// it (a one-step allreduce per part), where the split allreduce
-/// ([`reads_remote`]) reads half the peer's input with `process_vm_readv`
-/// and writes half the result back into it. The kernel's copy runs at
-/// about 10 GB/s on this VM against 35-42 GB/s for a memcpy of cache-resident
-/// bytes, with huge pages as well, so the two user-space copies win while
-/// the buffers stay in the cache: the median of 6 interleaved runs took
-/// 0.54-0.83x the split's time at 32 KiB - 4 MiB, and 1.21-1.22x at 8-16
-/// MiB (bench/RESULTS.md, ninth session).
-pub(crate) const STREAM_ALLREDUCE_MAX: usize = 4 << 20;
+/// Most parts a streamed 2-rank allreduce sends ahead of the peer's part it
+/// reduces ([`run_streamed_pair`]); at most `EAGER_BUFFERS - 1`, so that
+/// two ranks that each wait for room to send never wait on each other.
+pub(crate) const PAIR_AHEAD: usize = 6;
+
+/// Most elements in one part of a streamed 2-rank allreduce: a packed
+/// signature holds a 16-bit count ([`super::pack`]).
+pub(crate) const PAIR_PART_MAX_COUNT: usize = 1 << 15;
 
 /// Largest group whose large exchanges read the senders' memory
 /// ([`reads_remote`]).
@@ -170,8 +167,8 @@ pub(crate) fn remote_floor(n: usize) -> usize {
 pub(crate) const REDUCE_SPLIT_FLOOR: usize = 64 << 10;
 
 /// Whether an allgather or all-to-all of `bytes` per block among `n` ranks
-/// (2-4) past [`remote_floor`], or a broadcast or allreduce of `bytes` on
-/// 2 ranks past one eager buffer, or a 2-rank reduce past
+/// (2-4) past [`remote_floor`], or a broadcast of `bytes` on 2 ranks past
+/// one eager buffer, or a 2-rank reduce past
 /// [`REDUCE_SPLIT_FLOOR`] up to [`REMOTE_MAX_CALL_BYTES`] (split between
 /// both ends, [`run_remote_broadcast`], [`run_split_reduction`]), goes
 /// through the fast path as *remote reads* (when
@@ -201,15 +198,8 @@ pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
         // (more ranks than cores here) 1.06-1.14x, so those keep the
         // streamed parts and the plans (bench/RESULTS.md, seventh session).
         Collective::Broadcast => n == 2 && bytes > max_message(n) && bytes <= u32::MAX as usize,
-        // On 2 ranks past the streamed parts ([`STREAM_ALLREDUCE_MAX`]),
-        // split between both ends (`run_split_reduction`): 0.36-0.66x the
-        // engine's time at 20-512 KiB, 0.78-0.83x at 2-8 MiB
-        // (bench/RESULTS.md, seventh session); the parts beat it up to
-        // 4 MiB (ninth session).
-        Collective::AllReduce => {
-            n == 2 && bytes > STREAM_ALLREDUCE_MAX && bytes <= u32::MAX as usize
-        }
-        // Likewise a 2-rank reduce past 64 KiB up to 1 MiB, the non-root
+        // A 2-rank reduce past 64 KiB up to 1 MiB is split between both
+        // ends (`run_split_reduction`), the non-root
         // writing its half's result to the root: 0.69-0.76x the streamed
         // parts' time at 128-512 KiB, 0.91x at 1 MiB; 1.02x at 64 KiB,
         // 1.16-1.36x at 32-48 KiB and 1.18x at 2 MiB, where the parts
@@ -332,6 +322,9 @@ fn run_with<const PEERS: usize>(
         others: &others[..n - 1],
         root: [call.group[root]],
     };
+    if streamed && call.coll == Collective::AllReduce {
+        return run_streamed_pair::<PEERS>(fast, link, call, &ends, mem);
+    }
     if streamed {
         return run_streamed::<PEERS>(fast, link, call, &ends, mem);
     }
@@ -644,7 +637,9 @@ fn split_exchange<const PEERS: usize>(
 /// in the cache between the read, the reduction and the write.
 const SPLIT_CHUNK: usize = 256 << 10;
 
-/// A 2-rank allreduce or reduce split between its ends ([`reads_remote`]):
+/// A 2-rank reduce split between its ends ([`reads_remote`]; written for
+/// an allreduce too, where both ranks have an output, though every 2-rank
+/// allreduce now streams, [`run_streamed_pair`]):
 /// both send the addresses of their input and output (a reduce's non-root
 /// has none: its half's result goes to the root only); each rank then reduces its
 /// half ([`split_point`]: rank 0 the bytes before it, rank 1 those from
@@ -797,6 +792,125 @@ fn run_streamed<const PEERS: usize>(
     result
 }
 
+/// A streamed 2-rank allreduce ([`streams`]): each rank sends its input as
+/// consecutive parts of one eager buffer each ([`FastPath::eager_buffer_bytes`],
+/// at most [`PAIR_PART_MAX_COUNT`] elements), under the call's key, and
+/// reduces each of the peer's parts with its own into its output, in place
+/// in the eager buffer: a one-step allreduce per part, each byte copied
+/// once into shared memory and read once from it, by user-space copies.
+///
+/// A rank sends [`PAIR_AHEAD`] parts before it waits for the peer's first,
+/// and keeps that lead: part `p + PAIR_AHEAD` goes out before part `p` is
+/// reduced. A receiver then reads bytes the peer wrote several parts ago,
+/// which have left the writer's L2 for the shared L3; a part read just
+/// after it was written (the old one-part exchange) crosses between the
+/// cores' L2s line by line and took 1.3-1.5x the time at 1-4 MiB
+/// (bench/RESULTS.md, tenth session). Each send and receive is its own
+/// exchange with the one peer: a send waits only for room (a free eager
+/// buffer), and as the lead is less than the 16 buffers, two ranks that
+/// each wait for room always find the other able to receive.
+///
+/// The remote reads of a split allreduce (`process_vm_readv`, the kernel's
+/// copy at about 10 GB/s here against 35-42 GB/s for memcpy of cached
+/// bytes) lost to these parts at every size measured (tenth session).
+///
+/// In place, part `p + PAIR_AHEAD` is sent from the input before part `p`
+/// of the output (the same memory) is written, and part `p` is reduced in
+/// place. Both ranks hold the same bits: the operators are commutative, so
+/// the order of the two operands does not change a result.
+fn run_streamed_pair<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    ends: &Ends<'_>,
+    mem: &mut Memory<'_>,
+) -> Result<()> {
+    debug_assert_eq!(ends.others.len(), 1);
+    let size = call.dtype.size();
+    let per_part = (fast.eager_buffer_bytes() / size).min(PAIR_PART_MAX_COUNT);
+    let parts = call.count.div_ceil(per_part);
+    let ahead = PAIR_AHEAD.min(EAGER_BUFFERS - 1).min(parts);
+    let until = Instant::now() + call.timeout;
+    let peer = ends.others;
+    let none: &[usize] = &[];
+    // Part `p`: its element count and byte range.
+    let part = |p: usize| {
+        let first = p * per_part;
+        let count = per_part.min(call.count - first);
+        (count, first * size..(first + count) * size)
+    };
+    let piece = |count: usize, last: bool| Piece {
+        count,
+        parts,
+        last,
+        carries: Carries::Bytes,
+    };
+    let send = |p: usize, mem: &mut Memory<'_>| -> Result<()> {
+        let (count, bytes) = part(p);
+        let mine = match mem.apart() {
+            Some((input, _)) => &input[bytes],
+            None => &mem.input()[bytes],
+        };
+        let timeout = until.saturating_duration_since(Instant::now());
+        // Never the call's last message: the receive of the last part is.
+        let timed = (piece(count, false), timeout);
+        let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+        fast.exchange(
+            link,
+            &call.header,
+            &[mine],
+            peer,
+            none,
+            &mut got,
+            timed,
+            |_| (),
+        )
+    };
+    let receive = |p: usize, mem: &mut Memory<'_>| -> Result<()> {
+        let (count, bytes) = part(p);
+        let timeout = until.saturating_duration_since(Instant::now());
+        let timed = (piece(count, p + 1 == parts), timeout);
+        let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+        fast.exchange(
+            link,
+            &call.header,
+            &[],
+            none,
+            peer,
+            &mut got,
+            timed,
+            |got| {
+                let theirs = got.get(0);
+                match mem.apart() {
+                    Some((input, output)) => {
+                        let (out, mine) = (&mut output[bytes.clone()], &input[bytes]);
+                        // In rank order, as every fast call reduces.
+                        let (first, second) = if call.rank == 0 {
+                            (mine, theirs)
+                        } else {
+                            (theirs, mine)
+                        };
+                        kernels::combine(call.dtype, call.op, out, first, second);
+                    }
+                    None => {
+                        kernels::accumulate(call.dtype, call.op, &mut mem.output()[bytes], theirs)
+                    }
+                }
+            },
+        )
+    };
+    for p in 0..ahead {
+        send(p, mem)?;
+    }
+    for p in 0..parts {
+        if p + ahead < parts {
+            send(p + ahead, mem)?;
+        }
+        receive(p, mem)?;
+    }
+    Ok(())
+}
+
 /// Writes this rank's output of `call` from its contribution `mine` and
 /// `parts.get(i)`, the message from the `i`-th rank it receives from (in group
 /// order, without this rank). Reductions run in rank order on every rank,
@@ -860,15 +974,10 @@ mod tests {
         assert!(!eligible(Collective::AllReduce, 4097, DType::F32, 3));
         // Broadcasts and reduces past one eager buffer are streamed on up
         // to 4 ranks: broadcasts up to 64 KiB, reduces of any length; and
-        // allreduces on 2 ranks up to 4 MiB.
+        // allreduces on 2 ranks of any length.
         assert!(eligible(Collective::AllReduce, 4097, DType::F32, 2));
         assert!(eligible(Collective::AllReduce, 1 << 20, DType::F32, 2));
-        assert!(!eligible(
-            Collective::AllReduce,
-            (1 << 20) + 1,
-            DType::F32,
-            2
-        ));
+        assert!(eligible(Collective::AllReduce, 1 << 30, DType::F32, 2));
         assert!(eligible(Collective::Reduce, 4097, DType::F32, 2));
         assert!(eligible(Collective::Reduce, 1 << 30, DType::F32, 4));
         assert!(!eligible(Collective::Reduce, 4097, DType::F32, 5));
@@ -912,13 +1021,18 @@ mod tests {
         assert!(reads_remote(Broadcast, u32::MAX as usize, 2));
         assert!(!reads_remote(Broadcast, u32::MAX as usize + 1, 2));
         assert!(!reads_remote(Broadcast, 1 << 18, 3));
-        // Allreduces on 2 ranks past the streamed ones, split.
-        assert!(!reads_remote(AllReduce, max_message(2) + 1, 2));
-        assert!(!reads_remote(AllReduce, STREAM_ALLREDUCE_MAX, 2));
-        assert!(reads_remote(AllReduce, STREAM_ALLREDUCE_MAX + 1, 2));
-        assert!(reads_remote(AllReduce, u32::MAX as usize, 2));
-        assert!(!reads_remote(AllReduce, u32::MAX as usize + 1, 2));
+        // Never allreduces: on 2 ranks they stream at every length.
+        for bytes in [
+            max_message(2) + 1,
+            4 << 20,
+            (4 << 20) + 1,
+            u32::MAX as usize,
+        ] {
+            assert!(!reads_remote(AllReduce, bytes, 2));
+            assert!(streams(AllReduce, bytes, 2));
+        }
         assert!(!reads_remote(AllReduce, 1 << 18, 3));
+        assert!(!streams(AllReduce, 1 << 18, 3));
         // Reduces on 2 ranks past 64 KiB up to 1 MiB.
         assert!(!reads_remote(Reduce, REDUCE_SPLIT_FLOOR, 2));
         assert!(reads_remote(Reduce, REDUCE_SPLIT_FLOOR + 1, 2));

@@ -6,12 +6,13 @@
 use std::thread;
 
 use super::small::{
-    broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams, REDUCE_SPLIT_FLOOR,
-    REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS, STREAM_ALLREDUCE_MAX, STREAM_MAX_RANKS,
+    broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams, PAIR_AHEAD,
+    PAIR_PART_MAX_COUNT, REDUCE_SPLIT_FLOOR, REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS,
+    STREAM_MAX_RANKS,
 };
 use super::{all_bits, bits};
 use crate::launch::init::tests::world;
-use crate::transport::shm::{EAGER_BUFFERS, EAGER_BYTES, SLOT_PAYLOAD};
+use crate::transport::shm::{eager_buffer_bytes, EAGER_BUFFERS, EAGER_BYTES, SLOT_PAYLOAD};
 use crate::{bf16, f16, Collective, Communicator, DType, Element, ReduceOp, TransportKind};
 
 /// Element types built from small integers (exact in every type).
@@ -458,6 +459,32 @@ fn streamed_broadcasts_and_reduces_on_2_to_4_ranks() {
             }
         });
     }
+    // Streamed 2-rank allreduces in flight on the progress worker while
+    // a blocking one runs on the caller's thread: both calls' parts,
+    // each sent ahead, interleave in the one mailbox each way, and each
+    // call takes the other's out of its way.
+    world(2, TransportKind::Shm, |comm| {
+        let rank = comm.rank();
+        let part = (eager_buffer_bytes(2) / 4).min(PAIR_PART_MAX_COUNT);
+        let count = (PAIR_AHEAD + 2) * part + 5;
+        let reqs: Vec<_> = (0..3)
+            .map(|k| comm.iall_reduce(vec![(rank + k) as f32; count], ReduceOp::Sum))
+            .collect();
+        let mine: Vec<f32> = (0..count).map(|i| (i % 1000 + rank) as f32).collect();
+        let mut out = vec![0.0f32; count];
+        comm.all_reduce(&mine, &mut out, ReduceOp::Sum).unwrap();
+        assert!(out
+            .iter()
+            .enumerate()
+            .all(|(i, x)| *x == (2 * (i % 1000) + 1) as f32));
+        for (k, req) in reqs.into_iter().enumerate().rev() {
+            let want = (1 + 2 * k) as f32;
+            assert!(
+                req.wait().unwrap().iter().all(|x| *x == want),
+                "iall_reduce {k}"
+            );
+        }
+    });
     // Past the largest group streamed, both take the plans.
     world(STREAM_MAX_RANKS + 1, TransportKind::Shm, |comm| {
         let count = EAGER_BYTES / 4 + 1;
@@ -493,6 +520,27 @@ fn streamed_calls_of_different_lengths_are_a_mismatch() {
     });
 }
 
+/// A streamed 2-rank allreduce against one of another number of parts
+/// fails on both ranks with a mismatch, although both sent parts ahead
+/// before they looked at the peer's first.
+#[test]
+fn streamed_allreduces_of_different_lengths_are_a_mismatch() {
+    let part = (eager_buffer_bytes(2) / 4).min(PAIR_PART_MAX_COUNT);
+    world(2, TransportKind::Shm, |comm| {
+        let parts = if comm.rank() == 0 { 3 } else { 2 };
+        let mut buf = vec![1.0f32; parts * part];
+        let msg = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .expect_err("an allreduce of another length")
+            .to_string();
+        assert!(msg.to_lowercase().contains("mismatch"), "{msg}");
+        // The communicator still works: the next call matches.
+        let mut one = vec![1.0f32; 8];
+        comm.all_reduce_in_place(&mut one, ReduceOp::Sum).unwrap();
+        assert_eq!(one, vec![2.0f32; 8]);
+    });
+}
+
 /// Whether this process may read its own memory with `process_vm_readv`,
 /// as the test worlds' ranks (threads of this process) read each other's.
 fn remote_reads_allowed() -> bool {
@@ -524,8 +572,9 @@ fn remote_counts(n: usize, size: usize) -> Vec<(usize, bool)> {
 }
 
 /// Allgathers and all-to-alls past [`remote_floor`] read the peers' memory
-/// on 2-4 ranks up to their size limit, and 2-rank broadcasts past what the
-/// fast path streams are split between both ends, in every element type
+/// on 2-4 ranks up to their size limit, 2-rank broadcasts past what the
+/// fast path streams are split between both ends, and 2-rank allreduces
+/// stream at every length whether or not remote reads are on, in every element type
 /// tried, in place and not, against a reference; on 5 ranks they take the
 /// plans.
 #[test]
@@ -577,21 +626,30 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                     );
                     broadcasts_of::<T>(comm, count);
                 }
-                // Allreduces: on 2 ranks past one eager buffer streamed up
-                // to STREAM_ALLREDUCE_MAX, split between both ends past it,
-                // of any length (a page, the chunk, odd).
+                // Allreduces: on 2 ranks past one eager message streamed at
+                // every length, in parts of a large eager buffer (2 local
+                // ranks): one part and one element, past the parts sent
+                // ahead, and a few MiB, odd; never remote reads.
                 let eager = max_message(n) / size;
-                let past_streams = STREAM_ALLREDUCE_MAX / size + 3;
-                for count in [eager + 1, 4096 + 7, (3 << 20) / size + 5, past_streams] {
+                let part = (eager_buffer_bytes(n) / size).min(PAIR_PART_MAX_COUNT);
+                let past_ahead = (PAIR_AHEAD + 1) * part + 3;
+                for count in [
+                    eager + 1,
+                    4096 + 7,
+                    part + 1,
+                    past_ahead,
+                    (3 << 20) / size + 5,
+                ] {
                     let bytes = count * size;
-                    let streamed = streams(Collective::AllReduce, bytes, n);
-                    let remote = on && reads_remote(Collective::AllReduce, bytes, n);
+                    let past_eager = count > eager;
+                    assert!(streams(Collective::AllReduce, bytes, n) == (n == 2 && past_eager));
+                    assert!(!reads_remote(Collective::AllReduce, bytes, n));
                     assert_eq!(
                         comm.uses_fast_path(Collective::AllReduce, count, T::DTYPE),
-                        count <= eager || streamed || remote,
+                        n == 2 || !past_eager,
                         "allreduce count {count} on {n} ranks"
                     );
-                    if streamed || remote || count < (1 << 16) {
+                    if n == 2 || count < (1 << 16) {
                         allreduces_of::<T>(comm, count);
                     }
                 }

@@ -24,10 +24,11 @@
 //!                 signature u64 | payload (up to 96 bytes)
 //! E        eager buffers of local rank 0 (payloads of its fast-path messages
 //!          longer than a slot carries), E = 3B + local_size * (1 + SLOTS) * B
-//! ...      those of local rank i at E + i * EAGER_BUFFERS * EAGER_BYTES:
-//!            EAGER_BUFFERS buffers of EAGER_BYTES (16 x 16 KiB), written by
-//!            rank i only, read by the owner (protocol in `fastpath/`)
-//! M        ring 0   (bytes from local rank 0 to the owner), M = E + local_size * 256 KiB
+//! ...      those of local rank i at E + i * EAGER_BUFFERS * X:
+//!            EAGER_BUFFERS buffers of X bytes (16 x 128 KiB on hosts of up
+//!            to 4 ranks, 16 x 16 KiB beyond: `eager_buffer_bytes`),
+//!            written by rank i only, read by the owner (protocol in `fastpath/`)
+//! M        ring 0   (bytes from local rank 0 to the owner), M = E + local_size * 16 * X
 //! ...      ring i at M + i * (2B + ring_bytes):
 //!            +0   head u64: total bytes written (written by the sender only)
 //!            +B   tail u64: total bytes consumed (written by the receiver only)
@@ -35,12 +36,14 @@
 //! ```
 //!
 //! The eager buffers take 256 KiB of address space per ordered pair of
-//! local ranks (the unused pair of a rank with itself included): 2 MiB in
-//! each segment and 16 MiB on a host of 8 ranks. Only the pages a message
-//! touches are ever allocated (the segment is a sparse tmpfs file), and a
-//! fast-path message is at most `3 * 16 KiB / (n - 1)` long beyond 4 ranks,
-//! so what is used is at most 1-2 pages per buffer written: about 8 MiB on
-//! 8 ranks, beside the rings' 32 MiB budget. Sixteen buffers, as many as
+//! local ranks (the unused pair of a rank with itself included) beyond 4
+//! ranks: 2 MiB in each segment and 16 MiB on a host of 8 ranks. Up to 4
+//! ranks a buffer is 128 KiB, which only the parts of a streamed 2-rank
+//! allreduce fill: 2 MiB per pair, 8 MiB a segment on 4 ranks. A rank
+//! pre-faults the buffers it writes when it attaches a peer's segment
+//! (`node.rs`), so a host uses 256 KiB or 2 MiB per ordered pair of
+//! distinct ranks: 14 MiB on 8 ranks, 24 MiB on 4, 4 MiB on 2, beside the
+//! rings' 32 MiB budget. Sixteen buffers, as many as
 //! slots, let a sender run as far ahead with 97 B - 16 KiB messages as
 //! with short ones (4-rank broadcast of 128 B - 8 KiB: 0.40-0.57x the time
 //! of 4 buffers, bench/RESULTS.md).
@@ -148,6 +151,9 @@ use segment::{context, validate_job, NAME_PREFIX, SHM_DIR};
 pub(crate) use segment::{
     Segment, BLOCK, EAGER_BUFFERS, EAGER_BYTES, NOTICES, SLOTS, SLOT_HEADER, SLOT_PAYLOAD,
 };
+// The fast path's tests size their calls by the eager buffers.
+#[cfg(test)]
+pub(crate) use segment::{eager_buffer_bytes, LARGE_EAGER_BYTES};
 // Only the tests outside this module (the mailboxes') make segments of their own.
 #[cfg(test)]
 pub(crate) use segment::MIN_RING_BYTES;

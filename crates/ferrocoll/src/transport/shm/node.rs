@@ -269,7 +269,7 @@ impl ShmNode {
         let _ = seg.map.advise_range(
             Advice::PopulateWrite,
             seg.eager_offset(self.local_rank),
-            EAGER_PAIR_BYTES,
+            eager_pair_bytes(seg.local_size),
         );
         self.peers[local_peer] = Some(Arc::new(seg));
         Ok(())

@@ -72,12 +72,40 @@ pub(crate) const SLOT_PAYLOAD: usize = BLOCK - SLOT_HEADER;
 /// `stamp % EAGER_BUFFERS` of its pair. At most [`SLOTS`], so that the
 /// slots' flow control (`ack`) covers the buffers too (see `fastpath`).
 pub(crate) const EAGER_BUFFERS: usize = 16;
-/// Bytes of one eager buffer: the most payload one fast-path message
-/// carries.
+/// The most payload a fast-path message of a whole call (not a part of a
+/// streamed one) carries, and the size of an eager buffer on larger hosts
+/// ([`eager_buffer_bytes`]).
 pub(crate) const EAGER_BYTES: usize = 16 << 10;
-/// Bytes of the eager buffers of one sender in a receiver's segment.
-pub(super) const EAGER_PAIR_BYTES: usize = EAGER_BUFFERS * EAGER_BYTES;
+/// The size of an eager buffer on hosts of at most
+/// [`LARGE_EAGER_MAX_LOCAL`] ranks ([`eager_buffer_bytes`]).
+pub(crate) const LARGE_EAGER_BYTES: usize = 128 << 10;
+/// The most local ranks whose segments get [`LARGE_EAGER_BYTES`] buffers:
+/// 2 MiB of address space per sender, 8 MiB a segment on 4 ranks.
+pub(crate) const LARGE_EAGER_MAX_LOCAL: usize = 4;
 const _: () = assert!(EAGER_BUFFERS <= SLOTS && EAGER_BYTES % BLOCK == 0);
+const _: () = assert!(LARGE_EAGER_BYTES % EAGER_BYTES == 0);
+
+/// Bytes of one eager buffer in the segments of a host of `local_size`
+/// ranks: the most payload one fast-path message carries there. Whole
+/// calls carry at most [`EAGER_BYTES`]; only the parts of a streamed
+/// 2-rank allreduce fill a larger buffer (`fastpath::small`). Those parts
+/// cross between cores best when a sender runs far enough ahead that what
+/// the receiver reads has left the sender's 512 KiB L2 for the shared L3:
+/// 16 parts of 16 KiB never do (bench/RESULTS.md, tenth session), so small
+/// hosts, where the address space costs little, get 128 KiB buffers.
+pub(crate) const fn eager_buffer_bytes(local_size: usize) -> usize {
+    if local_size <= LARGE_EAGER_MAX_LOCAL {
+        LARGE_EAGER_BYTES
+    } else {
+        EAGER_BYTES
+    }
+}
+
+/// Bytes of the eager buffers of one sender in a receiver's segment, on a
+/// host of `local_size` ranks.
+pub(super) const fn eager_pair_bytes(local_size: usize) -> usize {
+    EAGER_BUFFERS * eager_buffer_bytes(local_size)
+}
 /// Ring: `head` offset within the ring.
 pub(super) const RING_HEAD: usize = 0;
 /// Ring: `tail` offset within the ring.
@@ -130,7 +158,7 @@ pub(super) fn eager_start(local_size: usize) -> Option<usize> {
 
 /// Offset of ring 0 in a segment of `local_size` mailboxes.
 pub(super) fn rings_start(local_size: usize) -> Option<usize> {
-    EAGER_PAIR_BYTES
+    eager_pair_bytes(local_size)
         .checked_mul(local_size)?
         .checked_add(eager_start(local_size)?)
 }
@@ -211,7 +239,13 @@ impl Segment {
     /// local rank `i` writes into (payloads of its fast-path messages).
     pub(crate) fn eager_offset(&self, i: usize) -> usize {
         assert!(i < self.local_size);
-        eager_start(self.local_size).expect("the segment's geometry fits") + i * EAGER_PAIR_BYTES
+        eager_start(self.local_size).expect("the segment's geometry fits")
+            + i * eager_pair_bytes(self.local_size)
+    }
+
+    /// Bytes of one eager buffer in this segment ([`eager_buffer_bytes`]).
+    pub(crate) fn eager_buffer_bytes(&self) -> usize {
+        eager_buffer_bytes(self.local_size)
     }
 
     /// Offset of mailbox `i` (tiny messages from local rank `i`).

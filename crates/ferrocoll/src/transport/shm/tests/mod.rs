@@ -731,3 +731,22 @@ fn shm_rejects_bad_arguments_and_mismatched_peers() {
 }
 
 mod bench;
+
+#[test]
+fn eager_buffers_are_large_on_small_hosts_and_never_overlap_the_rings() {
+    for local_size in 1..=9 {
+        let buffer = eager_buffer_bytes(local_size);
+        let expected = if local_size <= LARGE_EAGER_MAX_LOCAL {
+            LARGE_EAGER_BYTES
+        } else {
+            EAGER_BYTES
+        };
+        assert_eq!(buffer, expected, "{local_size} local ranks");
+        // Every sender's buffers end where the next sender's begin, and
+        // the last sender's where the rings begin.
+        let eager = eager_start(local_size).unwrap();
+        let rings = rings_start(local_size).unwrap();
+        assert_eq!(rings - eager, local_size * EAGER_BUFFERS * buffer);
+        assert_eq!(eager % BLOCK, 0);
+    }
+}
