@@ -162,16 +162,10 @@ pub(crate) fn remote_floor(n: usize) -> usize {
     }
 }
 
-/// The bytes past which a 2-rank reduce is split between its ends (up to
-/// [`REMOTE_MAX_CALL_BYTES`]; the streamed parts below and above).
-pub(crate) const REDUCE_SPLIT_FLOOR: usize = 64 << 10;
-
 /// Whether an allgather or all-to-all of `bytes` per block among `n` ranks
 /// (2-4) past [`remote_floor`], or a broadcast of `bytes` on 2 ranks past
-/// one eager buffer, or a 2-rank reduce past
-/// [`REDUCE_SPLIT_FLOOR`] up to [`REMOTE_MAX_CALL_BYTES`] (split between
-/// both ends, [`run_remote_broadcast`], [`run_split_reduction`]), goes
-/// through the fast path as *remote reads* (when
+/// one eager buffer (split between both ends, [`run_remote_broadcast`]),
+/// goes through the fast path as *remote reads* (when
 /// the job may read its ranks' memory, see [`FastPath::reads_remote`]):
 /// each rank sends every peer one slot with the address of the bytes that
 /// peer needs, each reads them straight from the sender's memory with
@@ -198,15 +192,11 @@ pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
         // (more ranks than cores here) 1.06-1.14x, so those keep the
         // streamed parts and the plans (bench/RESULTS.md, seventh session).
         Collective::Broadcast => n == 2 && bytes > max_message(n) && bytes <= u32::MAX as usize,
-        // A 2-rank reduce past 64 KiB up to 1 MiB is split between both
-        // ends (`run_split_reduction`), the non-root
-        // writing its half's result to the root: 0.69-0.76x the streamed
-        // parts' time at 128-512 KiB, 0.91x at 1 MiB; 1.02x at 64 KiB,
-        // 1.16-1.36x at 32-48 KiB and 1.18x at 2 MiB, where the parts
-        // stay (bench/RESULTS.md, seventh session).
-        Collective::Reduce => {
-            n == 2 && bytes > REDUCE_SPLIT_FLOOR && bytes <= REMOTE_MAX_CALL_BYTES
-        }
+        // Reduces and allreduces stream instead, at every length: a split
+        // 2-rank reduce (each rank reducing half, reading the peer's input
+        // with `process_vm_readv` and writing the result to the root with
+        // `process_vm_writev`) took 2.5x the streamed parts' time at 128
+        // KiB and 1.8x at 512 KiB (bench/RESULTS.md, tenth session).
         _ => false,
     }
 }
@@ -330,9 +320,6 @@ fn run_with<const PEERS: usize>(
     }
     if remote && call.coll == Collective::Broadcast {
         return run_remote_broadcast::<PEERS>(fast, link, call, &ends, mem);
-    }
-    if remote && matches!(call.coll, Collective::AllReduce | Collective::Reduce) {
-        return run_split_reduction::<PEERS>(fast, link, call, &ends, mem);
     }
     if remote {
         return run_remote::<PEERS>(fast, link, call, &ends, mem, (mine_len, out_len));
@@ -587,7 +574,7 @@ fn run_remote_broadcast<const PEERS: usize>(
 }
 
 /// The two messages each way of a 2-rank call split between its ends (the
-/// split broadcast, allreduce and reduce): first the addresses (`payload`),
+/// split broadcast): first the addresses (`payload`),
 /// with `work` run once the peer's has come, then an empty one that says
 /// the work is done; returns once the peer's has come too.
 fn split_exchange<const PEERS: usize>(
@@ -630,92 +617,6 @@ fn split_exchange<const PEERS: usize>(
         )??;
     }
     Ok(())
-}
-
-/// Bytes a split allreduce reduces per read of the peer's memory: enough
-/// that a system call's cost is small beside the copy, few enough to stay
-/// in the cache between the read, the reduction and the write.
-const SPLIT_CHUNK: usize = 256 << 10;
-
-/// A 2-rank reduce split between its ends ([`reads_remote`]; written for
-/// an allreduce too, where both ranks have an output, though every 2-rank
-/// allreduce now streams, [`run_streamed_pair`]):
-/// both send the addresses of their input and output (a reduce's non-root
-/// has none: its half's result goes to the root only); each rank then reduces its
-/// half ([`split_point`]: rank 0 the bytes before it, rank 1 those from
-/// it on), in [`SPLIT_CHUNK`]s: it reads the peer's input from the peer's
-/// memory, reduces its own into it, and writes the result into its own
-/// output and the peer's; then each tells the other it is done (an empty
-/// message) and returns once the other's has come. Each byte is read from
-/// the peer once and written to it once, by the rank that reduces it, and
-/// both cores reduce at once; through the rings each half crosses twice
-/// more. In place works too: a rank reads the peer's input only in its
-/// own half, where nobody writes but itself, chunk by chunk after the read.
-/// Both ranks hold the same bits: each half is computed once and copied
-/// (the operators are commutative, so the order of the two operands does
-/// not change a result).
-fn run_split_reduction<const PEERS: usize>(
-    fast: &FastPath,
-    link: &Link<'_>,
-    call: &SmallCall<'_>,
-    ends: &Ends<'_>,
-    mem: &mut Memory<'_>,
-) -> Result<()> {
-    debug_assert_eq!(ends.others.len(), 1);
-    let len = call.count * call.dtype.size();
-    let peer = ends.others;
-    let lost = |_| Error::PeerLost { rank: peer[0] };
-    let split = split_point(len, true);
-    let mine = if call.rank == 0 { 0..split } else { split..len };
-    // A reduce's non-root has no output: its half's result goes to the
-    // root only (address 0: nothing to write to).
-    let (in_addr, out_addr) = match mem.apart() {
-        Some((input, [])) => (input.as_ptr(), 0),
-        Some((input, output)) => (input.as_ptr(), output.as_ptr() as usize),
-        None => {
-            let buf = mem.output();
-            (buf.as_ptr(), buf.as_ptr() as usize)
-        }
-    };
-    let mut scratch = SCRATCH.take();
-    scratch.resize(SPLIT_CHUNK / 8, 0);
-    let bounce: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch);
-    let mut reduce_half = |parts: &Parts<'_>| -> Result<()> {
-        let (their_in, their_out) = parts.address(0);
-        let pid = parts.pid(0);
-        let mut at = mine.start;
-        while at < mine.end {
-            let n = (mine.end - at).min(SPLIT_CHUNK);
-            let theirs = &mut bounce[..n];
-            crate::transport::shm::cma_read(pid, their_in + at as u64, theirs).map_err(lost)?;
-            let result: &[u8] = match mem.apart() {
-                Some((input, [])) => {
-                    kernels::accumulate(call.dtype, call.op, theirs, &input[at..at + n]);
-                    theirs
-                }
-                Some((input, output)) => {
-                    let out = &mut output[at..at + n];
-                    kernels::combine(call.dtype, call.op, out, &input[at..at + n], theirs);
-                    out
-                }
-                None => {
-                    let out = &mut mem.output()[at..at + n];
-                    kernels::accumulate(call.dtype, call.op, out, theirs);
-                    out
-                }
-            };
-            if their_out != 0 {
-                crate::transport::shm::cma_write(pid, their_out + at as u64, result)
-                    .map_err(lost)?;
-            }
-            at += n;
-        }
-        Ok(())
-    };
-    let payload = address_payload(in_addr, out_addr);
-    let result = split_exchange::<PEERS>(fast, link, call, peer, &payload, &mut reduce_half);
-    SCRATCH.set(scratch);
-    result
 }
 
 /// A streamed broadcast or reduce ([`streams`]): the call's bytes as
@@ -1033,12 +934,11 @@ mod tests {
         }
         assert!(!reads_remote(AllReduce, 1 << 18, 3));
         assert!(!streams(AllReduce, 1 << 18, 3));
-        // Reduces on 2 ranks past 64 KiB up to 1 MiB.
-        assert!(!reads_remote(Reduce, REDUCE_SPLIT_FLOOR, 2));
-        assert!(reads_remote(Reduce, REDUCE_SPLIT_FLOOR + 1, 2));
-        assert!(reads_remote(Reduce, REMOTE_MAX_CALL_BYTES, 2));
-        assert!(!reads_remote(Reduce, REMOTE_MAX_CALL_BYTES + 1, 2));
-        assert!(!reads_remote(Reduce, 1 << 18, 3));
+        // Never reduces: they stream at every length.
+        for bytes in [max_message(2) + 1, 64 << 10, (64 << 10) + 1, 1 << 20] {
+            assert!(!reads_remote(Reduce, bytes, 2));
+            assert!(streams(Reduce, bytes, 2));
+        }
         assert!(!reads_remote(AllGather, 1 << 16, 1));
         assert!(!reads_remote(AllGather, 1 << 16, REMOTE_MAX_RANKS + 1));
     }

@@ -7,8 +7,7 @@ use std::thread;
 
 use super::small::{
     broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams, PAIR_AHEAD,
-    PAIR_PART_MAX_COUNT, REDUCE_SPLIT_FLOOR, REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS,
-    STREAM_MAX_RANKS,
+    PAIR_PART_MAX_COUNT, REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS, STREAM_MAX_RANKS,
 };
 use super::{all_bits, bits};
 use crate::launch::init::tests::world;
@@ -653,11 +652,13 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                         allreduces_of::<T>(comm, count);
                     }
                 }
-                // Reduces: on 2 ranks split past 64 KiB up to 1 MiB (the
-                // streamed parts around it).
-                for bytes in [REDUCE_SPLIT_FLOOR + 4096, REMOTE_MAX_CALL_BYTES] {
+                // Reduces: streamed at every length on 2-4 ranks, whether
+                // or not remote reads are on (the split of 64 KiB - 1 MiB
+                // on 2 ranks is gone).
+                for bytes in [(64 << 10) + 4096, REMOTE_MAX_CALL_BYTES] {
                     let count = bytes / size;
                     assert!(comm.uses_fast_path(Collective::Reduce, count, T::DTYPE) == (n <= 4));
+                    assert!(!reads_remote(Collective::Reduce, bytes, n));
                     reduces_of::<T>(comm, count);
                 }
                 // Other collectives of those sizes keep their paths.
