@@ -61,8 +61,9 @@
 //! which move less than a whole contribution per peer, do better.
 //!
 //! **Streamed calls.** One-way calls longer than an eager buffer, reduces
-//! of any length and broadcasts up to 64 KiB on 2-4 ranks, and 2-rank
-//! allreduces of any length (each part both ways, in parts of the larger
+//! of any length and broadcasts up to 64 KiB on 2-4 ranks, 2-rank
+//! allreduces of any length and 2-rank allgathers and all-to-alls of
+//! 16 KiB - 1 MiB blocks (each part both ways, in parts of the larger
 //! eager buffers of small hosts, each rank sending several parts ahead:
 //! `small::run_streamed_pair`) ([`small::streams`]), go as
 //! consecutive messages of one eager buffer each (a [`Piece`] apiece), in
@@ -79,8 +80,9 @@
 //!
 //! **Remote reads.** Where the job lets its ranks read each other's memory
 //! (`process_vm_readv`, decided alike on every local rank at start-up),
-//! allgathers and all-to-alls on 2-4 ranks, past the sizes the eager
-//! buffers serve and up to 1 MiB a rank reads ([`small::reads_remote`]),
+//! allgathers and all-to-alls on 3-4 ranks, past the sizes the eager
+//! buffers serve and up to 1 MiB a rank reads, and on 2 ranks of 4-16 KiB
+//! blocks ([`small::reads_remote`]),
 //! send each peer one slot whose payload is the address of the bytes that
 //! peer needs; its signature is packed with its own mark and a 32-bit count
 //! ([`pack::pack_remote`]), so it never matches an eager message. The

@@ -122,6 +122,12 @@ pub(crate) fn streams(coll: Collective, bytes: usize, n: usize) -> bool {
             Collective::Broadcast => bytes <= broadcast_stream_bytes(n),
             Collective::Reduce => true,
             Collective::AllReduce => n == 2,
+            // Past 1 MiB blocks the engine's single copy did as well or
+            // better: 2 MiB blocks took 1.08-1.11x its time streamed
+            // (bench/RESULTS.md, tenth session).
+            Collective::AllGather | Collective::AllToAll => {
+                n == 2 && bytes <= REMOTE_MAX_CALL_BYTES
+            }
             _ => false,
         }
 }
@@ -181,8 +187,12 @@ pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
         return false;
     }
     match coll {
+        // On 2 ranks only up to one eager message: past it they stream
+        // ([`run_streamed_pair`]).
         Collective::AllGather | Collective::AllToAll => {
-            bytes > remote_floor(n) && bytes.saturating_mul(n - 1) <= REMOTE_MAX_CALL_BYTES
+            bytes > remote_floor(n)
+                && bytes.saturating_mul(n - 1) <= REMOTE_MAX_CALL_BYTES
+                && (n > 2 || bytes <= max_message(n))
         }
         // On 2 ranks past one eager buffer, split between the root's
         // writes and the receiver's reads (`run_remote_broadcast`): in
@@ -312,7 +322,7 @@ fn run_with<const PEERS: usize>(
         others: &others[..n - 1],
         root: [call.group[root]],
     };
-    if streamed && call.coll == Collective::AllReduce {
+    if streamed && pair_streams(call.coll) {
         return run_streamed_pair::<PEERS>(fast, link, call, &ends, mem);
     }
     if streamed {
@@ -693,32 +703,46 @@ fn run_streamed<const PEERS: usize>(
     result
 }
 
-/// A streamed 2-rank allreduce ([`streams`]): each rank sends its input as
-/// consecutive parts of one eager buffer each ([`FastPath::eager_buffer_bytes`],
-/// at most [`PAIR_PART_MAX_COUNT`] elements), under the call's key, and
-/// reduces each of the peer's parts with its own into its output, in place
-/// in the eager buffer: a one-step allreduce per part, each byte copied
-/// once into shared memory and read once from it, by user-space copies.
+/// Whether a streamed call of `coll` goes both ways between two ranks
+/// ([`run_streamed_pair`]): allreduce, allgather and all-to-all.
+fn pair_streams(coll: Collective) -> bool {
+    matches!(
+        coll,
+        Collective::AllReduce | Collective::AllGather | Collective::AllToAll
+    )
+}
+
+/// A streamed 2-rank allreduce, allgather or all-to-all ([`streams`]): each
+/// rank sends what the peer needs (its input; an all-to-all's block for the
+/// peer) as consecutive parts of one eager buffer each
+/// ([`FastPath::eager_buffer_bytes`], at most [`PAIR_PART_MAX_COUNT`]
+/// elements), under the call's key, and reduces each of the peer's parts
+/// with its own into its output (allreduce) or copies it into the peer's
+/// block of the output, in place from the eager buffer; its own block it
+/// copies meanwhile. Each byte is copied once into shared memory and read
+/// once from it, by user-space copies.
 ///
 /// A rank sends [`PAIR_AHEAD`] parts before it waits for the peer's first,
 /// and keeps that lead: part `p + PAIR_AHEAD` goes out before part `p` is
-/// reduced. A receiver then reads bytes the peer wrote several parts ago,
+/// read. A receiver then reads bytes the peer wrote several parts ago,
 /// which have left the writer's L2 for the shared L3; a part read just
 /// after it was written (the old one-part exchange) crosses between the
-/// cores' L2s line by line and took 1.3-1.5x the time at 1-4 MiB
+/// cores' L2s line by line and took 1.15-1.4x the time at 64 KiB - 16 MiB
 /// (bench/RESULTS.md, tenth session). Each send and receive is its own
 /// exchange with the one peer: a send waits only for room (a free eager
 /// buffer), and as the lead is less than the 16 buffers, two ranks that
 /// each wait for room always find the other able to receive.
 ///
-/// The remote reads of a split allreduce (`process_vm_readv`, the kernel's
-/// copy at about 10 GB/s here against 35-42 GB/s for memcpy of cached
-/// bytes) lost to these parts at every size measured (tenth session).
+/// The remote reads these calls used before (`process_vm_readv`, the
+/// kernel's copy at about 10 GB/s here against 35-42 GB/s for memcpy of
+/// cached bytes) lost to these parts (tenth session).
 ///
-/// In place, part `p + PAIR_AHEAD` is sent from the input before part `p`
-/// of the output (the same memory) is written, and part `p` is reduced in
-/// place. Both ranks hold the same bits: the operators are commutative, so
-/// the order of the two operands does not change a result.
+/// In place, an allreduce sends part `p + PAIR_AHEAD` from the input
+/// before part `p` of the output (the same memory) is written, and reduces
+/// part `p` in place; an allgather or all-to-all first copies its
+/// contribution into this thread's scratch. Both ranks hold the same bits:
+/// the operators are commutative, so the order of the two operands does
+/// not change a result.
 fn run_streamed_pair<const PEERS: usize>(
     fast: &FastPath,
     link: &Link<'_>,
@@ -727,14 +751,44 @@ fn run_streamed_pair<const PEERS: usize>(
     mem: &mut Memory<'_>,
 ) -> Result<()> {
     debug_assert_eq!(ends.others.len(), 1);
+    if call.coll == Collective::AllReduce || mem.apart().is_some() {
+        return stream_pair::<PEERS>(fast, link, call, ends, mem);
+    }
+    let mut scratch = SCRATCH.take();
+    let copy = copy_into(&mut scratch, mem.input());
+    let mut apart = Memory::separate::<u8>(copy, mem.output());
+    let result = stream_pair::<PEERS>(fast, link, call, ends, &mut apart);
+    SCRATCH.set(scratch);
+    result
+}
+
+/// [`run_streamed_pair`] on `mem`, whose input and output are apart unless
+/// the call is an allreduce.
+fn stream_pair<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    ends: &Ends<'_>,
+    mem: &mut Memory<'_>,
+) -> Result<()> {
     let size = call.dtype.size();
+    let len = call.count * size;
     let per_part = (fast.eager_buffer_bytes() / size).min(PAIR_PART_MAX_COUNT);
     let parts = call.count.div_ceil(per_part);
     let ahead = PAIR_AHEAD.min(EAGER_BUFFERS - 1).min(parts);
     let until = Instant::now() + call.timeout;
     let peer = ends.others;
     let none: &[usize] = &[];
-    // Part `p`: its element count and byte range.
+    let (me, them) = (call.rank, 1 - call.rank);
+    // Where what the peer gets starts in the input, and where what it
+    // sends goes in the output (the allreduce's whole buffers, the
+    // all-to-all's and allgather's blocks).
+    let (sent_from, received_at) = match call.coll {
+        Collective::AllReduce => (0, 0),
+        Collective::AllGather => (0, them * len),
+        _ => (them * len, them * len),
+    };
+    // Part `p`: its element count and byte range within the stream.
     let part = |p: usize| {
         let first = p * per_part;
         let count = per_part.min(call.count - first);
@@ -748,6 +802,7 @@ fn run_streamed_pair<const PEERS: usize>(
     };
     let send = |p: usize, mem: &mut Memory<'_>| -> Result<()> {
         let (count, bytes) = part(p);
+        let bytes = sent_from + bytes.start..sent_from + bytes.end;
         let mine = match mem.apart() {
             Some((input, _)) => &input[bytes],
             None => &mem.input()[bytes],
@@ -782,26 +837,38 @@ fn run_streamed_pair<const PEERS: usize>(
             timed,
             |got| {
                 let theirs = got.get(0);
+                let at = received_at + bytes.start..received_at + bytes.end;
                 match mem.apart() {
+                    Some((_, output)) if call.coll != Collective::AllReduce => {
+                        output[at].copy_from_slice(theirs);
+                    }
                     Some((input, output)) => {
-                        let (out, mine) = (&mut output[bytes.clone()], &input[bytes]);
+                        let (out, mine) = (&mut output[at], &input[bytes]);
                         // In rank order, as every fast call reduces.
-                        let (first, second) = if call.rank == 0 {
+                        let (first, second) = if me == 0 {
                             (mine, theirs)
                         } else {
                             (theirs, mine)
                         };
                         kernels::combine(call.dtype, call.op, out, first, second);
                     }
-                    None => {
-                        kernels::accumulate(call.dtype, call.op, &mut mem.output()[bytes], theirs)
-                    }
+                    None => kernels::accumulate(call.dtype, call.op, &mut mem.output()[at], theirs),
                 }
             },
         )
     };
     for p in 0..ahead {
         send(p, mem)?;
+    }
+    // This rank's own block, while the peer copies its first parts.
+    if call.coll != Collective::AllReduce {
+        let own = if call.coll == Collective::AllGather {
+            0
+        } else {
+            me * len
+        };
+        let (input, output) = mem.apart().expect("apart: see run_streamed_pair");
+        output[me * len..(me + 1) * len].copy_from_slice(&input[own..own + len]);
     }
     for p in 0..parts {
         if p + ahead < parts {
@@ -900,14 +967,28 @@ mod tests {
     #[test]
     fn remote_reads_by_block_size_and_group() {
         use Collective::*;
-        // 2 ranks: past 4 KiB blocks; 3 and 4: past the eager buffers.
+        // 2 ranks: past 4 KiB blocks up to one eager message, where they
+        // start to stream; 3 and 4: past the eager buffers.
         assert!(!reads_remote(AllGather, 4096, 2));
         assert!(reads_remote(AllGather, 4097, 2));
+        assert!(reads_remote(AllToAll, EAGER_BYTES, 2));
         assert!(!reads_remote(AllToAll, EAGER_BYTES, 3));
         assert!(reads_remote(AllToAll, EAGER_BYTES + 1, 4));
+        for bytes in [
+            EAGER_BYTES + 1,
+            REMOTE_MAX_CALL_BYTES,
+            REMOTE_MAX_CALL_BYTES + 1,
+        ] {
+            for coll in [AllGather, AllToAll] {
+                assert!(!reads_remote(coll, bytes, 2), "{coll} {bytes}");
+                let streamed = bytes <= REMOTE_MAX_CALL_BYTES;
+                assert_eq!(streams(coll, bytes, 2), streamed, "{coll} {bytes}");
+                assert!(!streams(coll, bytes, 3), "{coll} {bytes}");
+            }
+        }
         // Up to 1 MiB from all peers together.
-        assert!(reads_remote(AllGather, REMOTE_MAX_CALL_BYTES, 2));
-        assert!(!reads_remote(AllGather, REMOTE_MAX_CALL_BYTES + 1, 2));
+        assert!(reads_remote(AllGather, REMOTE_MAX_CALL_BYTES / 2, 3));
+        assert!(!reads_remote(AllGather, REMOTE_MAX_CALL_BYTES / 2 + 1, 3));
         assert!(reads_remote(AllToAll, REMOTE_MAX_CALL_BYTES / 3, 4));
         assert!(!reads_remote(AllToAll, REMOTE_MAX_CALL_BYTES / 3 + 1, 4));
         // Not the other collectives.

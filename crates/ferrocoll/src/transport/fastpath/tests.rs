@@ -173,8 +173,15 @@ fn reduces_of<T: Small>(comm: &Communicator, count: usize) {
 /// it too slow to pay), as its choice of path for one shows.
 fn remote_reads_on(comm: &Communicator) -> bool {
     let n = comm.size();
-    (2..=REMOTE_MAX_RANKS).contains(&n)
-        && comm.uses_fast_path(Collective::AllToAll, max_message(n) + 1, DType::U8)
+    // On 2 ranks an all-to-all past one eager message streams either way
+    // (and one within it is fast either way): a broadcast past the
+    // streamed ones is split, or takes the plans.
+    let (coll, count) = if n == 2 {
+        (Collective::Broadcast, broadcast_stream_bytes(n) + 1)
+    } else {
+        (Collective::AllToAll, max_message(n) + 1)
+    };
+    (2..=REMOTE_MAX_RANKS).contains(&n) && comm.uses_fast_path(coll, count, DType::U8)
 }
 
 /// Every fast collective of `T` on `comm` at [`counts`], checked against
@@ -571,7 +578,8 @@ fn remote_counts(n: usize, size: usize) -> Vec<(usize, bool)> {
 }
 
 /// Allgathers and all-to-alls past [`remote_floor`] read the peers' memory
-/// on 2-4 ranks up to their size limit, 2-rank broadcasts past what the
+/// on 2-4 ranks up to their size limit (on 2 ranks up to one eager
+/// message, streamed past it), 2-rank broadcasts past what the
 /// fast path streams are split between both ends, and 2-rank allreduces
 /// stream at every length whether or not remote reads are on, in every element type
 /// tried, in place and not, against a reference; on 5 ranks they take the
@@ -593,9 +601,12 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                     // fast either way.
                     let eager = count * T::DTYPE.size() <= max_message(n);
                     for coll in [Collective::AllGather, Collective::AllToAll] {
+                        // On 2 ranks past it they stream, up to 1 MiB.
+                        let streamed = streams(coll, count * T::DTYPE.size(), n);
+                        assert_eq!(streamed, n == 2 && !eager && remote);
                         assert_eq!(
                             comm.uses_fast_path(coll, count, T::DTYPE),
-                            eager || (remote && on),
+                            eager || streamed || (remote && on),
                             "{coll} {} count {count} on {n} ranks",
                             T::DTYPE
                         );
