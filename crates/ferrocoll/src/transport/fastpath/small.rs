@@ -726,9 +726,11 @@ fn pair_streams(coll: Collective) -> bool {
 /// and keeps that lead: part `p + PAIR_AHEAD` goes out before part `p` is
 /// read. A receiver then reads bytes the peer wrote several parts ago,
 /// which have left the writer's L2 for the shared L3; a part read just
-/// after it was written (the old one-part exchange) crosses between the
-/// cores' L2s line by line and took 1.15-1.4x the time at 64 KiB - 16 MiB
-/// (bench/RESULTS.md, tenth session). Each send and receive is its own
+/// after it was written crosses between the cores' L2s line by line: in
+/// a C model of these copies (bench/stream_pair.c) a lead of 256 KiB took
+/// 1.4x the time of 1 MiB at 1 MiB, and the old 2-rank allreduce (16 KiB
+/// parts exchanged in lockstep up to 4 MiB, the split above) took 1.04-1.43x
+/// this one's at 64 KiB - 64 MiB (bench/RESULTS.md, tenth session). Each send and receive is its own
 /// exchange with the one peer: a send waits only for room (a free eager
 /// buffer), and as the lead is less than the 16 buffers, two ranks that
 /// each wait for room always find the other able to receive.

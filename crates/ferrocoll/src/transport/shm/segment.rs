@@ -91,8 +91,9 @@ const _: () = assert!(LARGE_EAGER_BYTES % EAGER_BYTES == 0);
 /// 2-rank allreduce fill a larger buffer (`fastpath::small`). Those parts
 /// cross between cores best when a sender runs far enough ahead that what
 /// the receiver reads has left the sender's 512 KiB L2 for the shared L3:
-/// 16 parts of 16 KiB never do (bench/RESULTS.md, tenth session), so small
-/// hosts, where the address space costs little, get 128 KiB buffers.
+/// 16 parts of 16 KiB never do (bench/stream_pair.c: 1.4x the time of a
+/// 1 MiB lead at 1 MiB; bench/RESULTS.md, tenth session), so small hosts,
+/// where the address space costs little, get 128 KiB buffers.
 pub(crate) const fn eager_buffer_bytes(local_size: usize) -> usize {
     if local_size <= LARGE_EAGER_MAX_LOCAL {
         LARGE_EAGER_BYTES
