@@ -100,8 +100,9 @@ pub(crate) fn broadcast_stream_bytes(n: usize) -> usize {
 /// and 4 ranks.
 pub(crate) const STREAM_MAX_RANKS: usize = 4;
 
-/// Whether a broadcast or reduce of `bytes` among `n` ranks (or a 2-rank
-/// allreduce of any length, [`run_streamed_pair`]), too long for one message,
+/// Whether a broadcast or reduce of `bytes` among `n` ranks (or, both ways
+/// between 2 ranks, [`run_streamed_pair`]: an allreduce of any length, an
+/// allgather or all-to-all of blocks up to 1 MiB), too long for one message,
 /// goes through the fast path as consecutive messages of one eager buffer
 /// each (up to [`STREAM_MAX_RANKS`] ranks; broadcasts up to
 /// [`broadcast_stream_bytes`], reduces of any length). Broadcasts and
@@ -132,12 +133,13 @@ pub(crate) fn streams(coll: Collective, bytes: usize, n: usize) -> bool {
         }
 }
 
-/// Most parts a streamed 2-rank allreduce sends ahead of the peer's part it
-/// reduces ([`run_streamed_pair`]); at most `EAGER_BUFFERS - 1`, so that
+/// Most parts a rank of a streamed 2-rank exchange sends ahead of the
+/// peer's part it reduces or copies ([`run_streamed_pair`]; 4, 6 and 10
+/// measured alike, tenth session); at most `EAGER_BUFFERS - 1`, so that
 /// two ranks that each wait for room to send never wait on each other.
 pub(crate) const PAIR_AHEAD: usize = 6;
 
-/// Most elements in one part of a streamed 2-rank allreduce: a packed
+/// Most elements in one part of a streamed 2-rank exchange: a packed
 /// signature holds a 16-bit count ([`super::pack`]).
 pub(crate) const PAIR_PART_MAX_COUNT: usize = 1 << 15;
 
