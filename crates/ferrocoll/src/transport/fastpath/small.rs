@@ -138,6 +138,7 @@ pub(crate) fn streams(coll: Collective, bytes: usize, n: usize) -> bool {
 /// measured alike, tenth session); at most `EAGER_BUFFERS - 1`, so that
 /// two ranks that each wait for room to send never wait on each other.
 pub(crate) const PAIR_AHEAD: usize = 6;
+const _: () = assert!(PAIR_AHEAD < EAGER_BUFFERS);
 
 /// Most elements in one part of a streamed 2-rank exchange: a packed
 /// signature holds a 16-bit count ([`super::pack`]).
@@ -731,11 +732,12 @@ fn pair_streams(coll: Collective) -> bool {
 /// after it was written crosses between the cores' L2s line by line: in
 /// a C model of these copies (bench/stream_pair.c) a lead of 256 KiB took
 /// 1.4x the time of 1 MiB at 1 MiB, and the old 2-rank allreduce (16 KiB
-/// parts exchanged in lockstep up to 4 MiB, the split above) took 1.04-1.43x
-/// this one's at 64 KiB - 64 MiB (bench/RESULTS.md, tenth session). Each send and receive is its own
-/// exchange with the one peer: a send waits only for room (a free eager
-/// buffer), and as the lead is less than the 16 buffers, two ranks that
-/// each wait for room always find the other able to receive.
+/// parts exchanged in lockstep up to 4 MiB, the split above) took
+/// 1.04-1.43x this one's at 64 KiB - 64 MiB (bench/RESULTS.md, tenth
+/// session). Each send and receive is its own exchange with the one peer:
+/// a send waits only for room (a free eager buffer), and as the lead is
+/// less than the 16 buffers, two ranks that each wait for room always find
+/// the other able to receive.
 ///
 /// The remote reads these calls used before (`process_vm_readv`, the
 /// kernel's copy at about 10 GB/s here against 35-42 GB/s for memcpy of
@@ -779,7 +781,7 @@ fn stream_pair<const PEERS: usize>(
     let len = call.count * size;
     let per_part = (fast.eager_buffer_bytes() / size).min(PAIR_PART_MAX_COUNT);
     let parts = call.count.div_ceil(per_part);
-    let ahead = PAIR_AHEAD.min(EAGER_BUFFERS - 1).min(parts);
+    let ahead = PAIR_AHEAD.min(parts);
     let until = Instant::now() + call.timeout;
     let peer = ends.others;
     let none: &[usize] = &[];
