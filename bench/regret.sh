@@ -18,7 +18,10 @@
 # run the same plan (2 ranks): the best forced time is then the fastest of
 # (algorithms x runs) samples, auto's the fastest of runs samples, so noise
 # alone puts auto behind; the median of runs is not. REGRET_KEEP=DIR keeps
-# the raw bench JSON there.
+# the raw bench JSON there. REGRET_COLLS sets the collectives (default
+# "allreduce allgather alltoall"; any `ferrocoll bench` collective with more
+# than one algorithm), REGRET_TRANSPORT the transport (default: thread; shm or
+# tcp start the ranks as processes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q
@@ -27,10 +30,13 @@ ranks=${*:-2 4}
 reps=${REGRET_REPS:-3}
 profiles=${REGRET_PROFILES:-}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-for coll in allreduce allgather alltoall; do
+colls=${REGRET_COLLS:-allreduce allgather alltoall}
+transport=()
+if [ -n "${REGRET_TRANSPORT:-}" ]; then transport=(--transport "$REGRET_TRANSPORT"); fi
+for coll in $colls; do
   algos=$($fc model "$coll" -n 4 --json | python3 -c 'import json,sys; print(" ".join(c["algo"] for c in json.load(sys.stdin)["candidates"]))')
   for n in $ranks; do
-    run() { $fc bench "$coll" -n "$n" -b 8 -e 64M -f 8 --iters 20 --warmup 5 --json "$@"; }
+    run() { $fc bench "$coll" "${transport[@]}" -n "$n" -b 8 -e 64M -f 8 --iters 20 --warmup 5 --json "$@"; }
     for rep in $(seq "$reps"); do
       for a in $algos; do run --algo "$a" >> "$tmp/$coll-$n-$a.json"; done
       FERROCOLL_AUTO=rule run >> "$tmp/$coll-$n-auto_rule.json"

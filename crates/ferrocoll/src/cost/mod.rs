@@ -195,12 +195,23 @@ impl Profile {
     /// 2026-12-06, fourth session). The loopback calibration's own numbers
     /// (alpha 8.4 us, beta 4.0 GB/s, o 2.0 us) chose as the thread numbers
     /// did at 126 of 127 sizes.
+    ///
+    /// Both ends of a message copy it ([`Profile::two_sided_copies`]): on
+    /// one host each side's system call copies, so a one-way round (a
+    /// tree's) costs half an exchange's per byte. With the larger of the
+    /// two instead, `auto` took `rs_gather` for reduces from 1 MiB, at
+    /// 1.0-3.4x the binomial tree's time on 2 ranks; the regret runs of
+    /// reduce and broadcast on 2 and 4 ranks put `auto` within 10 % of the
+    /// fastest forced algorithm at 25 of 36 sizes with it, 17 without, and
+    /// the allreduce, allgather and all-to-all choices do not move
+    /// (bench/RESULTS.md, 2026-12-07, eleventh session).
     pub fn tcp_default() -> Profile {
         let mut p = Profile::thread_default();
         p.intra.alpha = 6e-6;
         p.inter.alpha = 6e-6;
         p.intra.overhead = 3e-6;
         p.inter.overhead = 3e-6;
+        p.two_sided_copies = true;
         p
     }
 
@@ -732,6 +743,7 @@ mod tests {
         let tcp = Profile::builtin("tcp");
         assert_eq!(tcp, Profile::tcp_default());
         assert!(!tcp.receiver_copies);
+        assert!(tcp.two_sided_copies);
         let thread = Profile::thread_default();
         assert!(tcp.intra.alpha > thread.intra.alpha);
         assert!(tcp.intra.overhead > 2.0 * thread.intra.overhead);
@@ -746,6 +758,18 @@ mod tests {
         let cost = |algo, p: &Profile| predict(algo, &shape, p).unwrap().total();
         assert!(cost(Algorithm::Direct, &thread) + 1e-6 < cost(Algorithm::Butterfly, &thread));
         assert!(cost(Algorithm::Direct, &tcp) >= cost(Algorithm::Butterfly, &tcp));
+        // A 2 MiB reduce on 2 ranks over TCP: the tree's one message costs
+        // each end one copy; rs_gather's exchange and return cost more in
+        // all. Under the larger-of-the-two rule rs_gather won, and measured
+        // 1.0-3.4x the tree's time (bench/RESULTS.md, eleventh session).
+        let reduce = Shape::new(Collective::Reduce, 2, 1 << 19, 4);
+        let cost = |algo, p: &Profile| predict(algo, &reduce, p).unwrap().total();
+        assert!(cost(Algorithm::Tree, &tcp) < cost(Algorithm::RsGather, &tcp));
+        let max_rule = Profile {
+            two_sided_copies: false,
+            ..tcp.clone()
+        };
+        assert!(cost(Algorithm::Tree, &max_rule) > cost(Algorithm::RsGather, &max_rule));
     }
 
     #[test]
