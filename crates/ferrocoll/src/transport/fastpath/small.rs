@@ -16,6 +16,10 @@
 //! rounds of `direct`, the second one step where the plans take `n - 1`).
 //! Reductions run in rank order on every rank, so all ranks get
 //! bit-identical results, equal to a sequential reduction.
+//!
+//! Beyond one step: calls streamed in parts ([`streams`]), remote reads
+//! ([`reads_remote`]), and allreduces on 3-8 ranks in two steps, a
+//! reduce-scatter then an allgather ([`two_step`]).
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -144,6 +148,61 @@ const _: () = assert!(PAIR_AHEAD < EAGER_BUFFERS);
 /// signature holds a 16-bit count ([`super::pack`]).
 pub(crate) const PAIR_PART_MAX_COUNT: usize = 1 << 15;
 
+/// Largest group whose allreduces run in two steps ([`two_step`]).
+pub(crate) const TWO_STEP_MAX_RANKS: usize = 8;
+
+/// Whether an allreduce of `count` elements of `elem_size` bytes among `n`
+/// ranks (3 to [`TWO_STEP_MAX_RANKS`]), too long for one message per pair
+/// ([`max_message`]), runs as *two steps* on the fast path
+/// ([`run_two_step`]) when its `n` equal blocks each fit one message:
+/// [`max_message`], or on hosts of up to 4 ranks one of their larger eager
+/// buffers (`buffer_bytes`, [`FastPath::eager_buffer_bytes`]; every rank of
+/// the call derives it from the host's rank count alike), and a packed
+/// count (at most [`PAIR_PART_MAX_COUNT`] elements). A reduce-scatter
+/// (every rank sends each peer that peer's block and reduces its own) and
+/// an allgather of the reduced blocks, two messages per pair under the
+/// call's one key: what the plans' `direct` does through the engine.
+/// Measured (bench/RESULTS.md, eleventh session), 4 ranks: 0.29-0.37x
+/// `direct`'s and `butterfly`'s time at 32-128 KiB, 0.85x at 512 KiB
+/// (128 KiB blocks); 3 ranks 0.56-0.64x at 96-384 KiB; 8 ranks 0.30x at
+/// 32 KiB.
+///
+/// Only counts that `n` divides: every message of the call then has one
+/// length, which its packed signature carries, so two allreduces of
+/// different lengths differ in their first message, as every fast call's
+/// do. Other counts take the plans.
+pub(crate) fn two_step(
+    coll: Collective,
+    count: usize,
+    elem_size: usize,
+    n: usize,
+    buffer_bytes: usize,
+) -> bool {
+    let block_bytes = if buffer_bytes > EAGER_BYTES {
+        buffer_bytes
+    } else {
+        max_message(n)
+    };
+    coll == Collective::AllReduce
+        && (3..=TWO_STEP_MAX_RANKS).contains(&n)
+        && count % n == 0
+        && count / n <= PAIR_PART_MAX_COUNT
+        && count.saturating_mul(elem_size) > max_message(n)
+        && (count / n).saturating_mul(elem_size) <= block_bytes
+}
+
+/// Whether a call of `count` elements of `dtype` among `n` ranks runs in
+/// two steps on `fast` ([`two_step`]).
+pub(crate) fn two_step_eligible(
+    fast: &FastPath,
+    coll: Collective,
+    count: usize,
+    dtype: DType,
+    n: usize,
+) -> bool {
+    two_step(coll, count, dtype.size(), n, fast.eager_buffer_bytes())
+}
+
 /// Largest group whose large exchanges read the senders' memory
 /// ([`reads_remote`]).
 pub(crate) const REMOTE_MAX_RANKS: usize = 4;
@@ -216,7 +275,9 @@ pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
 
 /// Whether a call of `count` elements of `dtype` (block collectives: per
 /// block)
-/// among `n` ranks fits the fast path ([`max_message`], or [`streams`]).
+/// among `n` ranks fits the fast path ([`max_message`], or [`streams`];
+/// [`remote_eligible`] and [`two_step_eligible`] add the calls that depend
+/// on the host).
 /// It depends only on what every rank of the call agrees on, so all ranks
 /// decide alike.
 pub(crate) fn eligible(coll: Collective, count: usize, dtype: DType, n: usize) -> bool {
@@ -269,9 +330,10 @@ fn run_with<const PEERS: usize>(
     let (n, me, root) = (call.group.len(), call.rank, call.root);
     let len = call.count * call.dtype.size();
     let remote = remote_eligible(fast, call.coll, call.count, call.dtype, n);
-    let streamed = len > EAGER_BYTES && !remote;
+    let two_steps = two_step_eligible(fast, call.coll, call.count, call.dtype, n);
+    let streamed = len > EAGER_BYTES && !remote && !two_steps;
     debug_assert!(
-        (len <= EAGER_BYTES || streams(call.coll, len, n) || remote)
+        (len <= EAGER_BYTES || streams(call.coll, len, n) || remote || two_steps)
             && (2..=PEERS + 1).contains(&n)
     );
 
@@ -325,6 +387,9 @@ fn run_with<const PEERS: usize>(
         others: &others[..n - 1],
         root: [call.group[root]],
     };
+    if two_steps {
+        return run_two_step::<PEERS>(fast, link, call, &ends, mem);
+    }
     if streamed && pair_streams(call.coll) {
         return run_streamed_pair::<PEERS>(fast, link, call, &ends, mem);
     }
@@ -883,6 +948,109 @@ fn stream_pair<const PEERS: usize>(
         receive(p, mem)?;
     }
     Ok(())
+}
+
+/// An allreduce in two steps ([`two_step`]), both all to all: every rank
+/// sends each peer that peer's block of its input and reduces its own
+/// block from every rank's, in rank order, into its output; then sends that
+/// reduced block to every peer and copies theirs into its output. Each
+/// block is reduced once, on one rank, so every rank holds the same bits.
+/// In place, this rank's own block is first copied into this thread's
+/// scratch (the reduction overwrites it); the others are sent before the
+/// second step overwrites them.
+fn run_two_step<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    ends: &Ends<'_>,
+    mem: &mut Memory<'_>,
+) -> Result<()> {
+    let (n, me) = (call.group.len(), call.rank);
+    let block = call.count / n;
+    let b = block * call.dtype.size();
+    let until = Instant::now() + call.timeout;
+    let step = |last: bool| {
+        let piece = Piece {
+            count: block,
+            parts: 2,
+            last,
+            carries: Carries::Bytes,
+        };
+        (piece, until.saturating_duration_since(Instant::now()))
+    };
+    // Group rank of `others[i]`.
+    let rank_of = |i: usize| if i < me { i } else { i + 1 };
+    let mut scratch = SCRATCH.take();
+    let (input, output) = match mem.apart() {
+        Some((input, output)) => (Some(input), output),
+        None => (None, mem.output()),
+    };
+    // The output's blocks before this rank's, its own, and after it.
+    let (before, rest) = output[..n * b].split_at_mut(me * b);
+    let (own, after) = rest.split_at_mut(b);
+    let mine: &[u8] = match input {
+        Some(input) => &input[me * b..(me + 1) * b],
+        None => copy_into(&mut scratch, own),
+    };
+    let result = (|| {
+        // Step 1: each peer its block; this rank's block reduced.
+        let mut payloads: [&[u8]; PEERS] = [&[]; PEERS];
+        for (i, p) in payloads[..n - 1].iter_mut().enumerate() {
+            let r = rank_of(i);
+            *p = match input {
+                Some(input) => &input[r * b..(r + 1) * b],
+                None if r < me => &before[r * b..(r + 1) * b],
+                None => &after[(r - me - 1) * b..(r - me) * b],
+            };
+        }
+        let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+        fast.exchange(
+            link,
+            &call.header,
+            &payloads[..n - 1],
+            ends.others,
+            ends.others,
+            &mut got,
+            step(false),
+            |parts| {
+                let from = |r: usize| match r.cmp(&me) {
+                    std::cmp::Ordering::Equal => mine,
+                    std::cmp::Ordering::Less => parts.get(r),
+                    std::cmp::Ordering::Greater => parts.get(r - 1),
+                };
+                kernels::combine(call.dtype, call.op, own, from(0), from(1));
+                for r in 2..n {
+                    kernels::accumulate(call.dtype, call.op, own, from(r));
+                }
+            },
+        )?;
+        // Step 2: the reduced block to every peer; theirs into place.
+        let own: &[u8] = own;
+        let payloads: [&[u8]; PEERS] = [own; PEERS];
+        let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+        fast.exchange(
+            link,
+            &call.header,
+            &payloads[..n - 1],
+            ends.others,
+            ends.others,
+            &mut got,
+            step(true),
+            |parts| {
+                for i in 0..n - 1 {
+                    let r = rank_of(i);
+                    let into = if r < me {
+                        &mut before[r * b..(r + 1) * b]
+                    } else {
+                        &mut after[(r - me - 1) * b..(r - me) * b]
+                    };
+                    into.copy_from_slice(parts.get(i));
+                }
+            },
+        )
+    })();
+    SCRATCH.set(scratch);
+    result
 }
 
 /// Writes this rank's output of `call` from its contribution `mine` and

@@ -6,8 +6,9 @@
 use std::thread;
 
 use super::small::{
-    broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams, PAIR_AHEAD,
+    broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams, two_step, PAIR_AHEAD,
     PAIR_PART_MAX_COUNT, REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS, STREAM_MAX_RANKS,
+    TWO_STEP_MAX_RANKS,
 };
 use super::{all_bits, bits};
 use crate::launch::init::tests::world;
@@ -201,9 +202,11 @@ fn collectives_of<T: Small>(comm: &Communicator) {
         ] {
             let streamed = streams(coll, count * T::DTYPE.size(), n);
             let remote = remote_on && reads_remote(coll, count * T::DTYPE.size(), n);
+            // The test world is one host of `n` ranks.
+            let split = two_step(coll, count, T::DTYPE.size(), n, eager_buffer_bytes(n));
             assert_eq!(
                 comm.uses_fast_path(coll, count, T::DTYPE),
-                (fast || streamed || remote) && n > 1,
+                (fast || streamed || remote || split) && n > 1,
                 "{coll} {name} count {count} on {n} ranks: fast path?"
             );
         }
@@ -547,6 +550,105 @@ fn streamed_allreduces_of_different_lengths_are_a_mismatch() {
     });
 }
 
+/// The counts of `T` whose allreduce among `n` ranks (this host's all)
+/// runs in two steps at its ends, each with whether it does: the first
+/// multiple of `n` past one message, the largest blocks (an eager buffer or
+/// a packed count), and the counts beside both (not multiples of `n`, or
+/// blocks too long: the plans).
+fn two_step_counts<T: Small>(n: usize) -> Vec<(usize, bool)> {
+    let size = T::DTYPE.size();
+    let one = max_message(n) / size;
+    let first = (one / n + 1) * n;
+    let block_max = if eager_buffer_bytes(n) > EAGER_BYTES {
+        eager_buffer_bytes(n)
+    } else {
+        max_message(n)
+    };
+    let last = (block_max / size).min(PAIR_PART_MAX_COUNT) * n;
+    let mut c = vec![
+        (first - 1, false),
+        (first, true),
+        (first + 1, false),
+        (last - 1, false),
+        (last, true),
+        (last + n, false),
+    ];
+    c.dedup();
+    c
+}
+
+/// Allreduces in two steps ([`two_step`]) on 3 to 8 ranks, at both ends of
+/// their sizes, in place and not, in four types and three operators,
+/// against the reference; the counts beside them take the plans (or one
+/// message) and are checked too. Then several in flight on the progress
+/// worker while blocking ones run, whose two messages per pair lie behind
+/// each other's in the mailboxes.
+#[test]
+fn two_step_allreduces_at_their_boundaries_on_3_to_8_ranks() {
+    fn check<T: Small>(comm: &Communicator) {
+        let n = comm.size();
+        for (count, split) in two_step_counts::<T>(n) {
+            assert_eq!(
+                two_step(
+                    Collective::AllReduce,
+                    count,
+                    T::DTYPE.size(),
+                    n,
+                    eager_buffer_bytes(n)
+                ),
+                split,
+                "{} count {count} on {n} ranks",
+                T::DTYPE
+            );
+            if split {
+                assert!(comm.uses_fast_path(Collective::AllReduce, count, T::DTYPE));
+            }
+            allreduces_of::<T>(comm, count);
+        }
+    }
+    for n in [3, 4, 5, 8] {
+        assert!(n <= TWO_STEP_MAX_RANKS);
+        world(n, TransportKind::Shm, |comm| {
+            check::<f32>(&comm);
+            check::<f64>(&comm);
+            check::<bf16>(&comm);
+            check::<u8>(&comm);
+            let (rank, size) = (comm.rank(), comm.size());
+            let (count, _) = two_step_counts::<f32>(size)[1];
+            let reqs: Vec<_> = (0..4)
+                .map(|k| comm.iall_reduce(vec![(rank + k) as f32; count], ReduceOp::Sum))
+                .collect();
+            let mut v = vec![rank as f32 + 1.0; count];
+            comm.all_reduce_in_place(&mut v, ReduceOp::Max).unwrap();
+            assert!(v.iter().all(|x| *x == size as f32));
+            for (k, r) in reqs.into_iter().enumerate().rev() {
+                let want = (0..size).map(|r| (r + k) as f32).sum::<f32>();
+                assert!(r.wait().unwrap().iter().all(|x| *x == want), "request {k}");
+            }
+        });
+    }
+}
+
+/// A two-step allreduce against one of another length (both in two steps)
+/// fails on every rank with a mismatch, and the next call works.
+#[test]
+fn two_step_allreduces_of_different_lengths_are_a_mismatch() {
+    world(3, TransportKind::Shm, |comm| {
+        let first = two_step_counts::<f32>(3)[1].0;
+        let count = if comm.rank() == 1 { first + 3 } else { first };
+        assert!(comm.uses_fast_path(Collective::AllReduce, count, DType::F32));
+        let mut buf = vec![1.0f32; count];
+        let msg = comm
+            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+            .expect_err("an allreduce of another length")
+            .to_string();
+        assert!(msg.to_lowercase().contains("mismatch"), "{msg}");
+        let mut one = vec![1.0f32; 8];
+        comm.all_reduce_in_place(&mut one, ReduceOp::Sum).unwrap();
+        assert_eq!(one, vec![3.0f32; 8]);
+    });
+}
+
 /// Whether this process may read its own memory with `process_vm_readv`,
 /// as the test worlds' ranks (threads of this process) read each other's.
 fn remote_reads_allowed() -> bool {
@@ -656,7 +758,15 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                     assert!(!reads_remote(Collective::AllReduce, bytes, n));
                     assert_eq!(
                         comm.uses_fast_path(Collective::AllReduce, count, T::DTYPE),
-                        n == 2 || !past_eager,
+                        n == 2
+                            || !past_eager
+                            || two_step(
+                                Collective::AllReduce,
+                                count,
+                                size,
+                                n,
+                                eager_buffer_bytes(n)
+                            ),
                         "allreduce count {count} on {n} ranks"
                     );
                     if n == 2 || count < (1 << 16) {
