@@ -59,10 +59,10 @@
 //! from all peers together (`3 * EAGER_BYTES / (n - 1)`: 16 KiB on 2-4
 //! ranks, 12 KiB on 5, 7 KiB on 8, 3.2 KiB on 16); beyond that the plans,
 //! which move less than a whole contribution per peer, do better. Past
-//! it, an allreduce on 3-8 ranks whose `n` equal blocks each fit a message
-//! (an eager buffer on hosts of up to 4 ranks) runs in two steps of one
-//! message per pair each, a reduce-scatter and an allgather
-//! ([`small::two_step`]): the plans' `direct` without the engine.
+//! it, an allreduce on 3-8 ranks whose blocks (one `n`-th of the count)
+//! each fit a message (an eager buffer on hosts of up to 4 ranks) runs in
+//! two steps of one message per pair each, a reduce-scatter and an
+//! allgather ([`small::two_step`]): the plans' `direct` without the engine.
 //!
 //! **Streamed calls.** One-way calls longer than an eager buffer, reduces
 //! of any length and broadcasts up to 64 KiB on 2-4 ranks, 2-rank
@@ -466,6 +466,11 @@ pub(crate) struct Piece {
     pub(crate) last: bool,
     /// What the message's payload is.
     pub(crate) carries: Carries,
+    /// `Some(t)` for a two-step allreduce whose count leaves `t` (1 to
+    /// `n - 1`) elements past `n` equal blocks (`small::two_step`): packed
+    /// in the signature's root byte, which an allreduce does not use, so
+    /// that two counts whose messages have one length still differ.
+    pub(crate) tail: Option<usize>,
 }
 
 /// What a fast-path message's payload is ([`Piece::carries`]).
@@ -491,6 +496,7 @@ impl Piece {
             parts: 1,
             last: true,
             carries: Carries::Bytes,
+            tail: None,
         }
     }
 }
@@ -803,6 +809,7 @@ impl FastPath {
         assert!(payloads.iter().all(|p| p.len() == len));
         let message = Signature {
             count: piece.count,
+            root: piece.tail.or(header.sig.root),
             ..header.sig
         };
         if piece.carries != Carries::Bytes {

@@ -212,6 +212,15 @@ pub(crate) fn describe(word: u64) -> String {
     unpack(word).map_or_else(
         || format!("an unreadable call (signature {word:#x})"),
         |s| match parts_of(word) {
+            // A two-step allreduce's span (`small::two_step`), whose root
+            // byte holds the elements its count leaves past equal blocks.
+            _ if s.root.is_some() && matches!(s.kind, CallKind::Collective(c) if !c.has_root()) => {
+                let tail = s.root.unwrap_or(0);
+                let s = Signature { root: None, ..s };
+                format!(
+                    "{s} (a span of a two-step call whose count leaves {tail} past equal blocks)"
+                )
+            }
             _ if is_remote(word) => format!("{s} (read from the sender's memory)"),
             _ if is_address(word) => format!("{s} (split between both ends)"),
             1 => s.to_string(),

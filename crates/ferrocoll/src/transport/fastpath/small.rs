@@ -154,23 +154,22 @@ pub(crate) const TWO_STEP_MAX_RANKS: usize = 8;
 /// Whether an allreduce of `count` elements of `elem_size` bytes among `n`
 /// ranks (3 to [`TWO_STEP_MAX_RANKS`]), too long for one message per pair
 /// ([`max_message`]), runs as *two steps* on the fast path
-/// ([`run_two_step`]) when its `n` equal blocks each fit one message:
+/// ([`run_two_step`]): a reduce-scatter (every rank sends each peer that
+/// peer's span of its input and reduces its own) and an allgather of the
+/// reduced spans, one message per pair each, under the call's one key: what
+/// the plans' `direct` does through the engine. Rank `r`'s span is its
+/// block, `count / n` elements from `r * (count / n)`, and the `count % n`
+/// elements after it (the next block's first, or for the last rank the
+/// count's tail), so that every message of the call has one length, a
+/// contiguous slice of the input: the few elements two ranks both reduce
+/// come out alike (rank order). It qualifies when a span fits one message:
 /// [`max_message`], or on hosts of up to 4 ranks one of their larger eager
 /// buffers (`buffer_bytes`, [`FastPath::eager_buffer_bytes`]; every rank of
 /// the call derives it from the host's rank count alike), and a packed
-/// count (at most [`PAIR_PART_MAX_COUNT`] elements). A reduce-scatter
-/// (every rank sends each peer that peer's block and reduces its own) and
-/// an allgather of the reduced blocks, two messages per pair under the
-/// call's one key: what the plans' `direct` does through the engine.
-/// Measured (bench/RESULTS.md, eleventh session), 4 ranks: 0.29-0.37x
-/// `direct`'s and `butterfly`'s time at 32-128 KiB, 0.85x at 512 KiB
-/// (128 KiB blocks); 3 ranks 0.56-0.64x at 96-384 KiB; 8 ranks 0.30x at
-/// 32 KiB.
-///
-/// Only counts that `n` divides: every message of the call then has one
-/// length, which its packed signature carries, so two allreduces of
-/// different lengths differ in their first message, as every fast call's
-/// do. Other counts take the plans.
+/// count (at most [`PAIR_PART_MAX_COUNT`] elements). Measured
+/// (bench/RESULTS.md, eleventh session): 0.36-0.52x the plans' time at
+/// 24-384 KiB on 3 and 4 ranks, 0.77x at 512 KiB on 4 (128 KiB blocks),
+/// 0.36x at 32 KiB on 8.
 pub(crate) fn two_step(
     coll: Collective,
     count: usize,
@@ -178,17 +177,17 @@ pub(crate) fn two_step(
     n: usize,
     buffer_bytes: usize,
 ) -> bool {
-    let block_bytes = if buffer_bytes > EAGER_BYTES {
+    let span_bytes = if buffer_bytes > EAGER_BYTES {
         buffer_bytes
     } else {
         max_message(n)
     };
+    let span = count / n.max(1) + count % n.max(1);
     coll == Collective::AllReduce
         && (3..=TWO_STEP_MAX_RANKS).contains(&n)
-        && count % n == 0
-        && count / n <= PAIR_PART_MAX_COUNT
         && count.saturating_mul(elem_size) > max_message(n)
-        && (count / n).saturating_mul(elem_size) <= block_bytes
+        && span <= PAIR_PART_MAX_COUNT
+        && span.saturating_mul(elem_size) <= span_bytes
 }
 
 /// Whether a call of `count` elements of `dtype` among `n` ranks runs in
@@ -434,8 +433,11 @@ fn contribution_and_output<'m>(
 /// `bytes` copied into `scratch` (8-byte aligned, as the reduction kernels
 /// want), which keeps its capacity for the next call.
 fn copy_into<'s>(scratch: &'s mut Vec<u64>, bytes: &[u8]) -> &'s [u8] {
-    scratch.clear();
-    scratch.resize(bytes.len().div_ceil(8), 0);
+    // Grown, never cleared: zeroing what the copy then overwrites would be
+    // a second pass over it.
+    if scratch.len() < bytes.len().div_ceil(8) {
+        scratch.resize(bytes.len().div_ceil(8), 0);
+    }
     let copy = &mut bytemuck::cast_slice_mut::<u64, u8>(scratch)[..bytes.len()];
     copy.copy_from_slice(bytes);
     copy
@@ -538,6 +540,7 @@ fn run_remote<const PEERS: usize>(
         parts: 1,
         last: true,
         carries: Carries::ReadFromSender,
+        tail: None,
     };
     let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
     let own = if blocks {
@@ -674,6 +677,7 @@ fn split_exchange<const PEERS: usize>(
             parts: 2,
             last: carries == Carries::Bytes,
             carries,
+            tail: None,
         };
         let timed = (piece, call.timeout);
         let work = &mut *work;
@@ -732,6 +736,7 @@ fn run_streamed<const PEERS: usize>(
             parts,
             last: part + 1 == parts,
             carries: Carries::Bytes,
+            tail: None,
         };
         let timeout = until.saturating_duration_since(Instant::now());
         let exchange = |mine: &[u8], out: &mut [u8]| {
@@ -870,6 +875,7 @@ fn stream_pair<const PEERS: usize>(
         parts,
         last,
         carries: Carries::Bytes,
+        tail: None,
     };
     let send = |p: usize, mem: &mut Memory<'_>| -> Result<()> {
         let (count, bytes) = part(p);
@@ -951,13 +957,13 @@ fn stream_pair<const PEERS: usize>(
 }
 
 /// An allreduce in two steps ([`two_step`]), both all to all: every rank
-/// sends each peer that peer's block of its input and reduces its own
-/// block from every rank's, in rank order, into its output; then sends that
-/// reduced block to every peer and copies theirs into its output. Each
-/// block is reduced once, on one rank, so every rank holds the same bits.
-/// In place, this rank's own block is first copied into this thread's
-/// scratch (the reduction overwrites it); the others are sent before the
-/// second step overwrites them.
+/// sends each peer that peer's span of its input and reduces its own span
+/// from every rank's, in rank order, into this thread's scratch; then sends
+/// that reduced span to every peer, copies each peer's block (and the last
+/// rank's tail) into its output, and its own last. Each element is reduced
+/// in rank order from the same inputs wherever it is, so every rank holds
+/// the same bits. In place the input is read only in the first step and
+/// the output written only in the second.
 fn run_two_step<const PEERS: usize>(
     fast: &FastPath,
     link: &Link<'_>,
@@ -966,42 +972,36 @@ fn run_two_step<const PEERS: usize>(
     mem: &mut Memory<'_>,
 ) -> Result<()> {
     let (n, me) = (call.group.len(), call.rank);
-    let block = call.count / n;
-    let b = block * call.dtype.size();
+    let size = call.dtype.size();
+    let (block, tail) = (call.count / n, call.count % n);
+    // Bytes of a block, of a span (every message), and of the whole call.
+    let (b, s, len) = (block * size, (block + tail) * size, call.count * size);
     let until = Instant::now() + call.timeout;
     let step = |last: bool| {
         let piece = Piece {
-            count: block,
+            count: block + tail,
             parts: 2,
             last,
             carries: Carries::Bytes,
+            tail: (tail > 0).then_some(tail),
         };
         (piece, until.saturating_duration_since(Instant::now()))
     };
     // Group rank of `others[i]`.
     let rank_of = |i: usize| if i < me { i } else { i + 1 };
     let mut scratch = SCRATCH.take();
-    let (input, output) = match mem.apart() {
-        Some((input, output)) => (Some(input), output),
-        None => (None, mem.output()),
-    };
-    // The output's blocks before this rank's, its own, and after it.
-    let (before, rest) = output[..n * b].split_at_mut(me * b);
-    let (own, after) = rest.split_at_mut(b);
-    let mine: &[u8] = match input {
-        Some(input) => &input[me * b..(me + 1) * b],
-        None => copy_into(&mut scratch, own),
-    };
+    // Grown, never cleared: the reduction writes every byte it reads.
+    if scratch.len() < s.div_ceil(8) {
+        scratch.resize(s.div_ceil(8), 0);
+    }
+    let reduced = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut scratch)[..s];
     let result = (|| {
-        // Step 1: each peer its block; this rank's block reduced.
+        // Step 1: each peer its span; this rank's span reduced.
+        let input = mem.input();
+        let span_of = |r: usize| &input[r * b..r * b + s];
         let mut payloads: [&[u8]; PEERS] = [&[]; PEERS];
         for (i, p) in payloads[..n - 1].iter_mut().enumerate() {
-            let r = rank_of(i);
-            *p = match input {
-                Some(input) => &input[r * b..(r + 1) * b],
-                None if r < me => &before[r * b..(r + 1) * b],
-                None => &after[(r - me - 1) * b..(r - me) * b],
-            };
+            *p = span_of(rank_of(i));
         }
         let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
         fast.exchange(
@@ -1014,19 +1014,20 @@ fn run_two_step<const PEERS: usize>(
             step(false),
             |parts| {
                 let from = |r: usize| match r.cmp(&me) {
-                    std::cmp::Ordering::Equal => mine,
+                    std::cmp::Ordering::Equal => span_of(me),
                     std::cmp::Ordering::Less => parts.get(r),
                     std::cmp::Ordering::Greater => parts.get(r - 1),
                 };
-                kernels::combine(call.dtype, call.op, own, from(0), from(1));
+                kernels::combine(call.dtype, call.op, reduced, from(0), from(1));
                 for r in 2..n {
-                    kernels::accumulate(call.dtype, call.op, own, from(r));
+                    kernels::accumulate(call.dtype, call.op, reduced, from(r));
                 }
             },
         )?;
-        // Step 2: the reduced block to every peer; theirs into place.
-        let own: &[u8] = own;
-        let payloads: [&[u8]; PEERS] = [own; PEERS];
+        // Step 2: the reduced span to every peer; their blocks into place.
+        let reduced: &[u8] = reduced;
+        let payloads: [&[u8]; PEERS] = [reduced; PEERS];
+        let output = mem.output();
         let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
         fast.exchange(
             link,
@@ -1038,16 +1039,19 @@ fn run_two_step<const PEERS: usize>(
             step(true),
             |parts| {
                 for i in 0..n - 1 {
-                    let r = rank_of(i);
-                    let into = if r < me {
-                        &mut before[r * b..(r + 1) * b]
-                    } else {
-                        &mut after[(r - me - 1) * b..(r - me) * b]
-                    };
-                    into.copy_from_slice(parts.get(i));
+                    let (r, theirs) = (rank_of(i), parts.get(i));
+                    output[r * b..(r + 1) * b].copy_from_slice(&theirs[..b]);
+                    if r == n - 1 {
+                        output[n * b..len].copy_from_slice(&theirs[b..]);
+                    }
                 }
             },
-        )
+        )?;
+        output[me * b..(me + 1) * b].copy_from_slice(&reduced[..b]);
+        if me == n - 1 {
+            output[n * b..len].copy_from_slice(&reduced[b..]);
+        }
+        Ok(())
     })();
     SCRATCH.set(scratch);
     result

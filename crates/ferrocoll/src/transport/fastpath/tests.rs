@@ -551,30 +551,28 @@ fn streamed_allreduces_of_different_lengths_are_a_mismatch() {
 }
 
 /// The counts of `T` whose allreduce among `n` ranks (this host's all)
-/// runs in two steps at its ends, each with whether it does: the first
-/// multiple of `n` past one message, the largest blocks (an eager buffer or
-/// a packed count), and the counts beside both (not multiples of `n`, or
-/// blocks too long: the plans).
+/// runs in two steps at its ends, each with whether it does: one message
+/// (not), the first count past it, a count that `n` does not divide, the
+/// largest spans (an eager buffer or a packed count: `n` of them exactly),
+/// and one element more or less there (a span too long: the plans).
 fn two_step_counts<T: Small>(n: usize) -> Vec<(usize, bool)> {
     let size = T::DTYPE.size();
     let one = max_message(n) / size;
-    let first = (one / n + 1) * n;
-    let block_max = if eager_buffer_bytes(n) > EAGER_BYTES {
+    let span_bytes = if eager_buffer_bytes(n) > EAGER_BYTES {
         eager_buffer_bytes(n)
     } else {
         max_message(n)
     };
-    let last = (block_max / size).min(PAIR_PART_MAX_COUNT) * n;
-    let mut c = vec![
-        (first - 1, false),
-        (first, true),
-        (first + 1, false),
+    let span_max = (span_bytes / size).min(PAIR_PART_MAX_COUNT);
+    let last = span_max * n;
+    vec![
+        (one, false),
+        (one + 1, true),
+        (n * (span_max - n) + n - 1, true),
         (last - 1, false),
         (last, true),
-        (last + n, false),
-    ];
-    c.dedup();
-    c
+        (last + 1, false),
+    ]
 }
 
 /// Allreduces in two steps ([`two_step`]) on 3 to 8 ranks, at both ends of
@@ -614,7 +612,7 @@ fn two_step_allreduces_at_their_boundaries_on_3_to_8_ranks() {
             check::<bf16>(&comm);
             check::<u8>(&comm);
             let (rank, size) = (comm.rank(), comm.size());
-            let (count, _) = two_step_counts::<f32>(size)[1];
+            let (count, _) = two_step_counts::<f32>(size)[2];
             let reqs: Vec<_> = (0..4)
                 .map(|k| comm.iall_reduce(vec![(rank + k) as f32; count], ReduceOp::Sum))
                 .collect();
@@ -630,22 +628,29 @@ fn two_step_allreduces_at_their_boundaries_on_3_to_8_ranks() {
 }
 
 /// A two-step allreduce against one of another length (both in two steps)
-/// fails on every rank with a mismatch, and the next call works.
+/// fails on every rank with a mismatch, and the next call works: spans of
+/// another length, and spans of one length from counts that `n` divides
+/// differently (3 x 2000 + 2 and 3 x 2001 + 1: 2002 elements each).
 #[test]
 fn two_step_allreduces_of_different_lengths_are_a_mismatch() {
     world(3, TransportKind::Shm, |comm| {
         let first = two_step_counts::<f32>(3)[1].0;
-        let count = if comm.rank() == 1 { first + 3 } else { first };
-        assert!(comm.uses_fast_path(Collective::AllReduce, count, DType::F32));
-        let mut buf = vec![1.0f32; count];
-        let msg = comm
-            .all_reduce_in_place(&mut buf, ReduceOp::Sum)
-            .expect_err("an allreduce of another length")
-            .to_string();
-        assert!(msg.to_lowercase().contains("mismatch"), "{msg}");
-        let mut one = vec![1.0f32; 8];
-        comm.all_reduce_in_place(&mut one, ReduceOp::Sum).unwrap();
-        assert_eq!(one, vec![3.0f32; 8]);
+        for (mine, theirs) in [(first, first + 3), (3 * 2000 + 2, 3 * 2001 + 1)] {
+            let count = if comm.rank() == 1 { theirs } else { mine };
+            assert!(comm.uses_fast_path(Collective::AllReduce, count, DType::F32));
+            let mut buf = vec![1.0f32; count];
+            let msg = comm
+                .all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                .expect_err("an allreduce of another length")
+                .to_string();
+            assert!(msg.to_lowercase().contains("mismatch"), "{msg}");
+            if mine % 3 != 0 {
+                assert!(msg.contains("past equal blocks"), "{msg}");
+            }
+            let mut one = vec![1.0f32; 8];
+            comm.all_reduce_in_place(&mut one, ReduceOp::Sum).unwrap();
+            assert_eq!(one, vec![3.0f32; 8]);
+        }
     });
 }
 
