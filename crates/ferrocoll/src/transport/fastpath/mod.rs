@@ -59,8 +59,8 @@
 //! from all peers together (`3 * EAGER_BYTES / (n - 1)`: 16 KiB on 2-4
 //! ranks, 12 KiB on 5, 7 KiB on 8, 3.2 KiB on 16); beyond that the plans,
 //! which move less than a whole contribution per peer, do better. Past
-//! it, an allreduce on 3-8 ranks whose blocks (one `n`-th of the count)
-//! each fit a message (an eager buffer on hosts of up to 4 ranks) runs in
+//! it, an allreduce on 3-16 ranks whose blocks (one `n`-th of the count)
+//! each fit an eager buffer runs in
 //! two steps of one message per pair each, a reduce-scatter and an
 //! allgather ([`small::two_step`]): the plans' `direct` without the engine.
 //!

@@ -18,7 +18,7 @@
 //! bit-identical results, equal to a sequential reduction.
 //!
 //! Beyond one step: calls streamed in parts ([`streams`]), remote reads
-//! ([`reads_remote`]), and allreduces on 3-8 ranks in two steps, a
+//! ([`reads_remote`]), and allreduces on 3-16 ranks in two steps, a
 //! reduce-scatter then an allgather ([`two_step`]).
 
 use std::cell::Cell;
@@ -148,8 +148,10 @@ const _: () = assert!(PAIR_AHEAD < EAGER_BUFFERS);
 /// signature holds a 16-bit count ([`super::pack`]).
 pub(crate) const PAIR_PART_MAX_COUNT: usize = 1 << 15;
 
-/// Largest group whose allreduces run in two steps ([`two_step`]).
-pub(crate) const TWO_STEP_MAX_RANKS: usize = 8;
+/// Largest group whose allreduces run in two steps ([`two_step`]): every
+/// group the fast path serves (measured faster than the plans on 3 to 16
+/// ranks).
+pub(crate) const TWO_STEP_MAX_RANKS: usize = FAST_MAX_RANKS;
 
 /// Whether an allreduce of `count` elements of `elem_size` bytes among `n`
 /// ranks (3 to [`TWO_STEP_MAX_RANKS`]), too long for one message per pair
@@ -162,14 +164,13 @@ pub(crate) const TWO_STEP_MAX_RANKS: usize = 8;
 /// elements after it (the next block's first, or for the last rank the
 /// count's tail), so that every message of the call has one length, a
 /// contiguous slice of the input: the few elements two ranks both reduce
-/// come out alike (rank order). It qualifies when a span fits one message:
-/// [`max_message`], or on hosts of up to 4 ranks one of their larger eager
-/// buffers (`buffer_bytes`, [`FastPath::eager_buffer_bytes`]; every rank of
-/// the call derives it from the host's rank count alike), and a packed
-/// count (at most [`PAIR_PART_MAX_COUNT`] elements). Measured
-/// (bench/RESULTS.md, eleventh session): 0.36-0.52x the plans' time at
-/// 24-384 KiB on 3 and 4 ranks, 0.77x at 512 KiB on 4 (128 KiB blocks),
-/// 0.36x at 32 KiB on 8.
+/// come out alike (rank order). It qualifies when a span fits one eager
+/// buffer (`buffer_bytes`, [`FastPath::eager_buffer_bytes`]: 128 KiB on
+/// hosts of up to 4 ranks, 16 KiB beyond; every rank of the call derives it
+/// from the host's rank count alike) and a packed count (at most
+/// [`PAIR_PART_MAX_COUNT`] elements). Measured (bench/RESULTS.md, eleventh
+/// session): 0.35-0.52x the plans' time at 24 KiB - 384 KiB on 3 and 4
+/// ranks, 0.77x at 512 KiB on 4; 0.35-0.54x at 64-256 KiB on 6, 8 and 16.
 pub(crate) fn two_step(
     coll: Collective,
     count: usize,
@@ -177,17 +178,12 @@ pub(crate) fn two_step(
     n: usize,
     buffer_bytes: usize,
 ) -> bool {
-    let span_bytes = if buffer_bytes > EAGER_BYTES {
-        buffer_bytes
-    } else {
-        max_message(n)
-    };
     let span = count / n.max(1) + count % n.max(1);
     coll == Collective::AllReduce
         && (3..=TWO_STEP_MAX_RANKS).contains(&n)
         && count.saturating_mul(elem_size) > max_message(n)
         && span <= PAIR_PART_MAX_COUNT
-        && span.saturating_mul(elem_size) <= span_bytes
+        && span.saturating_mul(elem_size) <= buffer_bytes
 }
 
 /// Whether a call of `count` elements of `dtype` among `n` ranks runs in
