@@ -59,10 +59,10 @@
 //! from all peers together (`3 * EAGER_BYTES / (n - 1)`: 16 KiB on 2-4
 //! ranks, 12 KiB on 5, 7 KiB on 8, 3.2 KiB on 16); beyond that the plans,
 //! which move less than a whole contribution per peer, do better. Past
-//! it, an allreduce on 3-16 ranks whose blocks (one `n`-th of the count)
-//! each fit an eager buffer runs in
-//! two steps of one message per pair each, a reduce-scatter and an
-//! allgather ([`small::two_step`]): the plans' `direct` without the engine.
+//! it, an allreduce on 3-16 ranks of up to 512 KiB runs in two steps, a
+//! reduce-scatter and an allgather of the reduced blocks, in parts of an
+//! eager buffer ([`small::two_step`]): the plans' `direct` without the
+//! engine.
 //!
 //! **Streamed calls.** One-way calls longer than an eager buffer, reduces
 //! of any length and broadcasts up to 64 KiB on 2-4 ranks, 2-rank

@@ -153,49 +153,37 @@ pub(crate) const PAIR_PART_MAX_COUNT: usize = 1 << 15;
 /// ranks).
 pub(crate) const TWO_STEP_MAX_RANKS: usize = FAST_MAX_RANKS;
 
+/// Largest allreduce, in bytes, that runs in two steps ([`two_step`]).
+/// Past it the plans did as well or better on some group sizes: at 1 MiB
+/// on 4 ranks the spans in parts took 1.06x `torus2d`'s time and on 8
+/// ranks 1.10x `hd`'s, where up to 512 KiB they took 0.53-0.60x the
+/// plans' time on 3 and 8 ranks (bench/RESULTS.md, eleventh session).
+pub(crate) const TWO_STEP_MAX_BYTES: usize = 512 << 10;
+
 /// Whether an allreduce of `count` elements of `elem_size` bytes among `n`
 /// ranks (3 to [`TWO_STEP_MAX_RANKS`]), too long for one message per pair
-/// ([`max_message`]), runs as *two steps* on the fast path
-/// ([`run_two_step`]): a reduce-scatter (every rank sends each peer that
-/// peer's span of its input and reduces its own) and an allgather of the
-/// reduced spans, one message per pair each, under the call's one key: what
+/// ([`max_message`]) and at most [`TWO_STEP_MAX_BYTES`], runs as *two
+/// steps* on the fast path ([`run_two_step`]): a reduce-scatter (every
+/// rank sends each peer that peer's span of its input and reduces its own)
+/// and an allgather of the reduced spans, under the call's one key: what
 /// the plans' `direct` does through the engine. Rank `r`'s span is its
 /// block, `count / n` elements from `r * (count / n)`, and the `count % n`
 /// elements after it (the next block's first, or for the last rank the
-/// count's tail), so that every message of the call has one length, a
+/// count's tail), so that every message of a step has one length and is a
 /// contiguous slice of the input: the few elements two ranks both reduce
-/// come out alike (rank order). It qualifies when a span fits one eager
-/// buffer (`buffer_bytes`, [`FastPath::eager_buffer_bytes`]: 128 KiB on
-/// hosts of up to 4 ranks, 16 KiB beyond; every rank of the call derives it
-/// from the host's rank count alike) and a packed count (at most
-/// [`PAIR_PART_MAX_COUNT`] elements). Measured (bench/RESULTS.md, eleventh
-/// session): 0.35-0.52x the plans' time at 24 KiB - 384 KiB on 3 and 4
-/// ranks, 0.77x at 512 KiB on 4; 0.35-0.54x at 64-256 KiB on 6, 8 and 16.
-pub(crate) fn two_step(
-    coll: Collective,
-    count: usize,
-    elem_size: usize,
-    n: usize,
-    buffer_bytes: usize,
-) -> bool {
-    let span = count / n.max(1) + count % n.max(1);
+/// come out alike (rank order). A span longer than an eager buffer
+/// ([`FastPath::eager_buffer_bytes`]: 128 KiB on hosts of up to 4 ranks,
+/// 16 KiB beyond; at most [`PAIR_PART_MAX_COUNT`] elements) goes in parts
+/// of one, each part one exchange with every peer. Measured
+/// (bench/RESULTS.md, eleventh session): 0.35-0.60x the plans' time at 24
+/// KiB - 512 KiB on 3 and 4 ranks (0.77x at 512 KiB on 4), 0.35-0.55x at
+/// 64-512 KiB on 6, 8 and 16 ranks.
+pub(crate) fn two_step(coll: Collective, count: usize, elem_size: usize, n: usize) -> bool {
     coll == Collective::AllReduce
         && (3..=TWO_STEP_MAX_RANKS).contains(&n)
-        && count.saturating_mul(elem_size) > max_message(n)
-        && span <= PAIR_PART_MAX_COUNT
-        && span.saturating_mul(elem_size) <= buffer_bytes
-}
-
-/// Whether a call of `count` elements of `dtype` among `n` ranks runs in
-/// two steps on `fast` ([`two_step`]).
-pub(crate) fn two_step_eligible(
-    fast: &FastPath,
-    coll: Collective,
-    count: usize,
-    dtype: DType,
-    n: usize,
-) -> bool {
-    two_step(coll, count, dtype.size(), n, fast.eager_buffer_bytes())
+        && count
+            .checked_mul(elem_size)
+            .is_some_and(|bytes| bytes > max_message(n) && bytes <= TWO_STEP_MAX_BYTES)
 }
 
 /// Largest group whose large exchanges read the senders' memory
@@ -270,17 +258,19 @@ pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
 
 /// Whether a call of `count` elements of `dtype` (block collectives: per
 /// block)
-/// among `n` ranks fits the fast path ([`max_message`], or [`streams`];
-/// [`remote_eligible`] and [`two_step_eligible`] add the calls that depend
-/// on the host).
+/// among `n` ranks fits the fast path ([`max_message`], [`streams`] or
+/// [`two_step`]; [`remote_eligible`] adds the calls that read the peers'
+/// memory).
 /// It depends only on what every rank of the call agrees on, so all ranks
 /// decide alike.
 pub(crate) fn eligible(coll: Collective, count: usize, dtype: DType, n: usize) -> bool {
     handles(coll)
         && (2..=FAST_MAX_RANKS).contains(&n)
-        && count
-            .checked_mul(dtype.size())
-            .is_some_and(|bytes| bytes <= max_message(n) || streams(coll, bytes, n))
+        && count.checked_mul(dtype.size()).is_some_and(|bytes| {
+            bytes <= max_message(n)
+                || streams(coll, bytes, n)
+                || two_step(coll, count, dtype.size(), n)
+        })
 }
 
 /// Whether a call of `count` elements of `dtype` among `n` ranks goes
@@ -325,7 +315,7 @@ fn run_with<const PEERS: usize>(
     let (n, me, root) = (call.group.len(), call.rank, call.root);
     let len = call.count * call.dtype.size();
     let remote = remote_eligible(fast, call.coll, call.count, call.dtype, n);
-    let two_steps = two_step_eligible(fast, call.coll, call.count, call.dtype, n);
+    let two_steps = two_step(call.coll, call.count, call.dtype.size(), n);
     let streamed = len > EAGER_BYTES && !remote && !two_steps;
     debug_assert!(
         (len <= EAGER_BYTES || streams(call.coll, len, n) || remote || two_steps)
@@ -959,7 +949,11 @@ fn stream_pair<const PEERS: usize>(
 /// rank's tail) into its output, and its own last. Each element is reduced
 /// in rank order from the same inputs wherever it is, so every rank holds
 /// the same bits. In place the input is read only in the first step and
-/// the output written only in the second.
+/// the output written only in the second. A span longer than an eager
+/// buffer goes in parts, each one exchange with every peer; every message
+/// is marked as one of the call's `2 x parts` (and with the count's tail,
+/// [`Piece::tail`]), so a call of another length differs in its first
+/// message or, at the latest, in its first step's last part.
 fn run_two_step<const PEERS: usize>(
     fast: &FastPath,
     link: &Link<'_>,
@@ -970,18 +964,27 @@ fn run_two_step<const PEERS: usize>(
     let (n, me) = (call.group.len(), call.rank);
     let size = call.dtype.size();
     let (block, tail) = (call.count / n, call.count % n);
-    // Bytes of a block, of a span (every message), and of the whole call.
-    let (b, s, len) = (block * size, (block + tail) * size, call.count * size);
+    let span = block + tail;
+    // Bytes of a block, of a span, and of the whole call.
+    let (b, s, len) = (block * size, span * size, call.count * size);
+    // A span longer than an eager buffer goes in parts, the same on every
+    // rank, each step's parts one exchange apiece.
+    let per_part = (fast.eager_buffer_bytes() / size).min(PAIR_PART_MAX_COUNT);
+    let parts = span.div_ceil(per_part).max(1);
     let until = Instant::now() + call.timeout;
-    let step = |last: bool| {
+    // Part `k` of a step: its bytes within a span, and its message.
+    let part = |k: usize, second: bool| {
+        let first = k * per_part;
+        let count = per_part.min(span - first);
         let piece = Piece {
-            count: block + tail,
-            parts: 2,
-            last,
+            count,
+            parts: 2 * parts,
+            last: second && k + 1 == parts,
             carries: Carries::Bytes,
             tail: (tail > 0).then_some(tail),
         };
-        (piece, until.saturating_duration_since(Instant::now()))
+        let timed = (piece, until.saturating_duration_since(Instant::now()));
+        (first * size..(first + count) * size, timed)
     };
     // Group rank of `others[i]`.
     let rank_of = |i: usize| if i < me { i } else { i + 1 };
@@ -995,54 +998,67 @@ fn run_two_step<const PEERS: usize>(
         // Step 1: each peer its span; this rank's span reduced.
         let input = mem.input();
         let span_of = |r: usize| &input[r * b..r * b + s];
-        let mut payloads: [&[u8]; PEERS] = [&[]; PEERS];
-        for (i, p) in payloads[..n - 1].iter_mut().enumerate() {
-            *p = span_of(rank_of(i));
-        }
-        let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
-        fast.exchange(
-            link,
-            &call.header,
-            &payloads[..n - 1],
-            ends.others,
-            ends.others,
-            &mut got,
-            step(false),
-            |parts| {
-                let from = |r: usize| match r.cmp(&me) {
-                    std::cmp::Ordering::Equal => span_of(me),
-                    std::cmp::Ordering::Less => parts.get(r),
-                    std::cmp::Ordering::Greater => parts.get(r - 1),
-                };
-                kernels::combine(call.dtype, call.op, reduced, from(0), from(1));
-                for r in 2..n {
-                    kernels::accumulate(call.dtype, call.op, reduced, from(r));
-                }
-            },
-        )?;
-        // Step 2: the reduced span to every peer; their blocks into place.
-        let reduced: &[u8] = reduced;
-        let payloads: [&[u8]; PEERS] = [reduced; PEERS];
-        let output = mem.output();
-        let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
-        fast.exchange(
-            link,
-            &call.header,
-            &payloads[..n - 1],
-            ends.others,
-            ends.others,
-            &mut got,
-            step(true),
-            |parts| {
-                for i in 0..n - 1 {
-                    let (r, theirs) = (rank_of(i), parts.get(i));
-                    output[r * b..(r + 1) * b].copy_from_slice(&theirs[..b]);
-                    if r == n - 1 {
-                        output[n * b..len].copy_from_slice(&theirs[b..]);
+        for k in 0..parts {
+            let (at, timed) = part(k, false);
+            let mut payloads: [&[u8]; PEERS] = [&[]; PEERS];
+            for (i, p) in payloads[..n - 1].iter_mut().enumerate() {
+                *p = &span_of(rank_of(i))[at.clone()];
+            }
+            let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+            let into = &mut reduced[at.clone()];
+            fast.exchange(
+                link,
+                &call.header,
+                &payloads[..n - 1],
+                ends.others,
+                ends.others,
+                &mut got,
+                timed,
+                |parts| {
+                    let from = |r: usize| match r.cmp(&me) {
+                        std::cmp::Ordering::Equal => &span_of(me)[at.clone()],
+                        std::cmp::Ordering::Less => parts.get(r),
+                        std::cmp::Ordering::Greater => parts.get(r - 1),
+                    };
+                    kernels::combine(call.dtype, call.op, into, from(0), from(1));
+                    for r in 2..n {
+                        kernels::accumulate(call.dtype, call.op, into, from(r));
                     }
-                }
-            },
-        )?;
+                },
+            )?;
+        }
+        // Step 2: the reduced span to every peer; their blocks (and the
+        // last rank's tail, past the blocks) into place.
+        let reduced: &[u8] = reduced;
+        let output = mem.output();
+        for k in 0..parts {
+            let (at, timed) = part(k, true);
+            let payloads: [&[u8]; PEERS] = [&reduced[at.clone()]; PEERS];
+            let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+            fast.exchange(
+                link,
+                &call.header,
+                &payloads[..n - 1],
+                ends.others,
+                ends.others,
+                &mut got,
+                timed,
+                |parts| {
+                    // The part's bytes of a block, and of the tail.
+                    let in_block = at.start.min(b)..at.end.min(b);
+                    let in_tail = at.start.max(b)..at.end.max(b);
+                    for i in 0..n - 1 {
+                        let (r, theirs) = (rank_of(i), parts.get(i));
+                        let (mine, rest) = theirs.split_at(in_block.len());
+                        output[r * b + in_block.start..r * b + in_block.end].copy_from_slice(mine);
+                        if r == n - 1 {
+                            output[n * b + in_tail.start - b..n * b + in_tail.end - b]
+                                .copy_from_slice(rest);
+                        }
+                    }
+                },
+            )?;
+        }
         output[me * b..(me + 1) * b].copy_from_slice(&reduced[..b]);
         if me == n - 1 {
             output[n * b..len].copy_from_slice(&reduced[b..]);
@@ -1113,7 +1129,17 @@ mod tests {
         assert!(eligible(Collective::AllGather, 2048, DType::F64, 4));
         assert!(!eligible(Collective::AllGather, 2049, DType::F64, 4));
         assert!(eligible(Collective::Reduce, 4096, DType::F32, 2));
-        assert!(!eligible(Collective::AllReduce, 4097, DType::F32, 3));
+        // Allreduces on 3-16 ranks past one message run in two steps, up
+        // to 512 KiB; gathers never.
+        assert!(eligible(Collective::AllReduce, 4097, DType::F32, 3));
+        assert!(eligible(Collective::AllReduce, 1 << 17, DType::F32, 16));
+        assert!(!eligible(
+            Collective::AllReduce,
+            (1 << 17) + 1,
+            DType::F32,
+            3
+        ));
+        assert!(!eligible(Collective::Gather, 4097, DType::F32, 3));
         // Broadcasts and reduces past one eager buffer are streamed on up
         // to 4 ranks: broadcasts up to 64 KiB, reduces of any length; and
         // allreduces on 2 ranks of any length.
@@ -1126,8 +1152,8 @@ mod tests {
         assert!(eligible(Collective::Broadcast, 16384, DType::F32, 3));
         assert!(!eligible(Collective::Broadcast, 16385, DType::F32, 3));
         assert!(!eligible(Collective::Gather, 4097, DType::F32, 2));
-        assert!(eligible(Collective::AllReduce, 3276, DType::U8, 16));
-        assert!(!eligible(Collective::AllReduce, 3277, DType::U8, 16));
+        assert!(eligible(Collective::AllGather, 3276, DType::U8, 16));
+        assert!(!eligible(Collective::AllGather, 3277, DType::U8, 16));
         assert!(!eligible(Collective::AllReduce, 2, DType::F32, 1));
         assert!(!eligible(Collective::AllReduce, 2, DType::F32, 17));
         assert!(eligible(Collective::AllToAll, 1, DType::U8, 2));

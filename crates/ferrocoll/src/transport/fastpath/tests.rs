@@ -8,7 +8,7 @@ use std::thread;
 use super::small::{
     broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams, two_step, PAIR_AHEAD,
     PAIR_PART_MAX_COUNT, REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS, STREAM_MAX_RANKS,
-    TWO_STEP_MAX_RANKS,
+    TWO_STEP_MAX_BYTES, TWO_STEP_MAX_RANKS,
 };
 use super::{all_bits, bits};
 use crate::launch::init::tests::world;
@@ -203,7 +203,7 @@ fn collectives_of<T: Small>(comm: &Communicator) {
             let streamed = streams(coll, count * T::DTYPE.size(), n);
             let remote = remote_on && reads_remote(coll, count * T::DTYPE.size(), n);
             // The test world is one host of `n` ranks.
-            let split = two_step(coll, count, T::DTYPE.size(), n, eager_buffer_bytes(n));
+            let split = two_step(coll, count, T::DTYPE.size(), n);
             assert_eq!(
                 comm.uses_fast_path(coll, count, T::DTYPE),
                 (fast || streamed || remote || split) && n > 1,
@@ -553,18 +553,17 @@ fn streamed_allreduces_of_different_lengths_are_a_mismatch() {
 /// The counts of `T` whose allreduce among `n` ranks (this host's all)
 /// runs in two steps at its ends, each with whether it does: one message
 /// (not), the first count past it, a count that `n` does not divide, the
-/// largest spans (an eager buffer or a packed count: `n` of them exactly),
-/// and one element more or less there (a span too long: the plans).
+/// largest (spans of several eager buffers, or of several packed counts
+/// for bytes), and one element more (the plans).
 fn two_step_counts<T: Small>(n: usize) -> Vec<(usize, bool)> {
     let size = T::DTYPE.size();
     let one = max_message(n) / size;
-    let span_max = (eager_buffer_bytes(n) / size).min(PAIR_PART_MAX_COUNT);
-    let last = span_max * n;
+    let last = TWO_STEP_MAX_BYTES / size;
     vec![
         (one, false),
         (one + 1, true),
-        (n * (span_max - n) + n - 1, true),
-        (last - 1, false),
+        (n * (one / n + 5) + n - 1, true),
+        (last - 1, true),
         (last, true),
         (last + 1, false),
     ]
@@ -582,13 +581,7 @@ fn two_step_allreduces_at_their_boundaries_on_3_to_16_ranks() {
         let n = comm.size();
         for (count, split) in two_step_counts::<T>(n) {
             assert_eq!(
-                two_step(
-                    Collective::AllReduce,
-                    count,
-                    T::DTYPE.size(),
-                    n,
-                    eager_buffer_bytes(n)
-                ),
+                two_step(Collective::AllReduce, count, T::DTYPE.size(), n),
                 split,
                 "{} count {count} on {n} ranks",
                 T::DTYPE
@@ -760,15 +753,7 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                     assert!(!reads_remote(Collective::AllReduce, bytes, n));
                     assert_eq!(
                         comm.uses_fast_path(Collective::AllReduce, count, T::DTYPE),
-                        n == 2
-                            || !past_eager
-                            || two_step(
-                                Collective::AllReduce,
-                                count,
-                                size,
-                                n,
-                                eager_buffer_bytes(n)
-                            ),
+                        n == 2 || !past_eager || two_step(Collective::AllReduce, count, size, n),
                         "allreduce count {count} on {n} ranks"
                     );
                     if n == 2 || count < (1 << 16) {

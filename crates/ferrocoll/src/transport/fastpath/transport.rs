@@ -98,7 +98,6 @@ impl SmallCollectives for FastTransport {
     fn eligible(&self, coll: Collective, count: usize, dtype: DType, n: usize) -> bool {
         small::eligible(coll, count, dtype, n)
             || small::remote_eligible(&self.fast, coll, count, dtype, n)
-            || small::two_step_eligible(&self.fast, coll, count, dtype, n)
     }
 
     fn run(&self, call: &SmallCall<'_>, buffers: SmallBuffers<'_, '_>) -> Result<()> {
