@@ -160,6 +160,14 @@ pub(crate) const TWO_STEP_MAX_RANKS: usize = FAST_MAX_RANKS;
 /// plans' time on 3 and 8 ranks (bench/RESULTS.md, eleventh session).
 pub(crate) const TWO_STEP_MAX_BYTES: usize = 512 << 10;
 
+/// Most bytes in one part of a two-step allreduce's span ([`two_step`]),
+/// where the eager buffers are larger (hosts of up to 4 ranks). A 512 KiB
+/// allreduce on 4 ranks in parts of 64 KiB took 0.66x the time of one 128
+/// KiB part per span, in 32 KiB parts 0.79x; at 128-512 KiB on 3 and 4
+/// ranks both sizes came out at 0.79-1.08x (bench/RESULTS.md, eleventh
+/// session).
+pub(crate) const TWO_STEP_PART_BYTES: usize = 64 << 10;
+
 /// Whether an allreduce of `count` elements of `elem_size` bytes among `n`
 /// ranks (3 to [`TWO_STEP_MAX_RANKS`]), too long for one message per pair
 /// ([`max_message`]) and at most [`TWO_STEP_MAX_BYTES`], runs as *two
@@ -171,10 +179,10 @@ pub(crate) const TWO_STEP_MAX_BYTES: usize = 512 << 10;
 /// elements after it (the next block's first, or for the last rank the
 /// count's tail), so that every message of a step has one length and is a
 /// contiguous slice of the input: the few elements two ranks both reduce
-/// come out alike (rank order). A span longer than an eager buffer
-/// ([`FastPath::eager_buffer_bytes`]: 128 KiB on hosts of up to 4 ranks,
-/// 16 KiB beyond; at most [`PAIR_PART_MAX_COUNT`] elements) goes in parts
-/// of one, each part one exchange with every peer. Measured
+/// come out alike (rank order). A span goes in parts of an eager buffer
+/// ([`FastPath::eager_buffer_bytes`]: 16 KiB on hosts of more than 4
+/// ranks) or of [`TWO_STEP_PART_BYTES`], at most [`PAIR_PART_MAX_COUNT`]
+/// elements, each part one exchange with every peer. Measured
 /// (bench/RESULTS.md, eleventh session): 0.35-0.60x the plans' time at 24
 /// KiB - 512 KiB on 3 and 4 ranks (0.77x at 512 KiB on 4), 0.35-0.55x at
 /// 64-512 KiB on 6, 8 and 16 ranks.
@@ -967,9 +975,10 @@ fn run_two_step<const PEERS: usize>(
     let span = block + tail;
     // Bytes of a block, of a span, and of the whole call.
     let (b, s, len) = (block * size, span * size, call.count * size);
-    // A span longer than an eager buffer goes in parts, the same on every
-    // rank, each step's parts one exchange apiece.
-    let per_part = (fast.eager_buffer_bytes() / size).min(PAIR_PART_MAX_COUNT);
+    // A span longer than a part goes in parts, the same on every rank, each
+    // step's parts one exchange apiece.
+    let part_bytes = fast.eager_buffer_bytes().min(TWO_STEP_PART_BYTES);
+    let per_part = (part_bytes / size).min(PAIR_PART_MAX_COUNT);
     let parts = span.div_ceil(per_part).max(1);
     let until = Instant::now() + call.timeout;
     // Part `k` of a step: its bytes within a span, and its message.
