@@ -1013,28 +1013,15 @@ fn run_two_step<const PEERS: usize>(
             for (i, p) in payloads[..n - 1].iter_mut().enumerate() {
                 *p = &span_of(rank_of(i))[at.clone()];
             }
-            let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
             let into = &mut reduced[at.clone()];
-            fast.exchange(
-                link,
-                &call.header,
-                &payloads[..n - 1],
-                ends.others,
-                ends.others,
-                &mut got,
-                timed,
-                |parts| {
-                    let from = |r: usize| match r.cmp(&me) {
-                        std::cmp::Ordering::Equal => &span_of(me)[at.clone()],
-                        std::cmp::Ordering::Less => parts.get(r),
-                        std::cmp::Ordering::Greater => parts.get(r - 1),
-                    };
-                    kernels::combine(call.dtype, call.op, into, from(0), from(1));
-                    for r in 2..n {
-                        kernels::accumulate(call.dtype, call.op, into, from(r));
-                    }
-                },
-            )?;
+            with_all::<PEERS>(fast, link, call, ends, &payloads, timed, |parts| {
+                let from = |r: usize| match r.cmp(&me) {
+                    std::cmp::Ordering::Equal => &span_of(me)[at.clone()],
+                    std::cmp::Ordering::Less => parts.get(r),
+                    std::cmp::Ordering::Greater => parts.get(r - 1),
+                };
+                reduce_in_rank_order(call, n, into, from);
+            })?;
         }
         // Step 2: the reduced span to every peer; their blocks (and the
         // last rank's tail, past the blocks) into place.
@@ -1043,30 +1030,20 @@ fn run_two_step<const PEERS: usize>(
         for k in 0..parts {
             let (at, timed) = part(k, true);
             let payloads: [&[u8]; PEERS] = [&reduced[at.clone()]; PEERS];
-            let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
-            fast.exchange(
-                link,
-                &call.header,
-                &payloads[..n - 1],
-                ends.others,
-                ends.others,
-                &mut got,
-                timed,
-                |parts| {
-                    // The part's bytes of a block, and of the tail.
-                    let in_block = at.start.min(b)..at.end.min(b);
-                    let in_tail = at.start.max(b)..at.end.max(b);
-                    for i in 0..n - 1 {
-                        let (r, theirs) = (rank_of(i), parts.get(i));
-                        let (mine, rest) = theirs.split_at(in_block.len());
-                        output[r * b + in_block.start..r * b + in_block.end].copy_from_slice(mine);
-                        if r == n - 1 {
-                            output[n * b + in_tail.start - b..n * b + in_tail.end - b]
-                                .copy_from_slice(rest);
-                        }
+            with_all::<PEERS>(fast, link, call, ends, &payloads, timed, |parts| {
+                // The part's bytes of a block, and of the tail.
+                let in_block = at.start.min(b)..at.end.min(b);
+                let in_tail = at.start.max(b)..at.end.max(b);
+                for i in 0..n - 1 {
+                    let (r, theirs) = (rank_of(i), parts.get(i));
+                    let (mine, rest) = theirs.split_at(in_block.len());
+                    output[r * b + in_block.start..r * b + in_block.end].copy_from_slice(mine);
+                    if r == n - 1 {
+                        output[n * b + in_tail.start - b..n * b + in_tail.end - b]
+                            .copy_from_slice(rest);
                     }
-                },
-            )?;
+                }
+            })?;
         }
         output[me * b..(me + 1) * b].copy_from_slice(&reduced[..b]);
         if me == n - 1 {
@@ -1076,6 +1053,45 @@ fn run_two_step<const PEERS: usize>(
     })();
     SCRATCH.set(scratch);
     result
+}
+
+/// One message of `call` to and from every other rank of the group
+/// (`payloads[i]` to `ends.others[i]`), then `read` on what arrived.
+fn with_all<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    ends: &Ends<'_>,
+    payloads: &[&[u8]; PEERS],
+    timed: (Piece, Duration),
+    read: impl FnOnce(&Parts<'_>),
+) -> Result<()> {
+    let peers = ends.others.len();
+    let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+    fast.exchange(
+        link,
+        &call.header,
+        &payloads[..peers],
+        ends.others,
+        ends.others,
+        &mut got,
+        timed,
+        read,
+    )
+}
+
+/// `out` = the reduction by `call`'s operator of `from(0)`, ..., `from(n -
+/// 1)`, in rank order (every rank so computes the same bits).
+fn reduce_in_rank_order<'a>(
+    call: &SmallCall<'_>,
+    n: usize,
+    out: &mut [u8],
+    from: impl Fn(usize) -> &'a [u8],
+) {
+    kernels::combine(call.dtype, call.op, out, from(0), from(1));
+    for r in 2..n {
+        kernels::accumulate(call.dtype, call.op, out, from(r));
+    }
 }
 
 /// Writes this rank's output of `call` from its contribution `mine` and
@@ -1102,10 +1118,7 @@ fn write_output<'p>(call: &SmallCall<'_>, mine: &'p [u8], parts: &'p Parts<'_>, 
         Collective::AllReduce | Collective::Reduce | Collective::ReduceScatter
             if !out.is_empty() =>
         {
-            kernels::combine(call.dtype, call.op, out, from(0), from(1));
-            for r in 2..n {
-                kernels::accumulate(call.dtype, call.op, out, from(r));
-            }
+            reduce_in_rank_order(call, n, out, from)
         }
         Collective::Broadcast if me == root && !out.is_empty() => out.copy_from_slice(mine),
         // A streamed broadcast's root in place has no output to write.
