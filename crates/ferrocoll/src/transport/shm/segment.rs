@@ -21,7 +21,7 @@ pub(super) const NAME_PREFIX: &str = "ferrocoll-";
 /// First word of every segment header.
 pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"FERROSHM");
 /// Layout version, bumped on any change to the segment layout.
-pub(super) const VERSION: u32 = 4;
+pub(super) const VERSION: u32 = 5;
 /// Spacing of independently written words: two cache lines.
 pub(crate) const BLOCK: usize = 128;
 
@@ -60,7 +60,13 @@ pub(super) const MAILBOXES_START: usize = 3 * BLOCK;
 /// Beyond the room to run ahead, more slots mean fewer reads of the
 /// receiver's `ack` (a sender reloads it only when its cached copy says the
 /// mailbox is full, so once every `SLOTS - 1` messages in lockstep).
-pub(crate) const SLOTS: usize = 16;
+/// With more ranks than cores a rank that waits hands its core over, and
+/// the room to run ahead decides how often: a loop of 8-64 byte broadcasts
+/// on 4 ranks on 2 cores took 1.00-1.16 us a call with 16 slots, 0.58-0.69
+/// with 64 and 0.46-0.51 with 256 (Open MPI: 0.62-0.72; bench/RESULTS.md,
+/// twelfth session). A mailbox of 256 slots is 32 KiB of the segment,
+/// touched only as it is used.
+pub(crate) const SLOTS: usize = 256;
 /// Bytes of one mailbox: its `ack` block and its slots.
 pub(super) const MAILBOX_BYTES: usize = (1 + SLOTS) * BLOCK;
 /// Slot: header bytes before the payload (stamp, comm, seq, signature).
