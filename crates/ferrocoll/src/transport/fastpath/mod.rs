@@ -65,7 +65,7 @@
 //! engine.
 //!
 //! **Streamed calls.** One-way calls longer than an eager buffer, reduces
-//! of any length and broadcasts up to 64 KiB on 2-4 ranks, 2-rank
+//! of any length and broadcasts up to 512 KiB on 3-4 ranks, 2-rank
 //! allreduces of any length and 2-rank allgathers and all-to-alls of
 //! 16 KiB - 1 MiB blocks (each part both ways, in parts of the larger
 //! eager buffers of small hosts, each rank sending several parts ahead:

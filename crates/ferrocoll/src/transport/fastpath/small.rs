@@ -81,20 +81,23 @@ pub(crate) fn max_message(n: usize) -> usize {
 }
 
 /// Longest broadcast the fast path streams among `n` ranks ([`streams`]):
-/// two eager buffers on 2 ranks, four on 3 and 4. A streamed part is
-/// copied twice (into the eager buffer by the root, out of it by the
-/// receiver, on two cores at once), where the plans' single copy reads the
-/// root's memory once. Measured (bench/RESULTS.md, "Streamed broadcasts and
-/// reduces" and the sixth session): on 2 ranks the parts tie with the
-/// plans at 32 KiB and lose from 48 KiB (64 KiB: 5.95-6.35 us against
-/// 4.27-4.73 for the tree and direct); on 3 and 4 ranks they win up to
-/// 64 KiB (4 ranks, 64 KiB: 14.2-14.5 us against 16.5-17.4) and lose from
-/// 96 KiB (4 ranks: 21.0-25.3 against 17.9-20.7).
+/// two eager buffers on 2 ranks (past one, 2-rank broadcasts read the
+/// root's memory instead, [`reads_remote`]), 512 KiB on 3 and 4. A
+/// streamed part is copied twice (into the eager buffer by the root, out
+/// of it by the receiver, on two cores at once), where the plans' single
+/// copy reads the root's memory once; but the root runs up to
+/// [`EAGER_BUFFERS`] parts ahead, each receiver copies without the
+/// engine's frames and matches, and no receiver waits on another. The sixth
+/// session measured the parts losing from 96 KiB on 4 ranks; with the
+/// twelfth's mailboxes they took 0.51-0.85x `direct`'s time at 128-256 KiB
+/// on 4 ranks, 0.97x at 512 KiB, 1.03x at 1 MiB and 1.22x at 2 MiB, and
+/// on 3 ranks 0.59-0.80x at 128 KiB - 1 MiB, 1.11-1.17x at 2-4 MiB
+/// (bench/RESULTS.md, twelfth session).
 pub(crate) fn broadcast_stream_bytes(n: usize) -> usize {
     if n <= 2 {
         2 * EAGER_BYTES
     } else {
-        4 * EAGER_BYTES
+        32 * EAGER_BYTES
     }
 }
 
@@ -1163,7 +1166,7 @@ mod tests {
         ));
         assert!(!eligible(Collective::Gather, 4097, DType::F32, 3));
         // Broadcasts and reduces past one eager buffer are streamed on up
-        // to 4 ranks: broadcasts up to 64 KiB, reduces of any length; and
+        // to 4 ranks: broadcasts up to 512 KiB, reduces of any length; and
         // allreduces on 2 ranks of any length.
         assert!(eligible(Collective::AllReduce, 4097, DType::F32, 2));
         assert!(eligible(Collective::AllReduce, 1 << 20, DType::F32, 2));
@@ -1171,8 +1174,13 @@ mod tests {
         assert!(eligible(Collective::Reduce, 4097, DType::F32, 2));
         assert!(eligible(Collective::Reduce, 1 << 30, DType::F32, 4));
         assert!(!eligible(Collective::Reduce, 4097, DType::F32, 5));
-        assert!(eligible(Collective::Broadcast, 16384, DType::F32, 3));
-        assert!(!eligible(Collective::Broadcast, 16385, DType::F32, 3));
+        assert!(eligible(Collective::Broadcast, 1 << 17, DType::F32, 3));
+        assert!(!eligible(
+            Collective::Broadcast,
+            (1 << 17) + 1,
+            DType::F32,
+            4
+        ));
         assert!(!eligible(Collective::Gather, 4097, DType::F32, 2));
         assert!(eligible(Collective::AllGather, 3276, DType::U8, 16));
         assert!(!eligible(Collective::AllGather, 3277, DType::U8, 16));
