@@ -59,7 +59,7 @@
 //! from all peers together (`3 * EAGER_BYTES / (n - 1)`: 16 KiB on 2-4
 //! ranks, 12 KiB on 5, 7 KiB on 8, 3.2 KiB on 16); beyond that the plans,
 //! which move less than a whole contribution per peer, do better. Past
-//! it, an allreduce on 3-16 ranks of up to 512 KiB runs in two steps, a
+//! it, an allreduce on 3-16 ranks of any length runs in two steps, a
 //! reduce-scatter and an allgather of the reduced blocks, in parts of at
 //! most 64 KiB ([`small::two_step`]): the plans' `direct` without the
 //! engine.

@@ -49,6 +49,21 @@ thread_local! {
     static SCRATCH: Cell<Vec<u64>> = const { Cell::new(Vec::new()) };
 }
 
+/// Largest scratch, in bytes, a thread keeps between calls: a two-step
+/// allreduce's scratch holds a whole span (a `1/n` of the call), which for
+/// calls of hundreds of MiB is memory the thread should not hold after
+/// them; such calls take long enough that allocating it again costs them
+/// little.
+const SCRATCH_KEPT_BYTES: usize = 64 << 20;
+
+/// Puts `scratch` back for this thread's next call, unless it is larger
+/// than [`SCRATCH_KEPT_BYTES`] (then it is freed).
+fn keep_scratch(scratch: Vec<u64>) {
+    if scratch.capacity() * 8 <= SCRATCH_KEPT_BYTES {
+        SCRATCH.set(scratch);
+    }
+}
+
 /// Whether the fast path implements `coll` at all.
 pub(crate) fn handles(coll: Collective) -> bool {
     matches!(
@@ -156,13 +171,6 @@ pub(crate) const PAIR_PART_MAX_COUNT: usize = 1 << 15;
 /// ranks).
 pub(crate) const TWO_STEP_MAX_RANKS: usize = FAST_MAX_RANKS;
 
-/// Largest allreduce, in bytes, that runs in two steps ([`two_step`]).
-/// Past it the plans did as well or better on some group sizes: at 1 MiB
-/// on 4 ranks the spans in parts took 1.06x `torus2d`'s time and on 8
-/// ranks 1.10x `hd`'s, where up to 512 KiB they took 0.53-0.60x the
-/// plans' time on 3 and 8 ranks (bench/RESULTS.md, eleventh session).
-pub(crate) const TWO_STEP_MAX_BYTES: usize = 512 << 10;
-
 /// Most bytes in one part of a two-step allreduce's span ([`two_step`]),
 /// where the eager buffers are larger (hosts of up to 4 ranks). A 512 KiB
 /// allreduce on 4 ranks in parts of 64 KiB took 0.66x the time of one 128
@@ -173,8 +181,8 @@ pub(crate) const TWO_STEP_PART_BYTES: usize = 64 << 10;
 
 /// Whether an allreduce of `count` elements of `elem_size` bytes among `n`
 /// ranks (3 to [`TWO_STEP_MAX_RANKS`]), too long for one message per pair
-/// ([`max_message`]) and at most [`TWO_STEP_MAX_BYTES`], runs as *two
-/// steps* on the fast path ([`run_two_step`]): a reduce-scatter (every
+/// ([`max_message`]), runs as *two steps* on the fast path
+/// ([`run_two_step`]): a reduce-scatter (every
 /// rank sends each peer that peer's span of its input and reduces its own)
 /// and an allgather of the reduced spans, under the call's one key: what
 /// the plans' `direct` does through the engine. Rank `r`'s span is its
@@ -188,13 +196,20 @@ pub(crate) const TWO_STEP_PART_BYTES: usize = 64 << 10;
 /// elements, each part one exchange with every peer. Measured
 /// (bench/RESULTS.md, eleventh session): 0.35-0.60x the plans' time at 24
 /// KiB - 512 KiB on 3 and 4 ranks (0.77x at 512 KiB on 4), 0.35-0.55x at
-/// 64-512 KiB on 6, 8 and 16 ranks.
+/// 64-512 KiB on 6, 8 and 16 ranks. Of any length: the eleventh session
+/// stopped them at 512 KiB on a few runs past it (0.90-1.10x the plans at
+/// 1-2 MiB); the twelfth's interleaved runs had them at 0.61-0.85x the
+/// plans' time at 1-32 MiB on 3 ranks, 0.77-0.92x at 2-32 MiB on 4 (one
+/// run of 1.36x at 1 MiB among 0.72-0.85x), 0.82-0.90x on 6, 0.86-1.00x
+/// on 8 and 0.69-0.88x at 1-4 MiB on 16, all with more ranks than cores
+/// (2 here), where two steps wait on descheduled peers far less often
+/// than `2(n - 1)` do.
 pub(crate) fn two_step(coll: Collective, count: usize, elem_size: usize, n: usize) -> bool {
     coll == Collective::AllReduce
         && (3..=TWO_STEP_MAX_RANKS).contains(&n)
         && count
             .checked_mul(elem_size)
-            .is_some_and(|bytes| bytes > max_message(n) && bytes <= TWO_STEP_MAX_BYTES)
+            .is_some_and(|bytes| bytes > max_message(n))
 }
 
 /// Largest group whose large exchanges read the senders' memory
@@ -1054,7 +1069,7 @@ fn run_two_step<const PEERS: usize>(
         }
         Ok(())
     })();
-    SCRATCH.set(scratch);
+    keep_scratch(scratch);
     result
 }
 
@@ -1154,16 +1169,11 @@ mod tests {
         assert!(eligible(Collective::AllGather, 2048, DType::F64, 4));
         assert!(!eligible(Collective::AllGather, 2049, DType::F64, 4));
         assert!(eligible(Collective::Reduce, 4096, DType::F32, 2));
-        // Allreduces on 3-16 ranks past one message run in two steps, up
-        // to 512 KiB; gathers never.
+        // Allreduces on 3-16 ranks past one message run in two steps, of
+        // any length; gathers never.
         assert!(eligible(Collective::AllReduce, 4097, DType::F32, 3));
         assert!(eligible(Collective::AllReduce, 1 << 17, DType::F32, 16));
-        assert!(!eligible(
-            Collective::AllReduce,
-            (1 << 17) + 1,
-            DType::F32,
-            3
-        ));
+        assert!(eligible(Collective::AllReduce, 1 << 30, DType::F32, 3));
         assert!(!eligible(Collective::Gather, 4097, DType::F32, 3));
         // Broadcasts and reduces past one eager buffer are streamed on up
         // to 4 ranks: broadcasts up to 512 KiB, reduces of any length; and

@@ -8,7 +8,7 @@ use std::thread;
 use super::small::{
     broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams, two_step, PAIR_AHEAD,
     PAIR_PART_MAX_COUNT, REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS, STREAM_MAX_RANKS,
-    TWO_STEP_MAX_BYTES, TWO_STEP_MAX_RANKS,
+    TWO_STEP_MAX_RANKS,
 };
 use super::{all_bits, bits};
 use crate::launch::init::tests::world;
@@ -551,21 +551,21 @@ fn streamed_allreduces_of_different_lengths_are_a_mismatch() {
 }
 
 /// The counts of `T` whose allreduce among `n` ranks (this host's all)
-/// runs in two steps at its ends, each with whether it does: one message
-/// (not), the first count past it, a count that `n` does not divide, the
-/// largest (spans of several eager buffers, or of several packed counts
-/// for bytes), and one element more (the plans).
+/// runs in two steps at its lower end and beyond, each with whether it
+/// does: one message (not), the first count past it, a count that `n` does
+/// not divide, and long ones (spans of several eager buffers, or of
+/// several packed counts for bytes; a count `n` divides and one it does
+/// not).
 fn two_step_counts<T: Small>(n: usize) -> Vec<(usize, bool)> {
     let size = T::DTYPE.size();
     let one = max_message(n) / size;
-    let last = TWO_STEP_MAX_BYTES / size;
+    let long = (512 << 10) / size;
     vec![
         (one, false),
         (one + 1, true),
         (n * (one / n + 5) + n - 1, true),
-        (last - 1, true),
-        (last, true),
-        (last + 1, false),
+        (long - 1, true),
+        (long, true),
     ]
 }
 
