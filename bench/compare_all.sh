@@ -28,7 +28,11 @@
 #   raw JSON lines there. ROUNDS=R (default 1) runs ferrocoll and the peer in
 #   turn R times per table and reports, per size and side, the round with the
 #   median time (both sides alike): on a VM whose speed drifts, one round's
-#   small sizes can be 10-100x off either way.
+#   small sizes can be 10-100x off either way. With R > 1 a `paired x` column
+#   beside it gives each size's median over the rounds of that round's ratio
+#   (the two sides of a round ran one right after the other), and each
+#   verdict line how many sizes that puts under the target: an aside, the
+#   verdict stays on the median rounds.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -119,9 +123,10 @@ done
 
 if ((need_gloo)); then stream_limit "$tmp/stream_after"; fi
 
-python3 - "$tmp" "$limit" "$colls" "$configs" "$(cat "$tmp/stream_before")" "$(cat "$tmp/stream_after")" <<'PY'
+python3 - "$tmp" "$limit" "$colls" "$configs" "$(cat "$tmp/stream_before")" "$(cat "$tmp/stream_after")" "$rounds" <<'PY'
 import json, os, sys
 tmp, limit, colls, configs = sys.argv[1], float(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
+rounds = int(sys.argv[7])
 # The stream limits, the larger of the runs before and after: one direction,
 # and each direction of both at once (their mean).
 runs = [[float(x) for x in r.split()] for r in sys.argv[5:7] if r.split()]
@@ -131,9 +136,9 @@ if runs:
     print(f"\n# tcp stream limit (larger of before/after): one direction {one_way:.2f} GB/s, "
           f"each direction of both at once {both_ways:.2f} GB/s")
 
-def load(name):
-    """Per size, the record of the round with the median time (the lower
-    middle of an even count), from the files name.r0, name.r1, ..."""
+def rounds_of(name):
+    """Per size, each round's record by round number, from the files
+    name.r0, name.r1, ..."""
     rounds = {}
     i = 0
     while os.path.exists(path := os.path.join(tmp, f"{name}.r{i}")):
@@ -142,15 +147,36 @@ def load(name):
             if line.startswith("{"):
                 r = json.loads(line)
                 if "bytes" in r:
-                    rounds.setdefault(r["bytes"], []).append(r)
+                    rounds.setdefault(r["bytes"], {})[i] = r
         i += 1
-    return {b: sorted(rs, key=lambda r: r["time_us"])[(len(rs) - 1) // 2] for b, rs in rounds.items()}
+    return rounds
+
+def load(name):
+    """Per size, the record of the round with the median time (the lower
+    middle of an even count)."""
+    return {b: sorted(rs.values(), key=lambda r: r["time_us"])[(len(rs) - 1) // 2]
+            for b, rs in rounds_of(name).items()}
+
+def paired(fc_name, peer_name):
+    """Per size, the median over the rounds of each round's busbw ratio:
+    ferrocoll and the peer of one round ran one right after the other, so
+    a drift of the machine's speed between rounds cancels out of it (an
+    aside beside the verdict, which stays on the median rounds)."""
+    fc_rounds, peer_rounds = rounds_of(fc_name), rounds_of(peer_name)
+    out = {}
+    for b in set(fc_rounds) & set(peer_rounds):
+        ratios = sorted(fc_rounds[b][i]["busbw"] / peer_rounds[b][i]["busbw"]
+                        for i in set(fc_rounds[b]) & set(peer_rounds[b]) if peer_rounds[b][i]["busbw"] > 0)
+        if ratios:
+            out[b] = ratios[(len(ratios) - 1) // 2]
+    return out
 
 verdicts = []
 for coll in colls:
     for cfg in configs:
         t, n = cfg.split(":")
         fc, peer = load(f"fc_{coll}_{t}{n}"), load(f"peer_{coll}_{t}{n}")
+        pair = paired(f"fc_{coll}_{t}{n}", f"peer_{coll}_{t}{n}")
         name, want, start = ("ompi", 1.0, 0) if t == "shm" else ("gloo", 2.0, 1 << 20)
         stream = (one_way if coll in ("bcast", "reduce") else both_ways) if t == "tcp" else 0.0
         print(f"\n## {coll}, {t}, {n} ranks, vs {name}")
@@ -159,8 +185,9 @@ for coll in colls:
             print(f"# stream: {which} of one loopback TCP stream, {stream:.2f} GB/s")
         print(f"# {'bytes':>10} {'algo':>10} {'fc us':>10} {'fc busbw':>9} {name + ' us':>10} "
               f"{name + ' busbw':>11} {'busbw x':>8} {'fc/limit':>8}"
-              + (f" {'fc/stream':>9} {name + '/stream':>11}" if stream > 0 else ""))
-        misses, worst, short, lowest = [], None, [], None
+              + (f" {'fc/stream':>9} {name + '/stream':>11}" if stream > 0 else "")
+              + (f" {'paired x':>8}" if rounds > 1 else ""))
+        misses, worst, short, lowest, paired_misses = [], None, [], None, []
         for b in sorted(set(fc) & set(peer)):
             f, p = fc[b], peer[b]
             ratio = f["busbw"] / p["busbw"] if p["busbw"] > 0 else float("inf")
@@ -176,6 +203,10 @@ for coll in colls:
                         short.append(b)
                     lowest = of_stream if lowest is None else min(lowest, of_stream)
             tail = f" {f['busbw'] / stream:>9.2f} {p['busbw'] / stream:>11.2f}" if stream > 0 else ""
+            if rounds > 1:
+                tail += f" {pair.get(b, float('nan')):>8.2f}"
+                if b >= start and pair.get(b, want) < want:
+                    paired_misses.append(b)
             print(f"  {b:>10} {f['algo']:>10} {f['time_us']:>10.1f} {f['busbw']:>9.3f} {p['time_us']:>10.1f} "
                   f"{p['busbw']:>11.3f} {ratio:>8.2f} {f['busbw'] / limit:>8.3f}{tail}{mark}")
         where = "every size" if start == 0 else f"every size >= {start} B"
@@ -183,7 +214,8 @@ for coll in colls:
             verdicts.append(f"{coll:>13} {t} {n}: no measured size in the target's range")
             continue
         verdict = "met" if not misses else f"MISSED at {len(misses)} sizes ({', '.join(str(m) for m in misses)})"
-        verdicts.append(f"{coll:>13} {t} {n}: busbw >= {want}x {name} at {where}: {verdict}; worst {worst:.2f}x")
+        aside = f" (paired rounds: under {want}x at {len(paired_misses)} sizes)" if rounds > 1 else ""
+        verdicts.append(f"{coll:>13} {t} {n}: busbw >= {want}x {name} at {where}: {verdict}; worst {worst:.2f}x{aside}")
         if lowest is not None:
             verdict = "met" if not short else f"MISSED at {len(short)} sizes ({', '.join(str(m) for m in short)})"
             verdicts.append(f"{coll:>13} {t} {n}: busbw >= 0.7x the stream at {where}: {verdict}; lowest {lowest:.2f}x")
