@@ -151,18 +151,17 @@ def rounds_of(name):
         i += 1
     return rounds
 
-def load(name):
+def median_rounds(rounds):
     """Per size, the record of the round with the median time (the lower
     middle of an even count)."""
     return {b: sorted(rs.values(), key=lambda r: r["time_us"])[(len(rs) - 1) // 2]
-            for b, rs in rounds_of(name).items()}
+            for b, rs in rounds.items()}
 
-def paired(fc_name, peer_name):
+def paired(fc_rounds, peer_rounds):
     """Per size, the median over the rounds of each round's busbw ratio:
     ferrocoll and the peer of one round ran one right after the other, so
     a drift of the machine's speed between rounds cancels out of it (an
     aside beside the verdict, which stays on the median rounds)."""
-    fc_rounds, peer_rounds = rounds_of(fc_name), rounds_of(peer_name)
     out = {}
     for b in set(fc_rounds) & set(peer_rounds):
         ratios = sorted(fc_rounds[b][i]["busbw"] / peer_rounds[b][i]["busbw"]
@@ -175,8 +174,9 @@ verdicts = []
 for coll in colls:
     for cfg in configs:
         t, n = cfg.split(":")
-        fc, peer = load(f"fc_{coll}_{t}{n}"), load(f"peer_{coll}_{t}{n}")
-        pair = paired(f"fc_{coll}_{t}{n}", f"peer_{coll}_{t}{n}")
+        fc_rounds, peer_rounds = rounds_of(f"fc_{coll}_{t}{n}"), rounds_of(f"peer_{coll}_{t}{n}")
+        fc, peer = median_rounds(fc_rounds), median_rounds(peer_rounds)
+        pair = paired(fc_rounds, peer_rounds)
         name, want, start = ("ompi", 1.0, 0) if t == "shm" else ("gloo", 2.0, 1 << 20)
         stream = (one_way if coll in ("bcast", "reduce") else both_ways) if t == "tcp" else 0.0
         print(f"\n## {coll}, {t}, {n} ranks, vs {name}")
