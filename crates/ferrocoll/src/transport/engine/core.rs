@@ -640,16 +640,12 @@ impl Core {
         if now < c.deadline {
             return None;
         }
-        let peer = c
-            .recvs
-            .iter()
-            .find(|r| !r.done && r.peer != Incoming::ANY_SOURCE)
-            .map(|r| r.peer)
-            .or_else(|| {
-                self.peers
-                    .iter()
-                    .position(|p| p.sendq.iter().any(|o| o.call == Some(id)))
-            })
+        // A receive first, else a send not yet written or not yet read by
+        // the peer (a remote-data message waits for its acknowledgement).
+        let peer = self
+            .awaited_by(id)
+            .into_iter()
+            .find(|&p| p != Incoming::ANY_SOURCE)
             .unwrap_or(self.me);
         Some(Error::Timeout {
             collective: c.header.sig.to_string(),

@@ -30,6 +30,27 @@ use crate::types::DType;
 /// point-to-point keys have [`Header::P2P_BIT`] set.
 const WHERE_ONLY: u64 = (1 << 62) - 1;
 
+/// Whom a call still waits for, as its position says it ("waiting for
+/// world rank 2"; empty when it waits for no message). Engine ranks are the
+/// transport's, the world's, which a split communicator's report numbers
+/// differently: hence "world". Naming them turns a report of ranks that only
+/// wait for each other into a chain that ends at the one that is missing.
+fn waiting_on(peers: impl Iterator<Item = usize>) -> String {
+    let mut peers: Vec<usize> = peers.collect();
+    peers.sort_unstable();
+    peers.dedup();
+    match peers.as_slice() {
+        [] => String::new(),
+        // ANY_SOURCE is usize::MAX: last after the sort.
+        [.., Incoming::ANY_SOURCE] => "waiting for a message from any rank".to_string(),
+        [p] => format!("waiting for world rank {p}"),
+        many => {
+            let list: Vec<String> = many.iter().map(usize::to_string).collect();
+            format!("waiting for world ranks {}", list.join(", "))
+        }
+    }
+}
+
 /// A header naming only communicator `comm` (positions, where-only probes).
 fn comm_only(comm: u64) -> Header {
     Header {
@@ -176,21 +197,68 @@ impl Core {
         self.positions[from] = Some((header.comm, text));
     }
 
-    /// Where this rank is on communicator `comm`: the calls it is in, else
-    /// the last one it finished.
+    /// The peers call `id` still waits for: those it receives from, and
+    /// those its unwritten or unacknowledged sends wait on (a send into a
+    /// dead link).
+    pub(super) fn awaited_by(&self, id: usize) -> Vec<usize> {
+        let c = self.calls[id].as_ref().expect("live call");
+        let receiving = c.recvs.iter().filter(|r| !r.done).map(|r| r.peer);
+        let sending = self.peers.iter().enumerate().filter_map(|(p, peer)| {
+            let queued = peer.sendq.iter().any(|o| o.call == Some(id));
+            let unacked = peer.unacked.iter().any(|u| u.0 == id);
+            (queued || unacked).then_some(p)
+        });
+        receiving.chain(sending).collect()
+    }
+
+    /// Call `id` timed out: the ledger keeps it, and whom it waited for,
+    /// for the positions asked while the reports are gathered.
+    pub(super) fn note_timeout(&self, id: usize) {
+        let header = self.calls[id].as_ref().expect("live call").header;
+        let waiting = self.awaited_by(id);
+        ledger::with(&*self.ledger, |l| l.time_out(header, waiting));
+    }
+
+    /// Where this rank is on communicator `comm`: the calls it is in (and
+    /// whom each waits for), else the one that just timed out, else the
+    /// last one it finished.
     pub(super) fn position_text(&self, comm: u64) -> String {
-        let bypass = ledger::with(&*self.ledger, |l| l.bypass_waiting(comm));
+        let (bypass, timed_out) = ledger::with(&*self.ledger, |l| {
+            (l.bypass_waiting(comm), l.timed_out_on(comm))
+        });
         let running: Vec<String> = self
             .calls
             .iter()
-            .flatten()
-            .map(|c| c.header)
-            .filter(|h| h.comm == comm)
-            .chain(bypass)
-            .map(|h| format!("in {}", h.describe_call()))
+            .enumerate()
+            .filter_map(|(id, c)| c.as_ref().map(|c| (id, c)))
+            .filter(|(_, c)| c.header.comm == comm)
+            .map(|(id, c)| {
+                let waiting = waiting_on(self.awaited_by(id).into_iter());
+                if waiting.is_empty() {
+                    format!("in {}", c.header.describe_call())
+                } else {
+                    format!("in {} ({waiting})", c.header.describe_call())
+                }
+            })
+            .chain(
+                bypass
+                    .into_iter()
+                    .map(|h| format!("in {}", h.describe_call())),
+            )
             .collect();
         if !running.is_empty() {
             return running.join(", ");
+        }
+        if !timed_out.is_empty() {
+            return timed_out
+                .into_iter()
+                .map(|(h, peers)| {
+                    let waiting = waiting_on(peers.into_iter());
+                    let sep = if waiting.is_empty() { "" } else { " " };
+                    format!("in {} (timed out{sep}{waiting})", h.describe_call())
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
         }
         match ledger::with(&*self.ledger, |l| l.last_finished(comm)) {
             Some(h) => format!(

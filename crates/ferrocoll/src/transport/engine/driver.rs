@@ -701,6 +701,9 @@ impl Transport for Engine {
         self.active.fetch_add(1, Ordering::SeqCst);
         let (mut st, result) = self.drive(st, id, start);
         self.active.fetch_sub(1, Ordering::SeqCst);
+        if let Err(Error::Timeout { .. }) = &result {
+            st.core.note_timeout(id);
+        }
         st.core.retire(id);
         if result.is_err() {
             st.drain_notices();

@@ -36,6 +36,14 @@ pub(crate) struct Ledger {
     bypass_waiting: Vec<Header>,
     /// The last call finished here took the bypass.
     bypass_finished_last: bool,
+    /// Calls that ended in a timeout, with the (world) ranks they still
+    /// waited for. The report that follows a timeout asks every rank where
+    /// it is, and a rank whose own call timed out at about the same moment
+    /// (every rank of a stuck call has the same deadline) answers while it
+    /// gathers its own report, its call already over: from here, "in
+    /// allreduce #27 (timed out waiting for world rank 2)", not "in no
+    /// call". Kept until a later call on the communicator finishes.
+    timed_out: Vec<(Header, Vec<usize>)>,
     /// `verdicts.len()`, readable without the lock ([`Ledger::verdicts_hint`]).
     verdict_count: Arc<AtomicUsize>,
 }
@@ -54,6 +62,7 @@ impl Ledger {
             verdicts: Vec::new(),
             bypass_waiting: Vec::new(),
             bypass_finished_last: false,
+            timed_out: Vec::new(),
             verdict_count: Arc::new(AtomicUsize::new(0)),
         }
     }
@@ -66,6 +75,26 @@ impl Ledger {
             self.finished.pop_front();
         }
         self.bypass_finished_last = false;
+        if !self.timed_out.is_empty() {
+            self.timed_out.retain(|(h, _)| h.comm != header.comm);
+        }
+    }
+
+    /// Call `header` (on either path) ended in a timeout while waiting for
+    /// `waiting` (see `timed_out`).
+    pub(crate) fn time_out(&mut self, header: Header, waiting: Vec<usize>) {
+        self.timed_out.retain(|(h, _)| h.key() != header.key());
+        self.timed_out.push((header, waiting));
+    }
+
+    /// The calls on communicator `comm` that ended in a timeout since the
+    /// last one on it finished, with whom they waited for.
+    pub(crate) fn timed_out_on(&self, comm: u64) -> Vec<(Header, Vec<usize>)> {
+        self.timed_out
+            .iter()
+            .filter(|(h, _)| h.comm == comm)
+            .cloned()
+            .collect()
     }
 
     /// Records that this rank finished the collective `header` on the

@@ -1205,3 +1205,40 @@ fn a_receive_posted_while_its_message_arrives_takes_the_rest() {
     b.retire(r);
     a.retire(s);
 }
+
+#[test]
+fn a_position_names_whom_a_call_waits_for_also_once_it_timed_out() {
+    let start = Instant::now();
+    let mut b = core(1, 4);
+    let h = header(4, 2);
+    let comm = h.comm;
+    let mut got = Got::default();
+    let recvs = [Incoming { peer: 3, len: 8 }, Incoming { peer: 2, len: 8 }];
+    // SAFETY: `got` lives until the call is retired.
+    let cb = unsafe { add(&mut b, &h, &[], &recvs, &mut got, start) }.unwrap();
+    let call = h.describe_call();
+    assert_eq!(
+        b.position_text(comm),
+        format!("in {call} (waiting for world ranks 2, 3)")
+    );
+    // Timed out and retired, as the driver does before the report asks
+    // every rank where it is: a peer asking now learns of the timed-out
+    // call, not "in no call".
+    assert!(b
+        .handle_timeout(cb, start + Duration::from_secs(2))
+        .is_some());
+    b.note_timeout(cb);
+    b.retire(cb);
+    assert_eq!(
+        b.position_text(comm),
+        format!("in {call} (timed out waiting for world ranks 2, 3)")
+    );
+    // A later call on the communicator that finishes ends that.
+    b.finished(&header(5, 2));
+    assert!(
+        b.position_text(comm)
+            .starts_with("in no call on this communicator; last finished"),
+        "{}",
+        b.position_text(comm)
+    );
+}

@@ -848,6 +848,11 @@ impl FastPath {
                 _ => self.books().ledger.bypass_done(header.key()),
             }
         }
+        if let Err(Error::Timeout { peer, .. }) = &done {
+            // For the positions asked while the report is gathered (see
+            // `Ledger::time_out`).
+            self.books().ledger.time_out(*header, vec![*peer]);
+        }
         let mut books = done?;
         if piece.carries != Carries::Bytes || len * from.len() > READ_LOCKED_BYTES {
             // A long read (a reduction of up to 16 KiB per peer, a read
