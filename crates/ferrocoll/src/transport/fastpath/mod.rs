@@ -841,7 +841,12 @@ impl FastPath {
         let mut wait = Wait::new(link, timeout);
         let mut stamps = [0u64; 32];
         let passes = (payloads, to, from, &mut *got, &mut stamps[..to.len()]);
-        let mut done = self.run_passes(link, header, (sig, piece.last), passes, &mut wait);
+        // Whether the message needs an eager buffer (longer than a slot's
+        // payload): known here from the piece, so the passes need not
+        // unpack `sig` for it on every call.
+        debug_assert_eq!(packed_len(sig), len);
+        let eager = len > SLOT_PAYLOAD;
+        let mut done = self.run_passes(link, header, (sig, piece.last, eager), passes, &mut wait);
         if wait.registered {
             match &mut done {
                 Ok(Some(books)) => books.ledger.bypass_done(header.key()),
@@ -971,7 +976,7 @@ impl FastPath {
         &self,
         link: &Link<'_>,
         header: &Header,
-        (sig, last): (u64, bool),
+        (sig, last, eager): (u64, bool, bool),
         (payloads, to, from, got, stamps): Passes<'_, '_>,
         wait: &mut Wait,
     ) -> Result<Option<MutexGuard<'_, Books>>> {
@@ -980,7 +985,6 @@ impl FastPath {
         // Bit i: the message from `from[i]` was at the head of its mailbox
         // in the last pass (not taken: it is read in place once all are).
         let mut present = 0u32;
-        let eager = packed_len(sig) > SLOT_PAYLOAD;
         let mut first = true;
         let books = loop {
             let mut books = self.books();
@@ -991,7 +995,7 @@ impl FastPath {
                 payloads,
                 (to, &mut to_send, &mut *stamps),
                 (from, &mut to_recv, &mut present, got),
-                (first, last),
+                (first, last, eager),
             );
             first = false;
             match pass {
@@ -1032,7 +1036,7 @@ impl FastPath {
         payloads: &[&[u8]],
         (to, to_send, stamps): (&[usize], &mut u32, &mut [u64]),
         (from, to_recv, present, got): (&[usize], &mut u32, &mut u32, &mut [Got]),
-        (first, last): (bool, bool),
+        (first, last, eager): (bool, bool, bool),
     ) -> Pass {
         let key = header.key();
         if first && ledger.ledger.has_verdicts() {
@@ -1061,11 +1065,7 @@ impl FastPath {
             // in order) covers slots and buffers alike, since
             // EAGER_BUFFERS <= SLOTS: a sender may be SLOTS messages ahead
             // of its receiver, EAGER_BUFFERS when it needs a buffer.
-            let ahead = if packed_len(sig) > SLOT_PAYLOAD {
-                EAGER_BUFFERS
-            } else {
-                SLOTS
-            } as u64;
+            let ahead = if eager { EAGER_BUFFERS } else { SLOTS } as u64;
             let head = SlotHeader {
                 comm: header.comm,
                 seq: header.seq,
