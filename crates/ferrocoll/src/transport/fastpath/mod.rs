@@ -1096,9 +1096,16 @@ impl FastPath {
                 }
             }
         }
-        match self.take_arrived(ledger, key, sig, (from, to_recv, present, got)) {
-            Ok(s) => stashed |= s,
-            Err(problem) => return Pass::Failed(problem),
+        if *to_recv != 0 {
+            match self.take_arrived(ledger, key, sig, (from, to_recv, present, got)) {
+                Ok(s) => stashed |= s,
+                Err(problem) => return Pass::Failed(problem),
+            }
+        } else {
+            // Nothing (left) to receive: a one-way call's sender looks at
+            // no mailbox (what `take_arrived` would conclude, without its
+            // call; a stray for this call is still looked for below).
+            *present = 0;
         }
         if stashed {
             self.stash_gen.fetch_add(1, Ordering::Relaxed);
