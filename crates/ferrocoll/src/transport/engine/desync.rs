@@ -35,8 +35,7 @@ const WHERE_ONLY: u64 = (1 << 62) - 1;
 /// transport's, the world's, which a split communicator's report numbers
 /// differently: hence "world". Naming them turns a report of ranks that only
 /// wait for each other into a chain that ends at the one that is missing.
-fn waiting_on(peers: impl Iterator<Item = usize>) -> String {
-    let mut peers: Vec<usize> = peers.collect();
+fn waiting_on(mut peers: Vec<usize>) -> String {
     peers.sort_unstable();
     peers.dedup();
     match peers.as_slice() {
@@ -48,6 +47,16 @@ fn waiting_on(peers: impl Iterator<Item = usize>) -> String {
             let list: Vec<String> = many.iter().map(usize::to_string).collect();
             format!("waiting for world ranks {}", list.join(", "))
         }
+    }
+}
+
+/// A rank's position in call `header`: "in allreduce(...) #5", with
+/// `state` in parentheses after it unless empty.
+fn in_call(header: &Header, state: &str) -> String {
+    if state.is_empty() {
+        format!("in {}", header.describe_call())
+    } else {
+        format!("in {} ({state})", header.describe_call())
     }
 }
 
@@ -232,19 +241,8 @@ impl Core {
             .enumerate()
             .filter_map(|(id, c)| c.as_ref().map(|c| (id, c)))
             .filter(|(_, c)| c.header.comm == comm)
-            .map(|(id, c)| {
-                let waiting = waiting_on(self.awaited_by(id).into_iter());
-                if waiting.is_empty() {
-                    format!("in {}", c.header.describe_call())
-                } else {
-                    format!("in {} ({waiting})", c.header.describe_call())
-                }
-            })
-            .chain(
-                bypass
-                    .into_iter()
-                    .map(|h| format!("in {}", h.describe_call())),
-            )
+            .map(|(id, c)| in_call(&c.header, &waiting_on(self.awaited_by(id))))
+            .chain(bypass.iter().map(|h| in_call(h, "")))
             .collect();
         if !running.is_empty() {
             return running.join(", ");
@@ -253,9 +251,8 @@ impl Core {
             return timed_out
                 .into_iter()
                 .map(|(h, peers)| {
-                    let waiting = waiting_on(peers.into_iter());
-                    let sep = if waiting.is_empty() { "" } else { " " };
-                    format!("in {} (timed out{sep}{waiting})", h.describe_call())
+                    let waiting = waiting_on(peers);
+                    in_call(&h, format!("timed out {waiting}").trim_end())
                 })
                 .collect::<Vec<_>>()
                 .join(", ");
