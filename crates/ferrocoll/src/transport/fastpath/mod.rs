@@ -64,6 +64,13 @@
 //! most 64 KiB ([`small::two_step`]): the plans' `direct` without the
 //! engine.
 //!
+//! **Two ranks, one message.** A 2-rank call of at most 4 KiB per rank
+//! (per block) takes [`FastPath::exchange_pair`] (`pair.rs`): the same
+//! slots and books, one pass under one lock when nothing unusual is in the
+//! way, and the general [`FastPath::exchange`] for everything else (a
+//! sender running ahead of a broadcast's receiver pays about 940
+//! instructions a call instead of 1440).
+//!
 //! **Streamed calls.** One-way calls longer than an eager buffer, reduces
 //! of any length and broadcasts up to 512 KiB on 3-4 ranks, 2-rank
 //! allreduces of any length and 2-rank allgathers and all-to-alls of
@@ -174,6 +181,7 @@
 
 mod mailbox;
 mod pack;
+mod pair;
 pub(crate) mod small;
 #[cfg(test)]
 mod tests;
@@ -356,7 +364,9 @@ impl Parts<'_> {
             // with this call's signature (so `len` is its length) and holds
             // it: no call consumes it before `FastPath::release`, which
             // `exchange` calls after `read`, and so after the last use of
-            // this borrow of `self`.
+            // this borrow of `self`. (`exchange_pair` instead keeps the
+            // books' lock, under which alone a message is consumed or taken
+            // out, from the check of the message until after `read`.)
             Got::InPlace(stamp) => unsafe {
                 let lp = self.fast.local(self.from[i]);
                 self.fast.boxes.payload(lp, *stamp, self.len)

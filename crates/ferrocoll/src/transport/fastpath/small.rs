@@ -24,6 +24,7 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
+use super::pair::PAIR_MAX_BYTES;
 use super::{
     Carries, FastPath, Got, Parts, Piece, ADDRESS_PAYLOAD, FAST_MAX_RANKS, REMOTE_PAYLOAD,
 };
@@ -322,6 +323,9 @@ pub(crate) fn run(
     call: &SmallCall<'_>,
     mem: &mut Memory<'_>,
 ) -> Result<()> {
+    if call.group.len() == 2 && call.count * call.dtype.size() <= PAIR_MAX_BYTES {
+        return run_pair(fast, link, call, mem);
+    }
     // Room for where the peers' messages lie, on the stack, sized for
     // small groups when the group is small.
     if call.group.len() <= 4 {
@@ -348,41 +352,7 @@ fn run_with<const PEERS: usize>(
             && (2..=PEERS + 1).contains(&n)
     );
 
-    let sends = match call.coll {
-        Collective::Barrier => false,
-        Collective::Broadcast => me == root,
-        _ => true,
-    };
-    let blocks = sends_blocks(call.coll);
-    let mine_len = if !sends {
-        0
-    } else if blocks {
-        n * len
-    } else {
-        len
-    };
-    let out_len = match call.coll {
-        Collective::AllReduce => len,
-        Collective::Reduce if me == root => len,
-        Collective::Broadcast => len,
-        Collective::AllGather | Collective::AllToAll => n * len,
-        Collective::ReduceScatter => len,
-        _ => 0,
-    };
-    if mem.input().len() < mine_len {
-        return Err(Error::Internal(format!(
-            "fast {}: input of {} bytes, {mine_len} needed",
-            call.coll,
-            mem.input().len()
-        )));
-    }
-    if mem.output().len() < out_len {
-        return Err(Error::Internal(format!(
-            "fast {}: output of {} bytes, {out_len} needed",
-            call.coll,
-            mem.output().len()
-        )));
-    }
+    let (mine_len, out_len) = lengths(call, mem)?;
 
     let mut others = [0usize; PEERS];
     for (slot, &w) in others.iter_mut().zip(
@@ -422,6 +392,109 @@ fn run_with<const PEERS: usize>(
     let piece = Piece::whole(&call.header);
     let result = exchange_piece::<PEERS>(fast, link, call, &ends, piece, call.timeout, mine, out);
     SCRATCH.set(scratch);
+    result
+}
+
+/// This rank's contribution and output lengths in bytes for `call` (its
+/// first `mine_len` input bytes, its first `out_len` output bytes), or an
+/// internal error when `mem` is shorter.
+fn lengths(call: &SmallCall<'_>, mem: &mut Memory<'_>) -> Result<(usize, usize)> {
+    let (n, me, root) = (call.group.len(), call.rank, call.root);
+    let len = call.count * call.dtype.size();
+    let sends = match call.coll {
+        Collective::Barrier => false,
+        Collective::Broadcast => me == root,
+        _ => true,
+    };
+    let mine_len = if !sends {
+        0
+    } else if sends_blocks(call.coll) {
+        n * len
+    } else {
+        len
+    };
+    let out_len = match call.coll {
+        Collective::AllReduce => len,
+        Collective::Reduce if me == root => len,
+        Collective::Broadcast => len,
+        Collective::AllGather | Collective::AllToAll => n * len,
+        Collective::ReduceScatter => len,
+        _ => 0,
+    };
+    if mem.input().len() < mine_len {
+        return Err(Error::Internal(format!(
+            "fast {}: input of {} bytes, {mine_len} needed",
+            call.coll,
+            mem.input().len()
+        )));
+    }
+    if mem.output().len() < out_len {
+        return Err(Error::Internal(format!(
+            "fast {}: output of {} bytes, {out_len} needed",
+            call.coll,
+            mem.output().len()
+        )));
+    }
+    Ok((mine_len, out_len))
+}
+
+/// A 2-rank call of at most [`PAIR_MAX_BYTES`] per rank (per block): one
+/// message each way at most, through [`FastPath::exchange_pair`].
+fn run_pair(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    mem: &mut Memory<'_>,
+) -> Result<()> {
+    let (me, root) = (call.rank, call.root);
+    let len = call.count * call.dtype.size();
+    let (mine_len, out_len) = lengths(call, mem)?;
+    let peer = [call.group[1 - me]];
+    let none: &[usize] = &[];
+    let (to, from): (&[usize], &[usize]) = match call.coll {
+        Collective::Broadcast if me == root => (&peer, none),
+        Collective::Broadcast => (none, &peer),
+        Collective::Reduce if me == root => (none, &peer),
+        Collective::Reduce => (&peer, none),
+        _ => (&peer, &peer),
+    };
+    // The root of a broadcast in place has nothing to write: its output
+    // is its input. Other calls in place copy their contribution first,
+    // as `run_with` does.
+    let root_in_place = call.coll == Collective::Broadcast && me == root && {
+        let input = mem.input().as_ptr();
+        input == mem.output().as_ptr()
+    };
+    let mut scratch = Vec::new();
+    let mut nothing: [u8; 0] = [];
+    let (mine, out): (&[u8], &mut [u8]) = if root_in_place {
+        (&mem.input()[..mine_len], &mut nothing)
+    } else if let Some((input, output)) = mem.apart() {
+        (&input[..mine_len], &mut output[..out_len])
+    } else {
+        scratch = SCRATCH.take();
+        contribution_and_output(mem, &mut scratch, (mine_len, out_len))
+    };
+    // What the peer gets: its block, or the whole contribution.
+    let payload = if to.is_empty() {
+        &mine[..0]
+    } else if sends_blocks(call.coll) {
+        let r = 1 - me;
+        &mine[r * len..(r + 1) * len]
+    } else {
+        mine
+    };
+    let result = fast.exchange_pair(
+        link,
+        &call.header,
+        payload,
+        (to, from),
+        call.timeout,
+        |parts| write_output(call, call.count, mine, parts, out),
+    );
+    if scratch.capacity() > 0 {
+        SCRATCH.set(scratch);
+    }
     result
 }
 
