@@ -181,25 +181,36 @@ impl Mailboxes {
     pub(crate) fn put(&self, to: usize, stamp: u64, head: SlotHeader, payload: &[u8]) {
         let seg = &*self.peers[to];
         let off = Self::slot_offset(seg, self.me, stamp);
-        let at = Self::payload_offset(seg, self.me, stamp, payload.len());
-        seg.u64_at(off + 8).store(head.comm, Ordering::Relaxed);
-        seg.u64_at(off + 16).store(head.seq, Ordering::Relaxed);
-        seg.u64_at(off + 24).store(head.sig, Ordering::Relaxed);
-        // SAFETY: `bytes_at` checked that the destination is inside the
-        // mapping (`payload_offset` asserted the length fits its slot or
-        // buffer). The receiver consumed the previous message of that slot
-        // and of that buffer (the caller checked its `ack` with `Acquire`)
-        // and does not read them again until the `Release` store of the
-        // stamp below. The source is the caller's memory, disjoint from the
-        // shared mapping.
+        // One bounds check for the whole slot, header and short payload
+        // (a tiny call's sender runs this on every call).
+        let slot = seg.bytes_at(off, BLOCK);
+        let dst = if payload.len() <= SLOT_PAYLOAD {
+            // SAFETY: `SLOT_HEADER + payload.len() <= BLOCK`, inside the
+            // slot that `bytes_at` checked.
+            unsafe { slot.add(SLOT_HEADER) }
+        } else {
+            let at = Self::payload_offset(seg, self.me, stamp, payload.len());
+            seg.bytes_at(at, payload.len())
+        };
+        // SAFETY: the slot is inside the mapping (checked above), which
+        // outlives `self`, and 8-aligned (slots are BLOCK-aligned in a
+        // page-aligned mapping); every process only ever accesses its
+        // header words atomically.
+        let word = |i: usize| unsafe { &*(slot.add(8 * i) as *const AtomicU64) };
+        word(1).store(head.comm, Ordering::Relaxed);
+        word(2).store(head.seq, Ordering::Relaxed);
+        word(3).store(head.sig, Ordering::Relaxed);
+        // SAFETY: the destination is inside the mapping (checked above:
+        // the slot, or `bytes_at` for the eager buffer, whose length
+        // `payload_offset` asserted). The receiver consumed the previous
+        // message of that slot and of that buffer (the caller checked its
+        // `ack` with `Acquire`) and does not read them again until the
+        // `Release` store of the stamp below. The source is the caller's
+        // memory, disjoint from the shared mapping.
         unsafe {
-            ptr::copy_nonoverlapping(
-                payload.as_ptr(),
-                seg.bytes_at(at, payload.len()),
-                payload.len(),
-            );
+            ptr::copy_nonoverlapping(payload.as_ptr(), dst, payload.len());
         }
-        seg.u64_at(off).store(stamp, Ordering::Release);
+        word(0).store(stamp, Ordering::Release);
     }
 
     /// Wakes local rank `to` if a thread of it sleeps on its doorbell. The

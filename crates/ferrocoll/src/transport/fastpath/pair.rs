@@ -58,14 +58,14 @@ impl FastPath {
     /// whole count, at most [`PAIR_MAX_BYTES`]. Errors, waits and the other
     /// calls of this rank are as `exchange`'s (see the module
     /// documentation).
-    pub(crate) fn exchange_pair<R>(
+    pub(crate) fn exchange_pair<R, F: FnOnce(&[u8]) -> R>(
         &self,
         link: &Link<'_>,
         header: &Header,
         payload: &[u8],
         (to, from): (&[usize], &[usize]),
         timeout: Duration,
-        read: impl FnOnce(&Parts<'_>) -> R,
+        read: F,
     ) -> Result<R> {
         let len = header.sig.count * header.sig.dtype.size();
         assert!(to.len() <= 1 && from.len() <= 1 && len <= PAIR_MAX_BYTES);
@@ -73,8 +73,9 @@ impl FastPath {
         let piece = Piece::whole(header);
         // The general exchange, from the start or, once this rank has
         // sent, for the receive alone.
-        let general = |payloads: &[&[u8]], to: &[usize], read| {
+        let general = |payloads: &[&[u8]], to: &[usize], read: F| {
             let mut got = [Got::Waiting];
+            let read = |parts: &Parts<'_>| read(if from.is_empty() { &[] } else { parts.get(0) });
             self.exchange(
                 link,
                 header,
@@ -145,13 +146,7 @@ impl FastPath {
             if self.notices_changed() {
                 self.checkup(link, header, &[], false, &|| true)?;
             }
-            return Ok(read(&Parts {
-                fast: self,
-                from,
-                got: &[],
-                len,
-                remote: false,
-            }));
+            return Ok(read(&[]));
         };
         let lp = self.local(peer);
         let stamp = self.next_in[lp].load(Ordering::Relaxed);
@@ -188,14 +183,13 @@ impl FastPath {
             return general(&[], &[], read);
         }
         books.ledger.finish_on_bypass(header);
-        let got = [Got::InPlace(stamp)];
-        let out = read(&Parts {
-            fast: self,
-            from,
-            got: &got,
-            len,
-            remote: false,
-        });
+        // SAFETY: the message arrived (its stamp was loaded with `Acquire`)
+        // with this call's signature, so `len` is its length; it is
+        // consumed only below, after the last use of the slice, and no
+        // other call takes it out meanwhile: that needs the books' lock,
+        // held from the check until then.
+        let theirs = unsafe { self.boxes.payload(lp, stamp, len) };
+        let out = read(theirs);
         // Under the lock of the pass, as the general exchange's short
         // reads: no other call takes or consumes the message meanwhile.
         self.consume(lp, stamp);

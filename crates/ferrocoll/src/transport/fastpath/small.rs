@@ -490,7 +490,13 @@ fn run_pair(
         payload,
         (to, from),
         call.timeout,
-        |parts| write_output(call, call.count, mine, parts, out),
+        |theirs| {
+            // Nothing to write (a broadcast's root in place, a reduce's
+            // sender, a barrier): not even the dispatch on the collective.
+            if !out.is_empty() {
+                write_output(call, call.count, mine, |_| theirs, out)
+            }
+        },
     );
     if scratch.capacity() > 0 {
         SCRATCH.set(scratch);
@@ -581,7 +587,7 @@ fn exchange_piece<const PEERS: usize>(
         from,
         &mut got,
         (piece, timeout),
-        |parts| write_output(call, piece.count, mine, parts, out),
+        |parts| write_output(call, piece.count, mine, |i| parts.get(i), out),
     )
 }
 
@@ -1192,10 +1198,9 @@ fn write_output<'p>(
     call: &SmallCall<'_>,
     count: usize,
     mine: &'p [u8],
-    parts: &'p Parts<'_>,
+    part: impl Fn(usize) -> &'p [u8],
     out: &mut [u8],
 ) {
-    let part = |i: usize| parts.get(i);
     let (n, me, root) = (call.group.len(), call.rank, call.root);
     let len = count * call.dtype.size();
     let blocks = sends_blocks(call.coll);
