@@ -64,12 +64,13 @@
 //! most 64 KiB ([`small::two_step`]): the plans' `direct` without the
 //! engine.
 //!
-//! **Two ranks, one message.** A 2-rank call of at most 4 KiB per rank
-//! (per block) takes [`FastPath::exchange_pair`] (`pair.rs`): the same
-//! slots and books, one pass under one lock when nothing unusual is in the
-//! way, and the general [`FastPath::exchange`] for everything else (a
-//! sender running ahead of a broadcast's receiver pays about 940
-//! instructions a call instead of 1440).
+//! **One pass.** A call of one short message to and from each peer (every
+//! call on 2 ranks, broadcasts and reduces on 3 and 4, at most 4 KiB
+//! received in all) takes [`FastPath::exchange_one_pass`] (`one_pass.rs`):
+//! the same slots and books, the whole call one pass under one lock when
+//! nothing unusual is in the way, and the general [`FastPath::exchange`]
+//! for everything else (a 2-rank broadcast's root, which sets the pace,
+//! runs about 860 instructions a call instead of 1440).
 //!
 //! **Streamed calls.** One-way calls longer than an eager buffer, reduces
 //! of any length and broadcasts up to 512 KiB on 3-4 ranks, 2-rank
@@ -180,8 +181,8 @@
 //! takes the engine's state while holding the ledger.
 
 mod mailbox;
+mod one_pass;
 mod pack;
-mod pair;
 pub(crate) mod small;
 #[cfg(test)]
 mod tests;
@@ -364,7 +365,7 @@ impl Parts<'_> {
             // with this call's signature (so `len` is its length) and holds
             // it: no call consumes it before `FastPath::release`, which
             // `exchange` calls after `read`, and so after the last use of
-            // this borrow of `self`. (`exchange_pair` instead keeps the
+            // this borrow of `self`. (`exchange_one_pass` instead keeps the
             // books' lock, under which alone a message is consumed or taken
             // out, from the check of the message until after `read`.)
             Got::InPlace(stamp) => unsafe {

@@ -24,7 +24,7 @@
 use std::cell::Cell;
 use std::time::{Duration, Instant};
 
-use super::pair::PAIR_MAX_BYTES;
+use super::one_pass::{ONE_PASS_MAX_BYTES, ONE_PASS_MAX_PEERS};
 use super::{
     Carries, FastPath, Got, Parts, Piece, ADDRESS_PAYLOAD, FAST_MAX_RANKS, REMOTE_PAYLOAD,
 };
@@ -323,8 +323,11 @@ pub(crate) fn run(
     call: &SmallCall<'_>,
     mem: &mut Memory<'_>,
 ) -> Result<()> {
-    if call.group.len() == 2 && call.count * call.dtype.size() <= PAIR_MAX_BYTES {
-        return run_pair(fast, link, call, mem);
+    if one_pass(call) {
+        return match call.group.len() {
+            2 => run_one_pass::<1>(fast, link, call, mem),
+            _ => run_one_pass::<ONE_PASS_MAX_PEERS>(fast, link, call, mem),
+        };
     }
     // Room for where the peers' messages lie, on the stack, sized for
     // small groups when the group is small.
@@ -438,25 +441,51 @@ fn lengths(call: &SmallCall<'_>, mem: &mut Memory<'_>) -> Result<(usize, usize)>
     Ok((mine_len, out_len))
 }
 
-/// A 2-rank call of at most [`PAIR_MAX_BYTES`] per rank (per block): one
-/// message each way at most, through [`FastPath::exchange_pair`].
-fn run_pair(
+/// Whether `call` takes [`FastPath::exchange_one_pass`]: at most one
+/// message to and from each peer ([`ONE_PASS_MAX_PEERS`]), all it receives
+/// together at most [`ONE_PASS_MAX_BYTES`]; on more than 2 ranks only
+/// broadcasts and reduces, whose senders run ahead, so that their receivers
+/// usually find every message there. An allreduce on 4 ranks (2 cores)
+/// rarely does, and then pays for the one pass and the general exchange
+/// (0.9-1.25x the time at 8 B - 1 KiB; bench/RESULTS.md, fourteenth
+/// session).
+fn one_pass(call: &SmallCall<'_>) -> bool {
+    let n = call.group.len();
+    (n == 2
+        || n <= ONE_PASS_MAX_PEERS + 1
+            && matches!(call.coll, Collective::Broadcast | Collective::Reduce))
+        && call
+            .count
+            .checked_mul(call.dtype.size() * (n - 1))
+            .is_some_and(|bytes| bytes <= ONE_PASS_MAX_BYTES)
+}
+
+/// A call of one short message to and from each peer at most
+/// ([`one_pass`]), through [`FastPath::exchange_one_pass`].
+/// `MAX`: the most peers (1 on 2 ranks, so that its loops are one step).
+fn run_one_pass<const MAX: usize>(
     fast: &FastPath,
     link: &Link<'_>,
     call: &SmallCall<'_>,
     mem: &mut Memory<'_>,
 ) -> Result<()> {
-    let (me, root) = (call.rank, call.root);
+    let (n, me, root) = (call.group.len(), call.rank, call.root);
     let len = call.count * call.dtype.size();
     let (mine_len, out_len) = lengths(call, mem)?;
-    let peer = [call.group[1 - me]];
+    // Every other rank, in group order (transport ranks).
+    let mut others = [0usize; MAX];
+    for (i, o) in others[..n - 1].iter_mut().enumerate() {
+        *o = call.group[if i < me { i } else { i + 1 }];
+    }
+    let others = &others[..n - 1];
+    let root_at = [call.group[root]];
     let none: &[usize] = &[];
     let (to, from): (&[usize], &[usize]) = match call.coll {
-        Collective::Broadcast if me == root => (&peer, none),
-        Collective::Broadcast => (none, &peer),
-        Collective::Reduce if me == root => (none, &peer),
-        Collective::Reduce => (&peer, none),
-        _ => (&peer, &peer),
+        Collective::Broadcast if me == root => (others, none),
+        Collective::Broadcast => (none, &root_at),
+        Collective::Reduce if me == root => (none, others),
+        Collective::Reduce => (&root_at, none),
+        _ => (others, others),
     };
     // The root of a broadcast in place has nothing to write: its output
     // is its input. Other calls in place copy their contribution first,
@@ -469,32 +498,38 @@ fn run_pair(
     let mut nothing: [u8; 0] = [];
     let (mine, out): (&[u8], &mut [u8]) = if root_in_place {
         (&mem.input()[..mine_len], &mut nothing)
+    } else if mine_len == 0 {
+        // A broadcast's receiver: nothing of its input is read.
+        (&[], &mut mem.output()[..out_len])
     } else if let Some((input, output)) = mem.apart() {
         (&input[..mine_len], &mut output[..out_len])
     } else {
         scratch = SCRATCH.take();
         contribution_and_output(mem, &mut scratch, (mine_len, out_len))
     };
-    // What the peer gets: its block, or the whole contribution.
-    let payload = if to.is_empty() {
-        &mine[..0]
-    } else if sends_blocks(call.coll) {
-        let r = 1 - me;
-        &mine[r * len..(r + 1) * len]
-    } else {
-        mine
-    };
-    let result = fast.exchange_pair(
+    // What each rank of `to` gets: its block, or the whole contribution.
+    let mut payloads: [&[u8]; MAX] = [&[]; MAX];
+    let blocks = sends_blocks(call.coll);
+    for (i, p) in payloads[..to.len()].iter_mut().enumerate() {
+        *p = if blocks {
+            // `to` is `others`: group rank i, or i + 1 from this rank on.
+            let r = if i < me { i } else { i + 1 };
+            &mine[r * len..(r + 1) * len]
+        } else {
+            mine
+        };
+    }
+    let result = fast.exchange_one_pass::<MAX, _, _>(
         link,
         &call.header,
-        payload,
+        &payloads[..to.len()],
         (to, from),
         call.timeout,
         |theirs| {
             // Nothing to write (a broadcast's root in place, a reduce's
             // sender, a barrier): not even the dispatch on the collective.
             if !out.is_empty() {
-                write_output(call, call.count, mine, |_| theirs, out)
+                write_output(call, call.count, mine, |i| theirs[i], out)
             }
         },
     );

@@ -337,73 +337,81 @@ fn eager_calls_in_flight_and_on_two_communicators_at_once() {
     }
 }
 
-/// The 2-rank one-message path (`FastPath::exchange_pair`) and its detours
-/// into the general exchange: one-way calls (a sender runs ahead), calls
-/// of two communicators on two threads (each takes the other's messages
-/// out of the mailboxes), a non-blocking call in flight, a call on the
-/// engine between them, and a message filling an eager buffer beside one
-/// in a slot. Each against the value every rank can compute.
+/// The one-pass path (`FastPath::exchange_one_pass`: every call on 2
+/// ranks, broadcasts and reduces on 3 and 4) and its detours into the
+/// general exchange: one-way calls (a sender runs ahead), calls of two
+/// communicators on two threads (each takes the other's messages out of
+/// the mailboxes), a non-blocking call in flight, a call on the engine
+/// between them, and messages in eager buffers beside ones in slots. Each
+/// against the value every rank can compute.
 #[test]
-fn pair_calls_beside_other_calls_and_threads() {
-    world(2, TransportKind::Shm, |comm| {
-        let rank = comm.rank() as u64;
-        assert!(comm.uses_fast_path(Collective::Broadcast, 1, DType::U64));
-        let twin = comm.split(Some(0), 0).unwrap().unwrap();
-        let other = thread::spawn(move || {
-            for i in 0..2000u64 {
-                let root = (i % 2) as usize;
-                let mut b = [rank + i; 1];
-                twin.broadcast_in_place(&mut b, root).unwrap();
-                assert_eq!(b[0], root as u64 + i, "twin broadcast {i}");
-                let mut r = vec![i + rank; 64];
-                twin.reduce_in_place(&mut r, ReduceOp::Sum, 1 - root)
-                    .unwrap();
-                if twin.rank() == 1 - root {
-                    assert!(r.iter().all(|x| *x == 2 * i + 1), "twin reduce {i}");
+fn one_pass_calls_beside_other_calls_and_threads() {
+    for n in 2..=4u64 {
+        world(n as usize, TransportKind::Shm, move |comm| {
+            let rank = comm.rank() as u64;
+            assert!(comm.uses_fast_path(Collective::Broadcast, 1, DType::U64));
+            // The sum over the ranks of `i + rank`.
+            let sum = move |i: u64| n * i + n * (n - 1) / 2;
+            let twin = comm.split(Some(0), 0).unwrap().unwrap();
+            let other = thread::spawn(move || {
+                for i in 0..1000u64 {
+                    let root = (i % n) as usize;
+                    let mut b = [rank + i; 1];
+                    twin.broadcast_in_place(&mut b, root).unwrap();
+                    assert_eq!(b[0], root as u64 + i, "twin broadcast {i}");
+                    let to = (root + 1) % n as usize;
+                    let mut r = vec![i + rank; 64];
+                    twin.reduce_in_place(&mut r, ReduceOp::Sum, to).unwrap();
+                    if twin.rank() == to {
+                        assert!(r.iter().all(|x| *x == sum(i)), "twin reduce {i}");
+                    }
+                }
+            });
+            for i in 0..1000u64 {
+                let pending =
+                    (i % 100 == 0).then(|| comm.iall_reduce(vec![rank + i; 3], ReduceOp::Max));
+                let root = (i / 3 % n) as usize;
+                let mut b = [rank * 7 + i; 2];
+                comm.broadcast_in_place(&mut b, root).unwrap();
+                assert_eq!(b, [root as u64 * 7 + i; 2], "broadcast {i}");
+                // Past a slot: in an eager buffer.
+                let send = [i + rank; 100];
+                let mut got = [0u64; 100];
+                let out: &mut [u64] = if rank as usize == root {
+                    &mut got
+                } else {
+                    &mut []
+                };
+                comm.reduce(&send, out, ReduceOp::Sum, root).unwrap();
+                if rank as usize == root {
+                    assert!(got.iter().all(|x| *x == sum(i)), "reduce {i}");
+                }
+                let mut a = vec![i + rank; 300];
+                comm.all_reduce_in_place(&mut a, ReduceOp::Sum).unwrap();
+                assert!(a.iter().all(|x| *x == sum(i)), "allreduce {i}");
+                if i % 500 == 0 {
+                    // A call on the engine (past the fast path's sizes for
+                    // a gather), then the one-pass path again.
+                    let block = 2 << 20;
+                    assert!(!comm.uses_fast_path(Collective::AllGather, block, DType::U8));
+                    let big = vec![rank as u8; block];
+                    let mut all = vec![0u8; n as usize * block];
+                    comm.all_gather(&big, &mut all).unwrap();
+                    for (r, part) in all.chunks(block).enumerate() {
+                        assert!(part.iter().all(|x| *x == r as u8), "gather {i}");
+                    }
+                }
+                if let Some(req) = pending {
+                    let want = i + n - 1;
+                    assert!(
+                        req.wait().unwrap().iter().all(|x| *x == want),
+                        "iallreduce {i}"
+                    );
                 }
             }
+            other.join().unwrap();
         });
-        for i in 0..2000u64 {
-            let pending =
-                (i % 100 == 0).then(|| comm.iall_reduce(vec![rank + i; 3], ReduceOp::Max));
-            let root = (i / 3 % 2) as usize;
-            let mut b = [rank * 7 + i; 2];
-            comm.broadcast_in_place(&mut b, root).unwrap();
-            assert_eq!(b, [root as u64 * 7 + i; 2], "broadcast {i}");
-            let send = [i + rank; 5];
-            let mut got = [0u64; 5];
-            let out: &mut [u64] = if rank as usize == root {
-                &mut got
-            } else {
-                &mut []
-            };
-            comm.reduce(&send, out, ReduceOp::Sum, root).unwrap();
-            if rank as usize == root {
-                assert_eq!(got, [2 * i + 1; 5], "reduce {i}");
-            }
-            let mut a = vec![i as u32 + rank as u32; 1000];
-            comm.all_reduce_in_place(&mut a, ReduceOp::Sum).unwrap();
-            assert!(a.iter().all(|x| *x == 2 * i as u32 + 1), "allreduce {i}");
-            if i % 500 == 0 {
-                // A call on the engine (past the fast path's sizes on 2
-                // ranks for a gather), then the pair path again.
-                let block = 2 << 20;
-                assert!(!comm.uses_fast_path(Collective::AllGather, block, DType::U8));
-                let big = vec![rank as u8; block];
-                let mut all = vec![0u8; 2 * block];
-                comm.all_gather(&big, &mut all).unwrap();
-                let (first, second) = all.split_at(block);
-                assert!(first.iter().all(|x| *x == 0) && second.iter().all(|x| *x == 1));
-            }
-            if let Some(req) = pending {
-                assert!(
-                    req.wait().unwrap().iter().all(|x| *x == i + 1),
-                    "iallreduce {i}"
-                );
-            }
-        }
-        other.join().unwrap();
-    });
+    }
 }
 
 /// Broadcasts and reduces streamed in parts ([`streams`]): every root, in
