@@ -32,8 +32,8 @@ use std::sync::atomic::{fence, Ordering};
 use std::time::Duration;
 
 use super::{
-    pack, packed_len, FastPath, Got, Parts, Piece, SlotHeader, EAGER_BUFFERS, READ_LOCKED_BYTES,
-    SLOTS, SLOT_PAYLOAD,
+    pack, packed_len, Books, FastPath, Got, Parts, Piece, SlotHeader, EAGER_BUFFERS,
+    READ_LOCKED_BYTES, SLOTS, SLOT_PAYLOAD,
 };
 use crate::error::Result;
 use crate::transport::engine::Link;
@@ -102,11 +102,7 @@ impl FastPath {
         // a peer reported, the messages of a call the engine ran last), and
         // what may hold this call's messages elsewhere (the stash, a head
         // another call holds).
-        if books.ledger.has_verdicts()
-            || !books.ledger.bypass_finished_last()
-            || !books.stash.is_empty()
-            || self.held.load(Ordering::Relaxed) != 0
-        {
+        if !books.ledger.bypass_finished_last() || self.in_the_way(&books) {
             drop(books);
             return general(payloads, to, read);
         }
@@ -184,9 +180,7 @@ impl FastPath {
             // What may have changed while the lock was free: another call
             // of this rank stashed or holds a message, a peer reported a
             // mismatch.
-            if books.ledger.has_verdicts()
-                || !books.stash.is_empty()
-                || self.held.load(Ordering::Relaxed) != 0
+            if self.in_the_way(&books)
                 || next
                     .iter()
                     .any(|&(lp, stamp)| self.next_in[lp].load(Ordering::Relaxed) != stamp)
@@ -224,5 +218,14 @@ impl FastPath {
         }
         drop(books);
         Ok(out)
+    }
+
+    /// Whether something may hold or decide this call's messages
+    /// elsewhere: a mismatch a peer reported, a message taken out into
+    /// the stash, a head another call holds (under the books' lock).
+    fn in_the_way(&self, books: &Books) -> bool {
+        books.ledger.has_verdicts()
+            || !books.stash.is_empty()
+            || self.held.load(Ordering::Relaxed) != 0
     }
 }

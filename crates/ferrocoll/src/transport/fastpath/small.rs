@@ -477,16 +477,8 @@ fn run_one_pass<const MAX: usize>(
     for (i, o) in others[..n - 1].iter_mut().enumerate() {
         *o = call.group[if i < me { i } else { i + 1 }];
     }
-    let others = &others[..n - 1];
     let root_at = [call.group[root]];
-    let none: &[usize] = &[];
-    let (to, from): (&[usize], &[usize]) = match call.coll {
-        Collective::Broadcast if me == root => (others, none),
-        Collective::Broadcast => (none, &root_at),
-        Collective::Reduce if me == root => (none, others),
-        Collective::Reduce => (&root_at, none),
-        _ => (others, others),
-    };
+    let (to, from) = directions(call, &others[..n - 1], &root_at);
     // The root of a broadcast in place has nothing to write: its output
     // is its input. Other calls in place copy their contribution first,
     // as `run_with` does.
@@ -504,21 +496,12 @@ fn run_one_pass<const MAX: usize>(
     } else if let Some((input, output)) = mem.apart() {
         (&input[..mine_len], &mut output[..out_len])
     } else {
+        // In place: copied into the thread's scratch first (taken only
+        // here: a thread-local access a tiny call can do without).
         scratch = SCRATCH.take();
         contribution_and_output(mem, &mut scratch, (mine_len, out_len))
     };
-    // What each rank of `to` gets: its block, or the whole contribution.
-    let mut payloads: [&[u8]; MAX] = [&[]; MAX];
-    let blocks = sends_blocks(call.coll);
-    for (i, p) in payloads[..to.len()].iter_mut().enumerate() {
-        *p = if blocks {
-            // `to` is `others`: group rank i, or i + 1 from this rank on.
-            let r = if i < me { i } else { i + 1 };
-            &mine[r * len..(r + 1) * len]
-        } else {
-            mine
-        };
-    }
+    let payloads = payloads::<MAX>(call, mine, len, to.len());
     let result = fast.exchange_one_pass::<MAX, _, _>(
         link,
         &call.header,
@@ -577,6 +560,49 @@ struct Ends<'a> {
     root: [usize; 1],
 }
 
+/// The ranks a one-step call of `call` sends to and receives from (transport
+/// ranks): from `others`, every other rank in group order, and `root`, the
+/// root.
+fn directions<'a>(
+    call: &SmallCall<'_>,
+    others: &'a [usize],
+    root: &'a [usize; 1],
+) -> (&'a [usize], &'a [usize]) {
+    let me = call.rank;
+    match call.coll {
+        Collective::Broadcast if me == call.root => (others, &[]),
+        Collective::Broadcast => (&[], root),
+        Collective::Reduce if me == call.root => (&[], others),
+        Collective::Reduce => (root, &[]),
+        _ => (others, others),
+    }
+}
+
+/// What each of the first `to` ranks a call sends to gets, `len` bytes
+/// apiece: its block of this rank's contribution `mine` (a block
+/// collective, whose `to` is every other rank in group order), or the
+/// whole contribution.
+fn payloads<'m, const PEERS: usize>(
+    call: &SmallCall<'_>,
+    mine: &'m [u8],
+    len: usize,
+    to: usize,
+) -> [&'m [u8]; PEERS] {
+    let me = call.rank;
+    let blocks = sends_blocks(call.coll);
+    let mut payloads: [&[u8]; PEERS] = [&[]; PEERS];
+    for (i, p) in payloads[..to].iter_mut().enumerate() {
+        *p = if blocks {
+            // Group rank i, or i + 1 from this rank on.
+            let r = if i < me { i } else { i + 1 };
+            &mine[r * len..(r + 1) * len]
+        } else {
+            mine
+        };
+    }
+    payloads
+}
+
 /// Sends this rank's part of one message of `call` (`mine`, `piece.count`
 /// elements a peer; a block collective's contribution holds every peer's
 /// block) and writes what it receives into `out` ([`write_output`]).
@@ -591,29 +617,10 @@ fn exchange_piece<const PEERS: usize>(
     mine: &[u8],
     out: &mut [u8],
 ) -> Result<()> {
-    let (me, root) = (call.rank, call.root);
     let len = piece.count * call.dtype.size();
-    let none: &[usize] = &[];
-    let (to, from): (&[usize], &[usize]) = match call.coll {
-        Collective::Broadcast if me == root => (ends.others, none),
-        Collective::Broadcast => (none, &ends.root),
-        Collective::Reduce if me == root => (none, ends.others),
-        Collective::Reduce => (&ends.root, none),
-        _ => (ends.others, ends.others),
-    };
+    let (to, from) = directions(call, ends.others, &ends.root);
     let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
-    // What each rank of `to` gets: its block, or the whole contribution.
-    let blocks = sends_blocks(call.coll);
-    let mut payloads: [&[u8]; PEERS] = [&[]; PEERS];
-    for (i, p) in payloads[..to.len()].iter_mut().enumerate() {
-        *p = if blocks {
-            // `to` is `others`: group rank i, or i + 1 from this rank on.
-            let r = if i < me { i } else { i + 1 };
-            &mine[r * len..(r + 1) * len]
-        } else {
-            mine
-        };
-    }
+    let payloads = payloads::<PEERS>(call, mine, len, to.len());
     fast.exchange(
         link,
         &call.header,
@@ -1223,7 +1230,7 @@ fn reduce_in_rank_order<'a>(
 }
 
 /// Writes this rank's output of `call` from its contribution `mine` and
-/// `parts.get(i)`, the message from the `i`-th rank it receives from (in group
+/// `part(i)`, the message from the `i`-th rank it receives from (in group
 /// order, without this rank), each `count` elements (per block for the
 /// block collectives): the whole call's, or a streamed part's (passed apart
 /// rather than in a copy of `call`: a copy cost ~20 instructions of a tiny
