@@ -37,7 +37,10 @@
 #   the two sides one right after the other, and gives it a second verdict
 #   on the median of those K paired ratios, with a sign test that says
 #   whether the rounds can tell it from the target at all (below K = 6 no
-#   split of the rounds reaches p < 0.05).
+#   split of the rounds reaches p < 0.05). A tcp size under 0.7x the
+#   stream is rechecked against runs of bench/tcp_stream.c the same way.
+#   RECHECK_ONLY=1 with RAW=DIR of an earlier run (same COLLS, CONFIGS,
+#   ROUNDS) reports it again and runs (or goes on with) its recheck.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
@@ -79,11 +82,17 @@ stream_limit() {
 }
 
 echo "# commit $(git rev-parse --short HEAD), $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
-limit=$("$fc" bench allreduce -n 1 -b 16M -e 16M --iters 1 --warmup 0 | sed -n 's/.*on one thread \([0-9.]*\) GB\/s.*/\1/p')
+# A recheck of an earlier run reports that run's limit again.
+if [[ -n ${RECHECK_ONLY:-} && -s $tmp/limit ]]; then
+  limit=$(cat "$tmp/limit")
+else
+  limit=$("$fc" bench allreduce -n 1 -b 16M -e 16M --iters 1 --warmup 0 | sed -n 's/.*on one thread \([0-9.]*\) GB\/s.*/\1/p')
+  echo "$limit" >"$tmp/limit"
+fi
 echo "# machine limit: single-thread memcpy of 16 MiB = $limit GB/s"
 ((rounds > 1)) && echo "# $rounds rounds, ferrocoll and the peer in turn; per size and side the round with the median time"
 : >"$tmp/stream_before"; : >"$tmp/stream_after"
-if ((need_gloo)); then stream_limit "$tmp/stream_before"; fi
+if ((need_gloo)) && [[ -z ${RECHECK_ONLY:-} ]]; then stream_limit "$tmp/stream_before"; fi
 
 # The size bands of the peers' iteration counts, clipped to [8, hi].
 bands() {
@@ -117,13 +126,22 @@ peer_run() {
     OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$n" --oversubscribe \
       "$tmp/mpi_coll" "$coll" "$lo" "$hi" "$factor" >>"$out" 2>"$out.err" </dev/null || { cat "$out.err" >&2; exit 1; }
   else
-    port=$((20000 + RANDOM % 20000))
-    for ((r = 0; r < n; r++)); do
-      RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-        "$venv/bin/python" bench/peer_gloo_coll.py "$coll" "$lo" "$hi" "$factor" >>"$out" 2>"$out.err.$r" </dev/null &
-      pids+=($!)
+    local attempt failed
+    for attempt in 1 2 3; do
+      port=$((20000 + RANDOM % 20000)) pids=() failed=0
+      : >"$out"
+      for ((r = 0; r < n; r++)); do
+        RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+          "$venv/bin/python" bench/peer_gloo_coll.py "$coll" "$lo" "$hi" "$factor" >>"$out" 2>"$out.err.$r" </dev/null &
+        pids+=($!)
+      done
+      for p in "${pids[@]}"; do wait "$p" || failed=1; done
+      ((failed)) || return 0
+      # The random port was taken (by a socket in TIME_WAIT, say): another.
+      grep -q EADDRINUSE "$out".err.* || break
     done
-    for p in "${pids[@]}"; do wait "$p" || { cat "$out".err.* >&2; exit 1; }; done
+    cat "$out".err.* >&2
+    exit 1
   fi
 }
 
@@ -131,6 +149,7 @@ for coll in $colls; do
   for cfg in $configs; do
     t=${cfg%:*}; n=${cfg#*:}
     for ((round = 0; round < rounds; round++)); do
+      [[ -n ${RECHECK_ONLY:-} ]] && continue
       out="$tmp/fc_${coll}_${t}${n}.r$round"
       : >"$out"
       while read -r lo e it; do fc_run "$coll" "$t" "$n" "$lo" "$e" "$it" "$out"; done < <(bands)
@@ -141,7 +160,7 @@ for coll in $colls; do
   done
 done
 
-if ((need_gloo)); then stream_limit "$tmp/stream_after"; fi
+if ((need_gloo)) && [[ -z ${RECHECK_ONLY:-} ]]; then stream_limit "$tmp/stream_after"; fi
 
 : >"$tmp/misses"
 python3 - "$tmp" "$limit" "$colls" "$configs" "$(cat "$tmp/stream_before")" "$(cat "$tmp/stream_after")" "$rounds" <<'PY'
@@ -236,7 +255,9 @@ for coll in colls:
             continue
         with open(os.path.join(tmp, "misses"), "a") as out:
             for m in misses:
-                out.write(f"{coll} {t} {n} {m} {want}\n")
+                out.write(f"{coll} {t} {n} {m} {want} {name}\n")
+            for m in short:
+                out.write(f"{coll} {t} {n} {m} 0.7 stream\n")
         verdict = "met" if not misses else f"MISSED at {len(misses)} sizes ({', '.join(str(m) for m in misses)})"
         aside = f" (paired rounds: under {want}x at {len(paired_misses)} sizes)" if rounds > 1 else ""
         verdicts.append(f"{coll:>13} {t} {n}: busbw >= {want}x {name} at {where}: {verdict}; worst {worst:.2f}x{aside}")
@@ -259,20 +280,24 @@ rechecks=${RECHECK:-0}
 if ((rechecks > 0)) && [[ -s $tmp/misses ]]; then
   echo
   echo "# recheck: $(wc -l <"$tmp/misses") sizes under target, $rechecks rounds each, $(date -u +%H:%MZ)"
-  while read -r coll t n b want; do
+  while read -r coll t n b want against; do
     it=$((b < 65536 ? 1000 : (b < 4194304 ? 100 : 10)))
     for ((round = 0; round < rechecks; round++)); do
-      fout="$tmp/re_fc_${coll}_${t}${n}_$b.r$round" pout="$tmp/re_peer_${coll}_${t}${n}_$b.r$round"
+      fout="$tmp/re_fc_${coll}_${t}${n}_${b}_$against.r$round" pout="$tmp/re_peer_${coll}_${t}${n}_${b}_$against.r$round"
+      # Going on with an interrupted recheck: a round both sides finished stays.
+      [[ -n ${RECHECK_ONLY:-} && -s $fout && -s $pout ]] && continue
       : >"$fout"; : >"$pout"
+      # Against the stream the other side is one run of bench/tcp_stream.c.
+      other() { if [[ $against == stream ]]; then "$tmp/tcp_stream" 1 >"$pout" </dev/null; else peer_run "$coll" "$t" "$n" "$b" "$b" "$pout"; fi; }
       if ((round % 2 == 0)); then
-        fc_run "$coll" "$t" "$n" "$b" "$b" "$it" "$fout"; peer_run "$coll" "$t" "$n" "$b" "$b" "$pout"
+        fc_run "$coll" "$t" "$n" "$b" "$b" "$it" "$fout"; other
       else
-        peer_run "$coll" "$t" "$n" "$b" "$b" "$pout"; fc_run "$coll" "$t" "$n" "$b" "$b" "$it" "$fout"
+        other; fc_run "$coll" "$t" "$n" "$b" "$b" "$it" "$fout"
       fi
     done
   done <"$tmp/misses"
   python3 - "$tmp" "$rechecks" <<'PY'
-import json, math, os, sys
+import json, math, os, re, sys
 tmp, k = sys.argv[1], int(sys.argv[2])
 
 def record(path):
@@ -282,35 +307,48 @@ def record(path):
             return r
     raise SystemExit(f"compare_all.sh: no result in {path}")
 
+def stream(path, coll):
+    """A bench/tcp_stream.c run as a record: its busbw the stream's GB/s,
+    one direction for bcast and reduce, else each direction of both at
+    once (their mean), as the tables count it."""
+    text = open(path).read()
+    if coll in ("bcast", "reduce"):
+        gbs = float(re.search(r"one direction: ([0-9.]+) GB/s", text).group(1))
+    else:
+        a, b = re.search(r"both directions: ([0-9.]+) \+ ([0-9.]+) GB/s", text).groups()
+        gbs = (float(a) + float(b)) / 2
+    return {"busbw": gbs, "time_us": float("nan")}
+
 def sign_test(wins, n):
     """Two-sided sign test: the chance of a split at least this uneven if
     each round were a coin flip between above and below the target."""
     tail = sum(math.comb(n, i) for i in range(0, min(wins, n - wins) + 1)) / 2 ** n
     return min(1.0, 2 * tail)
 
-print(f"# {'collective':>24} {'bytes':>10} {'fc us':>9} {'peer us':>9} {'paired x':>8} "
+print(f"# {'collective':>31} {'bytes':>10} {'fc us':>9} {'peer us':>9} {'paired x':>8} "
       f"{'range':>11} {'>= target':>9} {'sign p':>6}  verdict")
 results = {}
 for line in open(os.path.join(tmp, "misses")):
-    coll, t, n, b, want = line.split()
+    coll, t, n, b, want, against = line.split()
     b, want = int(b), float(want)
-    fc = [record(os.path.join(tmp, f"re_fc_{coll}_{t}{n}_{b}.r{i}")) for i in range(k)]
-    peer = [record(os.path.join(tmp, f"re_peer_{coll}_{t}{n}_{b}.r{i}")) for i in range(k)]
+    at = lambda side, i: os.path.join(tmp, f"re_{side}_{coll}_{t}{n}_{b}_{against}.r{i}")
+    fc = [record(at("fc", i)) for i in range(k)]
+    peer = [stream(at("peer", i), coll) if against == "stream" else record(at("peer", i)) for i in range(k)]
     ratios = sorted(f["busbw"] / p["busbw"] for f, p in zip(fc, peer) if p["busbw"] > 0)
     mid = lambda xs: sorted(xs)[(len(xs) - 1) // 2]
     x = mid(ratios)
     wins = sum(r >= want for r in ratios)
     p = sign_test(wins, len(ratios))
     verdict = "met" if x >= want else ("under, within noise" if p >= 0.05 else "MISSED")
-    results.setdefault((coll, t, n, want), []).append((b, verdict, x))
-    name = f"{coll} {t} {n} vs {want}x"
-    print(f"  {name:>24} {b:>10} {mid([f['time_us'] for f in fc]):>9.2f} {mid([q['time_us'] for q in peer]):>9.2f} "
+    results.setdefault((coll, t, n, want, against), []).append((b, verdict, x))
+    name = f"{coll} {t} {n} vs {want}x {against}"
+    print(f"  {name:>31} {b:>10} {mid([f['time_us'] for f in fc]):>9.2f} {mid([q['time_us'] for q in peer]):>9.2f} "
           f"{x:>8.2f} {ratios[0]:>5.2f}-{ratios[-1]:<5.2f} {wins:>4}/{len(ratios):<4} {p:>6.3f}  {verdict}")
 print("\n## Targets after the recheck (sizes that were under target)")
-for (coll, t, n, want), rows in results.items():
+for (coll, t, n, want, against), rows in results.items():
     missed = [b for b, v, _ in rows if v == "MISSED"]
     noise = [b for b, v, _ in rows if v.startswith("under")]
-    print(f"  {coll:>13} {t} {n}: {len(rows)} rechecked; met {len(rows) - len(missed) - len(noise)}, "
+    print(f"  {coll:>13} {t} {n} vs {want}x {against}: {len(rows)} rechecked; met {len(rows) - len(missed) - len(noise)}, "
           f"under within noise {len(noise)} ({', '.join(map(str, noise)) or '-'}), "
           f"MISSED {len(missed)} ({', '.join(map(str, missed)) or '-'})")
 PY
