@@ -245,7 +245,18 @@ pub(crate) struct Link<'a> {
     engine: &'a Engine,
 }
 
-impl Link<'_> {
+impl<'a> Link<'a> {
+    /// This link with waits that poll for at least `spin` before they
+    /// sleep: for a call that knows its peer is busy on its behalf for
+    /// about that long (a sleeping rank on a VM can take hundreds of
+    /// microseconds to wake).
+    pub(crate) fn polling_at_least(&self, spin: Duration) -> Link<'a> {
+        Link {
+            spin: self.spin.max(spin),
+            ..*self
+        }
+    }
+
     /// Whether this transport was aborted (here or by a peer's notice).
     pub(crate) fn is_aborted(&self) -> bool {
         self.aborted.load(Ordering::Relaxed)

@@ -109,7 +109,11 @@
 //! again; taken out for another call it is copied like any payload), the
 //! receiver reads the first part from the root's memory while the root
 //! writes the rest into the receiver's (`process_vm_writev`), and a second,
-//! empty message each way says each is done.
+//! empty message each way says each is done. A 2-rank reduce of 32 KiB -
+//! 4 MiB is split the same way: the root reads most of the other rank's
+//! input and reduces it into its output, while the other rank reads the
+//! rest of the root's input, reduces its own into it and writes the result
+//! into the root's output.
 //!
 //! The collectives on top (`crate::fast`) exchange whole contributions in
 //! one step: every rank writes to every rank it must inform and reads from

@@ -274,11 +274,12 @@ pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
         // (more ranks than cores here) 1.06-1.14x, so those keep the
         // streamed parts and the plans (bench/RESULTS.md, seventh session).
         Collective::Broadcast => n == 2 && bytes > max_message(n) && bytes <= u32::MAX as usize,
-        // Reduces and allreduces stream instead, at every length: a split
-        // 2-rank reduce (each rank reducing half, reading the peer's input
-        // with `process_vm_readv` and writing the result to the root with
-        // `process_vm_writev`) took 2.5x the streamed parts' time at 128
-        // KiB and 1.8x at 512 KiB (bench/RESULTS.md, tenth session).
+        // On 2 ranks past 32 KiB up to 4 MiB split between both ranks,
+        // each reading the other's memory ([`run_remote_reduce`]).
+        Collective::Reduce => {
+            n == 2 && bytes > REMOTE_REDUCE_FLOOR && bytes <= REMOTE_REDUCE_MAX_BYTES
+        }
+        // Allreduces stream instead, at every length.
         _ => false,
     }
 }
@@ -382,6 +383,9 @@ fn run_with<const PEERS: usize>(
     }
     if remote && call.coll == Collective::Broadcast {
         return run_remote_broadcast::<PEERS>(fast, link, call, &ends, mem);
+    }
+    if remote && call.coll == Collective::Reduce {
+        return run_remote_reduce::<PEERS>(fast, link, call, &ends, mem);
     }
     if remote {
         return run_remote::<PEERS>(fast, link, call, &ends, mem, (mine_len, out_len));
@@ -719,6 +723,140 @@ fn split_point(len: usize, root_in_place: bool) -> usize {
     } else {
         len
     }
+}
+
+/// The longest 2-rank reduce split between the ranks' reads of each other's
+/// memory ([`run_remote_reduce`]); past it the streamed parts keep pace
+/// (median of interleaved runs at 4 MiB: 421-487 us split, 477-535
+/// streamed; at 8 MiB 1700 split, 1201 streamed; bench/RESULTS.md,
+/// fifteenth session).
+pub(crate) const REMOTE_REDUCE_MAX_BYTES: usize = 4 << 20;
+
+/// The length past which a 2-rank reduce is split between the ranks' reads
+/// ([`run_remote_reduce`]); up to it the streamed parts are as fast (32
+/// KiB: 5.2-5.9 us against 5.0-5.9 streamed).
+pub(crate) const REMOTE_REDUCE_FLOOR: usize = 2 * EAGER_BYTES;
+
+/// How much of a 2-rank remote reduce each rank reads at a time before it
+/// reduces it: the read lands in the output (or scratch), where the
+/// reduction then finds it in this core's cache.
+const REMOTE_REDUCE_CHUNK: usize = 128 << 10;
+
+/// A 2-rank reduce of [`REMOTE_REDUCE_FLOOR`] - [`REMOTE_REDUCE_MAX_BYTES`]
+/// split between both ranks ([`reads_remote`]), in the two messages each
+/// way of [`split_exchange`]. First each sends its addresses: the root of
+/// its input and output, the other rank of its input. Then the root reads
+/// the first 5/8 of the other rank's input (`process_vm_readv`) in chunks
+/// of [`REMOTE_REDUCE_CHUNK`] straight into its output (in place: into
+/// scratch) and reduces each chunk with its own while it is in cache;
+/// meanwhile the other rank reads the rest of the root's input into
+/// scratch, reduces its own into it and writes the result into the root's
+/// output (`process_vm_writev`): two kernel copies a byte against the
+/// root's one, hence the uneven split. Then each says it is done and
+/// returns once the other has: the other rank's input is read, the root's
+/// output written. Both poll about as long as the other works before
+/// sleeping (a wake-up on this VM costs more than such a wait).
+///
+/// Why not the streamed parts there: their speed depends on the machine's
+/// mood. The non-root writes each part into an eager buffer that the root
+/// has just read, and some runs on this VM spent 42 % of their samples in
+/// that copy, a 256 KiB reduce taking 120-180 us against 17-30 in others;
+/// in one interleaved run the streamed 128 KiB - 4 MiB reduces ranged
+/// over 4.7-5.1x their best time, the split ones over 1.3-1.6x, at
+/// 0.75-0.93x Open MPI's median time against 0.96-1.37x (bench/RESULTS.md,
+/// fifteenth session). The tenth session's split took 2.5x the streamed
+/// time at 128 KiB; its waits slept after the usual polling, which here
+/// took a 2 MiB reduce from 316-324 us to 460-760.
+fn run_remote_reduce<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    ends: &Ends<'_>,
+    mem: &mut Memory<'_>,
+) -> Result<()> {
+    debug_assert_eq!(ends.others.len(), 1);
+    let len = call.count * call.dtype.size();
+    let peer = ends.others;
+    let lost = |_| Error::PeerLost { rank: peer[0] };
+    let (dtype, op) = (call.dtype, call.op);
+    let size = dtype.size();
+    // Chunks end on whole elements.
+    let chunk = REMOTE_REDUCE_CHUNK - REMOTE_REDUCE_CHUNK % size;
+    // The root reduces [0, split), the other rank [split, len): it reads
+    // and writes the root's memory for each byte, the root only reads.
+    let split = (len * 5 / 8).next_multiple_of(4096).min(len) / size * size;
+    // Each waits about as long as the other works.
+    let patient = link.polling_at_least(Duration::from_nanos(len as u64 / 4));
+    let mut scratch = SCRATCH.take();
+    let grown = |scratch: &mut Vec<u64>| {
+        if scratch.len() < chunk.div_ceil(8) {
+            scratch.resize(chunk.div_ceil(8), 0);
+        }
+    };
+    let result = if call.rank != call.root {
+        let input = &mem.input()[..len];
+        let mut work = |parts: &Parts<'_>| -> Result<()> {
+            let (root_input, root_output) = parts.address(0);
+            let pid = parts.pid(0);
+            grown(&mut scratch);
+            for start in (split..len).step_by(chunk) {
+                let end = (start + chunk).min(len);
+                let sum = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut scratch)[..end - start];
+                crate::transport::shm::cma_read(pid, root_input + start as u64, sum)
+                    .map_err(lost)?;
+                kernels::accumulate(dtype, op, sum, &input[start..end]);
+                crate::transport::shm::cma_write(pid, root_output + start as u64, sum)
+                    .map_err(lost)?;
+            }
+            Ok(())
+        };
+        split_exchange::<PEERS>(
+            fast,
+            &patient,
+            call,
+            peer,
+            &address_payload(input.as_ptr(), 0),
+            &mut work,
+        )
+    } else {
+        let (input, output) = match mem.apart() {
+            Some((input, output)) => (input.as_ptr(), output.as_ptr()),
+            None => (mem.input().as_ptr(), mem.input().as_ptr()),
+        };
+        let mut work = |parts: &Parts<'_>| -> Result<()> {
+            let (theirs, _) = parts.address(0);
+            let pid = parts.pid(0);
+            for start in (0..split).step_by(chunk) {
+                let end = (start + chunk).min(split);
+                let at = theirs + start as u64;
+                match mem.apart() {
+                    Some((input, output)) => {
+                        let out = &mut output[start..end];
+                        crate::transport::shm::cma_read(pid, at, out).map_err(lost)?;
+                        kernels::accumulate(dtype, op, out, &input[start..end]);
+                    }
+                    None => {
+                        grown(&mut scratch);
+                        let read =
+                            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut scratch)[..end - start];
+                        crate::transport::shm::cma_read(pid, at, read).map_err(lost)?;
+                        kernels::accumulate(dtype, op, &mut mem.output()[start..end], read);
+                    }
+                }
+            }
+            Ok(())
+        };
+        split_exchange::<PEERS>(
+            fast,
+            &patient,
+            call,
+            peer,
+            &address_payload(input, output as usize),
+            &mut work,
+        )
+    };
+    SCRATCH.set(scratch);
+    result
 }
 
 /// The 8-byte words of an address message's payload.
@@ -1357,9 +1495,15 @@ mod tests {
         assert!(reads_remote(AllToAll, REMOTE_MAX_CALL_BYTES / 3, 4));
         assert!(!reads_remote(AllToAll, REMOTE_MAX_CALL_BYTES / 3 + 1, 4));
         // Not the other collectives.
-        for coll in [ReduceScatter, Reduce, AllToAllV, Gather] {
+        for coll in [ReduceScatter, AllToAllV, Gather] {
             assert!(!reads_remote(coll, 1 << 16, 2), "{coll}");
         }
+        // Reduces on 2 ranks past 32 KiB up to 4 MiB only.
+        assert!(!reads_remote(Reduce, REMOTE_REDUCE_FLOOR, 2));
+        assert!(reads_remote(Reduce, REMOTE_REDUCE_FLOOR + 1, 2));
+        assert!(reads_remote(Reduce, REMOTE_REDUCE_MAX_BYTES, 2));
+        assert!(!reads_remote(Reduce, REMOTE_REDUCE_MAX_BYTES + 1, 2));
+        assert!(!reads_remote(Reduce, 1 << 16, 3));
         // Broadcasts on 2 ranks past one eager buffer, up to 4 GiB (the
         // address message's count).
         assert!(!reads_remote(Broadcast, max_message(2), 2));
@@ -1380,10 +1524,17 @@ mod tests {
         }
         assert!(!reads_remote(AllReduce, 1 << 18, 3));
         assert!(!streams(AllReduce, 1 << 18, 3));
-        // Never reduces: they stream at every length.
-        for bytes in [max_message(2) + 1, 64 << 10, (64 << 10) + 1, 1 << 20] {
-            assert!(!reads_remote(Reduce, bytes, 2));
+        // Reduces stream at every length where they do not read memory
+        // (remote reads off, or past 4 MiB).
+        for bytes in [
+            max_message(2) + 1,
+            64 << 10,
+            (64 << 10) + 1,
+            1 << 20,
+            8 << 20,
+        ] {
             assert!(streams(Reduce, bytes, 2));
+            assert!(streams(Reduce, bytes, 4));
         }
         assert!(!reads_remote(AllGather, 1 << 16, 1));
         assert!(!reads_remote(AllGather, 1 << 16, REMOTE_MAX_RANKS + 1));

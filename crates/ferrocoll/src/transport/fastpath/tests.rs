@@ -7,8 +7,8 @@ use std::thread;
 
 use super::small::{
     broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams, two_step, PAIR_AHEAD,
-    PAIR_PART_MAX_COUNT, REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS, STREAM_MAX_RANKS,
-    TWO_STEP_MAX_RANKS,
+    PAIR_PART_MAX_COUNT, REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS, REMOTE_REDUCE_FLOOR,
+    REMOTE_REDUCE_MAX_BYTES, STREAM_MAX_RANKS, TWO_STEP_MAX_RANKS,
 };
 use super::{all_bits, bits};
 use crate::launch::init::tests::world;
@@ -837,14 +837,26 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                         allreduces_of::<T>(comm, count);
                     }
                 }
-                // Reduces: streamed at every length on 2-4 ranks, whether
-                // or not remote reads are on (the split of 64 KiB - 1 MiB
-                // on 2 ranks is gone).
-                for bytes in [(64 << 10) + 4096, REMOTE_MAX_CALL_BYTES] {
+                // Reduces: on 2 ranks past 32 KiB up to 4 MiB read from
+                // memory and split between the two ranks when remote reads
+                // are on, else streamed (odd lengths: a chunk and an
+                // element past the split, and past one chunk); on 3-4
+                // streamed at every length.
+                for bytes in [
+                    REMOTE_REDUCE_FLOOR + 8,
+                    (64 << 10) + 4096,
+                    (160 << 10) + 8,
+                    REMOTE_MAX_CALL_BYTES,
+                    (3 << 20) + 40,
+                    REMOTE_REDUCE_MAX_BYTES + 8,
+                ] {
                     let count = bytes / size;
                     assert!(comm.uses_fast_path(Collective::Reduce, count, T::DTYPE) == (n <= 4));
-                    assert!(!reads_remote(Collective::Reduce, bytes, n));
-                    reduces_of::<T>(comm, count);
+                    let remote = n == 2 && bytes <= REMOTE_REDUCE_MAX_BYTES;
+                    assert_eq!(reads_remote(Collective::Reduce, count * size, n), remote);
+                    if bytes <= REMOTE_REDUCE_MAX_BYTES && (n == 2 || bytes < (1 << 20)) {
+                        reduces_of::<T>(comm, count);
+                    }
                 }
                 // Other collectives of those sizes keep their paths.
                 let count = max_message(n) / T::DTYPE.size() + 1;
