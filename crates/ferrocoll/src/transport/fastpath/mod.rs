@@ -113,7 +113,8 @@
 //! 4 MiB is split the same way: the root reads most of the other rank's
 //! input and reduces it into its output, while the other rank reads the
 //! rest of the root's input, reduces its own into it and writes the result
-//! into the root's output.
+//! into the root's output. A 3-4 rank broadcast of 64-512 KiB is read from
+//! the root's memory by every receiver, as the exchanges are.
 //!
 //! The collectives on top (`crate::fast`) exchange whole contributions in
 //! one step: every rank writes to every rank it must inform and reads from
@@ -511,6 +512,18 @@ impl Piece {
             parts: 1,
             last: true,
             carries: Carries::Bytes,
+            tail: None,
+        }
+    }
+
+    /// The whole call of `count` elements in one message that carries
+    /// their address ([`Carries::ReadFromSender`]).
+    pub(crate) fn read_from_sender(count: usize) -> Piece {
+        Piece {
+            count,
+            parts: 1,
+            last: true,
+            carries: Carries::ReadFromSender,
             tail: None,
         }
     }

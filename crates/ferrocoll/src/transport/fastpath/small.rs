@@ -108,7 +108,9 @@ pub(crate) fn max_message(n: usize) -> usize {
 /// twelfth's mailboxes they took 0.51-0.85x `direct`'s time at 128-256 KiB
 /// on 4 ranks, 0.97x at 512 KiB, 1.03x at 1 MiB and 1.22x at 2 MiB, and
 /// on 3 ranks 0.59-0.80x at 128 KiB - 1 MiB, 1.11-1.17x at 2-4 MiB
-/// (bench/RESULTS.md, twelfth session).
+/// (bench/RESULTS.md, twelfth session). Where remote reads are on, the 3-4
+/// rank broadcasts past [`BROADCAST_READ_FLOOR`] up to this limit read the
+/// root's memory instead (fifteenth session).
 pub(crate) fn broadcast_stream_bytes(n: usize) -> usize {
     if n <= 2 {
         2 * EAGER_BYTES
@@ -273,7 +275,10 @@ pub(crate) fn reads_remote(coll: Collective, bytes: usize, n: usize) -> bool {
         // reader on 3 ranks took 0.96-1.01x the engine's time and on 4
         // (more ranks than cores here) 1.06-1.14x, so those keep the
         // streamed parts and the plans (bench/RESULTS.md, seventh session).
-        Collective::Broadcast => n == 2 && bytes > max_message(n) && bytes <= u32::MAX as usize,
+        Collective::Broadcast if n == 2 => bytes > max_message(n) && bytes <= u32::MAX as usize,
+        // On 3-4 ranks past 64 KiB up to the streamed parts' limit, every
+        // receiver reads the root's buffer instead ([`run_read_broadcast`]).
+        Collective::Broadcast => bytes > BROADCAST_READ_FLOOR && bytes <= broadcast_stream_bytes(n),
         // On 2 ranks past 32 KiB up to 4 MiB split between both ranks,
         // each reading the other's memory ([`run_remote_reduce`]).
         Collective::Reduce => {
@@ -381,8 +386,11 @@ fn run_with<const PEERS: usize>(
     if streamed {
         return run_streamed::<PEERS>(fast, link, call, &ends, mem);
     }
-    if remote && call.coll == Collective::Broadcast {
+    if remote && call.coll == Collective::Broadcast && n == 2 {
         return run_remote_broadcast::<PEERS>(fast, link, call, &ends, mem);
+    }
+    if remote && call.coll == Collective::Broadcast {
+        return run_read_broadcast::<PEERS>(fast, link, call, &ends, mem);
     }
     if remote && call.coll == Collective::Reduce {
         return run_remote_reduce::<PEERS>(fast, link, call, &ends, mem);
@@ -637,6 +645,70 @@ fn exchange_piece<const PEERS: usize>(
     )
 }
 
+/// The length past which a broadcast on 3-4 ranks is read from the root's
+/// memory ([`run_read_broadcast`]) rather than streamed. Interleaved, in
+/// place, median us (bench/RESULTS.md, fifteenth session), streamed / read
+/// / Open MPI: 4 ranks 32 KiB 9.9 / 16.4 / 18.0, 64 KiB 19.1 / 22.8 / 24.4,
+/// 128 KiB 38.9 / 36.3 / 40.2, 512 KiB 158.5 / 107.5 / 142.4; 3 ranks
+/// 128 KiB 30.5 / 20.8 / 32.4, 512 KiB 93.4 / 58.5 / 91.2.
+pub(crate) const BROADCAST_READ_FLOOR: usize = 4 * EAGER_BYTES;
+
+/// A broadcast on 3-4 ranks as remote reads ([`reads_remote`]): the root
+/// sends every receiver the address of its buffer, each receiver reads it
+/// into its output (`process_vm_readv`), and the root returns once every
+/// receiver has consumed its message (out of place it fills its own output
+/// meanwhile). The streamed parts it replaces had the slow mode of
+/// [`run_remote_reduce`]'s: 4-rank broadcasts of 16-512 KiB at 1.0-1.1
+/// GB/s, 0.27-0.94x Open MPI, in one run.
+fn run_read_broadcast<const PEERS: usize>(
+    fast: &FastPath,
+    link: &Link<'_>,
+    call: &SmallCall<'_>,
+    ends: &Ends<'_>,
+    mem: &mut Memory<'_>,
+) -> Result<()> {
+    let len = call.count * call.dtype.size();
+    let (to, from) = directions(call, ends.others, &ends.root);
+    let piece = Piece::read_from_sender(call.count);
+    let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
+    if call.rank == call.root {
+        let (input, mut output) = match mem.apart() {
+            Some((input, output)) if !output.is_empty() => (input, Some(output)),
+            _ => (mem.input(), None),
+        };
+        let input = &input[..len];
+        let address = (input.as_ptr() as u64).to_ne_bytes();
+        let payloads: [&[u8]; PEERS] = [&address; PEERS];
+        fast.exchange(
+            link,
+            &call.header,
+            &payloads[..to.len()],
+            to,
+            from,
+            &mut got,
+            (piece, call.timeout),
+            |_| -> Result<()> {
+                if let Some(output) = output.as_mut() {
+                    output[..len].copy_from_slice(input);
+                }
+                Ok(())
+            },
+        )?
+    } else {
+        let out = &mut mem.output()[..len];
+        fast.exchange(
+            link,
+            &call.header,
+            &[],
+            to,
+            from,
+            &mut got,
+            (piece, call.timeout),
+            |parts| parts.read_into(0, out),
+        )?
+    }
+}
+
 /// An allgather or all-to-all as remote reads ([`reads_remote`]): every
 /// peer gets the address of what it needs (allgather: this rank's
 /// contribution; all-to-all: its block), and this rank reads every peer's
@@ -668,13 +740,7 @@ fn run_remote<const PEERS: usize>(
     for (p, a) in payloads.iter_mut().zip(&addrs) {
         *p = a;
     }
-    let piece = Piece {
-        count: call.count,
-        parts: 1,
-        last: true,
-        carries: Carries::ReadFromSender,
-        tail: None,
-    };
+    let piece = Piece::read_from_sender(call.count);
     let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
     let own = if blocks {
         &mine[me * len..(me + 1) * len]
@@ -1511,7 +1577,13 @@ mod tests {
         assert!(reads_remote(Broadcast, REMOTE_MAX_CALL_BYTES, 2));
         assert!(reads_remote(Broadcast, u32::MAX as usize, 2));
         assert!(!reads_remote(Broadcast, u32::MAX as usize + 1, 2));
-        assert!(!reads_remote(Broadcast, 1 << 18, 3));
+        // On 3-4 ranks past 64 KiB up to the streamed parts' limit.
+        for n in [3, 4] {
+            assert!(!reads_remote(Broadcast, BROADCAST_READ_FLOOR, n));
+            assert!(reads_remote(Broadcast, BROADCAST_READ_FLOOR + 1, n));
+            assert!(reads_remote(Broadcast, broadcast_stream_bytes(n), n));
+            assert!(!reads_remote(Broadcast, broadcast_stream_bytes(n) + 1, n));
+        }
         // Never allreduces: on 2 ranks they stream at every length.
         for bytes in [
             max_message(2) + 1,

@@ -6,9 +6,9 @@
 use std::thread;
 
 use super::small::{
-    broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams, two_step, PAIR_AHEAD,
-    PAIR_PART_MAX_COUNT, REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS, REMOTE_REDUCE_FLOOR,
-    REMOTE_REDUCE_MAX_BYTES, STREAM_MAX_RANKS, TWO_STEP_MAX_RANKS,
+    broadcast_stream_bytes, max_message, reads_remote, remote_floor, streams, two_step,
+    BROADCAST_READ_FLOOR, PAIR_AHEAD, PAIR_PART_MAX_COUNT, REMOTE_MAX_CALL_BYTES, REMOTE_MAX_RANKS,
+    REMOTE_REDUCE_FLOOR, REMOTE_REDUCE_MAX_BYTES, STREAM_MAX_RANKS, TWO_STEP_MAX_RANKS,
 };
 use super::{all_bits, bits};
 use crate::launch::init::tests::world;
@@ -790,7 +790,8 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                 // Broadcasts: on 2 ranks past one eager buffer split
                 // between the root's writes and the receiver's reads, of any
                 // length (odd ones, past a page and past 1 MiB); on 3 and 4
-                // streamed up to their limit, then the plans.
+                // streamed up to 64 KiB, then read from the root's memory
+                // up to the streamed parts' limit, then the plans.
                 let size = T::DTYPE.size();
                 let streamed = broadcast_stream_bytes(n) / size;
                 let fast_bcast =
@@ -798,6 +799,15 @@ fn remote_reads_at_their_boundaries_on_2_to_4_ranks() {
                 let first = max_message(n) / size + 1;
                 assert!(fast_bcast(first) && fast_bcast(streamed));
                 broadcasts_of::<T>(comm, first);
+                if n > 2 {
+                    let read = BROADCAST_READ_FLOOR / size;
+                    for count in [read, read + 1, (256 << 10) / size + 3, streamed] {
+                        let remote = reads_remote(Collective::Broadcast, count * size, n);
+                        assert_eq!(remote, count > read, "bcast count {count} on {n} ranks");
+                        assert!(fast_bcast(count));
+                        broadcasts_of::<T>(comm, count);
+                    }
+                }
                 let mut counts = vec![streamed + 1, streamed + 4096 / size + 3];
                 if n == 2 {
                     counts.push((3 << 20) / size + 1);
