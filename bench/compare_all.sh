@@ -95,9 +95,17 @@ echo "# machine limit: single-thread memcpy of 16 MiB = $limit GB/s"
 if ((need_gloo)) && [[ -z ${RECHECK_ONLY:-} ]]; then stream_limit "$tmp/stream_before"; fi
 
 # The size bands of the peers' iteration counts, clipped to [8, hi].
+# The peers' iteration counts: 1000 calls below 64 KiB, 100 below 4 MiB,
+# 10 above.
+iter_bands=("65536:1000" "4194304:100")
+iters_for() {
+  local b
+  for b in "${iter_bands[@]}"; do ((${1} < ${b%:*})) && { echo "${b#*:}"; return; }; done
+  echo 10
+}
 bands() {
   local lo=8 b
-  for b in "65536:1000" "4194304:100" "$((hi_bytes * 2)):10"; do
+  for b in "${iter_bands[@]}" "$((hi_bytes * 2)):10"; do
     local top=${b%:*} it=${b#*:} e=$lo
     ((lo > hi_bytes)) && break
     while ((e * factor < top && e * factor <= hi_bytes)); do e=$((e * factor)); done
@@ -145,11 +153,12 @@ peer_run() {
   fi
 }
 
-for coll in $colls; do
+# (A recheck of an earlier run reuses its rounds.)
+[[ -n ${RECHECK_ONLY:-} ]] && colls_to_run="" || colls_to_run=$colls
+for coll in $colls_to_run; do
   for cfg in $configs; do
     t=${cfg%:*}; n=${cfg#*:}
     for ((round = 0; round < rounds; round++)); do
-      [[ -n ${RECHECK_ONLY:-} ]] && continue
       out="$tmp/fc_${coll}_${t}${n}.r$round"
       : >"$out"
       while read -r lo e it; do fc_run "$coll" "$t" "$n" "$lo" "$e" "$it" "$out"; done < <(bands)
@@ -281,7 +290,7 @@ if ((rechecks > 0)) && [[ -s $tmp/misses ]]; then
   echo
   echo "# recheck: $(wc -l <"$tmp/misses") sizes under target, $rechecks rounds each, $(date -u +%H:%MZ)"
   while read -r coll t n b want against; do
-    it=$((b < 65536 ? 1000 : (b < 4194304 ? 100 : 10)))
+    it=$(iters_for "$b")
     for ((round = 0; round < rechecks; round++)); do
       fout="$tmp/re_fc_${coll}_${t}${n}_${b}_$against.r$round" pout="$tmp/re_peer_${coll}_${t}${n}_${b}_$against.r$round"
       # Going on with an interrupted recheck: a round both sides finished stays.

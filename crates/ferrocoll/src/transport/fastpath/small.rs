@@ -554,14 +554,19 @@ fn contribution_and_output<'m>(
 /// `bytes` copied into `scratch` (8-byte aligned, as the reduction kernels
 /// want), which keeps its capacity for the next call.
 fn copy_into<'s>(scratch: &'s mut Vec<u64>, bytes: &[u8]) -> &'s [u8] {
-    // Grown, never cleared: zeroing what the copy then overwrites would be
-    // a second pass over it.
-    if scratch.len() < bytes.len().div_ceil(8) {
-        scratch.resize(bytes.len().div_ceil(8), 0);
-    }
-    let copy = &mut bytemuck::cast_slice_mut::<u64, u8>(scratch)[..bytes.len()];
+    let copy = scratch_bytes(scratch, bytes.len());
     copy.copy_from_slice(bytes);
     copy
+}
+
+/// The first `len` bytes of this thread's `scratch` (8-byte aligned, as the
+/// reduction kernels want), grown to fit. Grown, never cleared: zeroing
+/// what the caller then overwrites would be a second pass over it.
+fn scratch_bytes(scratch: &mut Vec<u64>, len: usize) -> &mut [u8] {
+    if scratch.len() < len.div_ceil(8) {
+        scratch.resize(len.div_ceil(8), 0);
+    }
+    &mut bytemuck::cast_slice_mut::<u64, u8>(scratch)[..len]
 }
 
 /// The ranks a call's messages go to or come from (transport ranks).
@@ -653,6 +658,17 @@ fn exchange_piece<const PEERS: usize>(
 /// 128 KiB 30.5 / 20.8 / 32.4, 512 KiB 93.4 / 58.5 / 91.2.
 pub(crate) const BROADCAST_READ_FLOOR: usize = 4 * EAGER_BYTES;
 
+/// A broadcast root's input, and its output when that is a buffer of its
+/// own (out of place; `None` in place, where the input is the output).
+fn broadcast_root_buffers<'m>(mem: &'m mut Memory<'_>) -> (&'m [u8], Option<&'m mut [u8]>) {
+    if mem.apart().is_some_and(|(_, output)| !output.is_empty()) {
+        let (input, output) = mem.apart().expect("checked above");
+        (input, Some(output))
+    } else {
+        (mem.input(), None)
+    }
+}
+
 /// A broadcast on 3-4 ranks as remote reads ([`reads_remote`]): the root
 /// sends every receiver the address of its buffer, each receiver reads it
 /// into its output (`process_vm_readv`), and the root returns once every
@@ -672,10 +688,7 @@ fn run_read_broadcast<const PEERS: usize>(
     let piece = Piece::read_from_sender(call.count);
     let mut got: [Got; PEERS] = std::array::from_fn(|_| Got::Waiting);
     if call.rank == call.root {
-        let (input, mut output) = match mem.apart() {
-            Some((input, output)) if !output.is_empty() => (input, Some(output)),
-            _ => (mem.input(), None),
-        };
+        let (input, mut output) = broadcast_root_buffers(mem);
         let input = &input[..len];
         let address = (input.as_ptr() as u64).to_ne_bytes();
         let payloads: [&[u8]; PEERS] = [&address; PEERS];
@@ -854,20 +867,14 @@ fn run_remote_reduce<const PEERS: usize>(
     // Each waits about as long as the other works.
     let patient = link.polling_at_least(Duration::from_nanos(len as u64 / 4));
     let mut scratch = SCRATCH.take();
-    let grown = |scratch: &mut Vec<u64>| {
-        if scratch.len() < chunk.div_ceil(8) {
-            scratch.resize(chunk.div_ceil(8), 0);
-        }
-    };
     let result = if call.rank != call.root {
         let input = &mem.input()[..len];
         let mut work = |parts: &Parts<'_>| -> Result<()> {
             let (root_input, root_output) = parts.address(0);
             let pid = parts.pid(0);
-            grown(&mut scratch);
             for start in (split..len).step_by(chunk) {
                 let end = (start + chunk).min(len);
-                let sum = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut scratch)[..end - start];
+                let sum = scratch_bytes(&mut scratch, end - start);
                 crate::transport::shm::cma_read(pid, root_input + start as u64, sum)
                     .map_err(lost)?;
                 kernels::accumulate(dtype, op, sum, &input[start..end]);
@@ -902,9 +909,7 @@ fn run_remote_reduce<const PEERS: usize>(
                         kernels::accumulate(dtype, op, out, &input[start..end]);
                     }
                     None => {
-                        grown(&mut scratch);
-                        let read =
-                            &mut bytemuck::cast_slice_mut::<u64, u8>(&mut scratch)[..end - start];
+                        let read = scratch_bytes(&mut scratch, end - start);
                         crate::transport::shm::cma_read(pid, at, read).map_err(lost)?;
                         kernels::accumulate(dtype, op, &mut mem.output()[start..end], read);
                     }
@@ -959,12 +964,8 @@ fn run_remote_broadcast<const PEERS: usize>(
         split_exchange::<PEERS>(fast, link, call, peer, payload, work)
     };
     if call.rank == call.root {
-        let apart = mem.apart().is_some_and(|(_, output)| !output.is_empty());
-        let split = split_point(len, !apart);
-        let (input, mut output) = match mem.apart() {
-            Some((input, output)) if apart => (input, Some(output)),
-            _ => (mem.input(), None),
-        };
+        let (input, mut output) = broadcast_root_buffers(mem);
+        let split = split_point(len, output.is_none());
         let input = &input[..len];
         split_exchange(&address_payload(input.as_ptr(), split), &mut |parts| {
             let (theirs, _) = parts.address(0);
