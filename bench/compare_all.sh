@@ -5,7 +5,8 @@
 #   shm, 2 ranks and 4 ranks (4 on 2 cores: oversubscribed) vs Open MPI (shared memory)
 #   tcp, 2 ranks                                              vs torch.distributed gloo (TCP loopback)
 # with a verdict per target: ferrocoll's busbw >= 1.0x Open MPI at every size
-# (shm), >= 2x gloo at every size from 1 MiB (tcp).
+# (shm), >= 2x gloo at every size from 1 MiB (tcp), and for the 2-rank shm
+# allreduce (heap buffers, as every table here) >= 2x Open MPI from 512 KiB.
 # The tcp tables also show busbw as a fraction of what one loopback TCP stream
 # carries, measured before and after them by bench/tcp_stream.c (4 MiB writes,
 # ferrocoll's socket buffers; the larger of the two runs counts): one
@@ -226,7 +227,12 @@ for coll in colls:
         fc_rounds, peer_rounds = rounds_of(f"fc_{coll}_{t}{n}"), rounds_of(f"peer_{coll}_{t}{n}")
         fc, peer = median_rounds(fc_rounds), median_rounds(peer_rounds)
         pair = paired(fc_rounds, peer_rounds)
-        name, want, start = ("ompi", 1.0, 0) if t == "shm" else ("gloo", 2.0, 1 << 20)
+        name = "ompi" if t == "shm" else "gloo"
+        # (want, from bytes): busbw >= want x the peer's at every size from there.
+        targets = [(1.0, 0)] if t == "shm" else [(2.0, 1 << 20)]
+        if (coll, t, n) == ("allreduce", "shm", "2"):
+            # Issue 20's heap-buffer target: 2x Open MPI from 512 KiB.
+            targets.append((2.0, 512 << 10))
         stream = (one_way if coll in ("bcast", "reduce") else both_ways) if t == "tcp" else 0.0
         print(f"\n## {coll}, {t}, {n} ranks, vs {name}")
         if stream > 0:
@@ -236,41 +242,43 @@ for coll in colls:
               f"{name + ' busbw':>11} {'busbw x':>8} {'fc/limit':>8}"
               + (f" {'fc/stream':>9} {name + '/stream':>11}" if stream > 0 else "")
               + (f" {'paired x':>8}" if rounds > 1 else ""))
-        misses, worst, short, lowest, paired_misses = [], None, [], None, []
+        ratios, short, lowest = {}, [], None
         for b in sorted(set(fc) & set(peer)):
             f, p = fc[b], peer[b]
             ratio = f["busbw"] / p["busbw"] if p["busbw"] > 0 else float("inf")
-            mark = ""
-            if b >= start:
-                if ratio < want:
-                    misses.append(b)
-                    mark = " <"
-                worst = ratio if worst is None else min(worst, ratio)
-                if stream > 0:
-                    of_stream = f["busbw"] / stream
-                    if of_stream < 0.7:
-                        short.append(b)
-                    lowest = of_stream if lowest is None else min(lowest, of_stream)
+            ratios[b] = ratio
+            # A row under any of its table's targets is marked.
+            mark = " <" if any(b >= start and ratio < want for want, start in targets) else ""
+            if stream > 0 and b >= targets[0][1]:
+                of_stream = f["busbw"] / stream
+                if of_stream < 0.7:
+                    short.append(b)
+                lowest = of_stream if lowest is None else min(lowest, of_stream)
             tail = f" {f['busbw'] / stream:>9.2f} {p['busbw'] / stream:>11.2f}" if stream > 0 else ""
             if rounds > 1:
                 tail += f" {pair.get(b, float('nan')):>8.2f}"
-                if b >= start and pair.get(b, want) < want:
-                    paired_misses.append(b)
             print(f"  {b:>10} {f['algo']:>10} {f['time_us']:>10.1f} {f['busbw']:>9.3f} {p['time_us']:>10.1f} "
                   f"{p['busbw']:>11.3f} {ratio:>8.2f} {f['busbw'] / limit:>8.3f}{tail}{mark}")
-        where = "every size" if start == 0 else f"every size >= {start} B"
-        if worst is None:
-            verdicts.append(f"{coll:>13} {t} {n}: no measured size in the target's range")
-            continue
-        with open(os.path.join(tmp, "misses"), "a") as out:
-            for m in misses:
-                out.write(f"{coll} {t} {n} {m} {want} {name}\n")
-            for m in short:
-                out.write(f"{coll} {t} {n} {m} 0.7 stream\n")
-        verdict = "met" if not misses else f"MISSED at {len(misses)} sizes ({', '.join(str(m) for m in misses)})"
-        aside = f" (paired rounds: under {want}x at {len(paired_misses)} sizes)" if rounds > 1 else ""
-        verdicts.append(f"{coll:>13} {t} {n}: busbw >= {want}x {name} at {where}: {verdict}; worst {worst:.2f}x{aside}")
+        for want, start in targets:
+            where = "every size" if start == 0 else f"every size >= {start} B"
+            in_range = [b for b in ratios if b >= start]
+            if not in_range:
+                verdicts.append(f"{coll:>13} {t} {n}: no measured size in the range of >= {want}x {name}")
+                continue
+            misses = [b for b in in_range if ratios[b] < want]
+            worst = min(ratios[b] for b in in_range)
+            paired_misses = [b for b in in_range if pair.get(b, want) < want]
+            with open(os.path.join(tmp, "misses"), "a") as out:
+                for m in misses:
+                    out.write(f"{coll} {t} {n} {m} {want} {name}\n")
+            verdict = "met" if not misses else f"MISSED at {len(misses)} sizes ({', '.join(str(m) for m in misses)})"
+            aside = f" (paired rounds: under {want}x at {len(paired_misses)} sizes)" if rounds > 1 else ""
+            verdicts.append(f"{coll:>13} {t} {n}: busbw >= {want}x {name} at {where}: {verdict}; worst {worst:.2f}x{aside}")
         if lowest is not None:
+            where = f"every size >= {targets[0][1]} B"
+            with open(os.path.join(tmp, "misses"), "a") as out:
+                for m in short:
+                    out.write(f"{coll} {t} {n} {m} 0.7 stream\n")
             verdict = "met" if not short else f"MISSED at {len(short)} sizes ({', '.join(str(m) for m in short)})"
             verdicts.append(f"{coll:>13} {t} {n}: busbw >= 0.7x the stream at {where}: {verdict}; lowest {lowest:.2f}x")
 
@@ -288,8 +296,14 @@ PY
 rechecks=${RECHECK:-0}
 if ((rechecks > 0)) && [[ -s $tmp/misses ]]; then
   echo
-  echo "# recheck: $(wc -l <"$tmp/misses") sizes under target, $rechecks rounds each, $(date -u +%H:%MZ)"
+  echo "# recheck: $(wc -l <"$tmp/misses") sizes under a target, $rechecks rounds each, $(date -u +%H:%MZ)"
+  # A size under two targets against the same peer (the 2-rank allreduce
+  # under 1x and 2x Open MPI) runs once; both verdicts read those rounds.
+  declare -A rechecked=()
   while read -r coll t n b want against; do
+    key="${coll}_${t}${n}_${b}_$against"
+    [[ -n ${rechecked[$key]:-} ]] && continue
+    rechecked[$key]=1
     it=$(iters_for "$b")
     for ((round = 0; round < rechecks; round++)); do
       fout="$tmp/re_fc_${coll}_${t}${n}_${b}_$against.r$round" pout="$tmp/re_peer_${coll}_${t}${n}_${b}_$against.r$round"
