@@ -92,7 +92,8 @@ else
 fi
 echo "# machine limit: single-thread memcpy of 16 MiB = $limit GB/s"
 ((rounds > 1)) && echo "# $rounds rounds, ferrocoll and the peer in turn; per size and side the round with the median time"
-: >"$tmp/stream_before"; : >"$tmp/stream_after"
+# (A recheck of an earlier run reports that run's stream limits again.)
+if [[ -z ${RECHECK_ONLY:-} ]]; then : >"$tmp/stream_before"; : >"$tmp/stream_after"; fi
 if ((need_gloo)) && [[ -z ${RECHECK_ONLY:-} ]]; then stream_limit "$tmp/stream_before"; fi
 
 # The size bands of the peers' iteration counts, clipped to [8, hi].
@@ -272,6 +273,12 @@ for coll in colls:
                 for m in misses:
                     out.write(f"{coll} {t} {n} {m} {want} {name}\n")
             verdict = "met" if not misses else f"MISSED at {len(misses)} sizes ({', '.join(str(m) for m in misses)})"
+            if misses and stream > 0:
+                # What the target asks of the link there: want x the peer's
+                # busbw as a fraction of one loopback stream (above 1.0x,
+                # more than one stream carries).
+                need = [want * peer[m]["busbw"] / stream for m in misses]
+                verdict += f", where {want}x {name} is {min(need):.2f}-{max(need):.2f}x the stream"
             aside = f" (paired rounds: under {want}x at {len(paired_misses)} sizes)" if rounds > 1 else ""
             verdicts.append(f"{coll:>13} {t} {n}: busbw >= {want}x {name} at {where}: {verdict}; worst {worst:.2f}x{aside}")
         if lowest is not None:

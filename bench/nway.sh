@@ -52,11 +52,14 @@ for line in open(sys.argv[1]):
         times[(side, r["bytes"])].append(r["time_us"])
 sides = list(dict.fromkeys(k[0] for k in times))
 print(f"# time per call in us: median over the rounds (range)")
-print(f"{'bytes':>10}" + "".join(f"{s:>24}" for s in sides))
+# A cell is as wide as the widest one, plus two spaces (64 MiB calls take
+# tens of thousands of microseconds).
+width = 2 + max([len(s) for s in sides] + [len(f"{statistics.median(t):.2f} ({min(t):.2f}-{max(t):.2f})") for t in times.values()])
+print(f"{'bytes':>10}" + "".join(f"{s:>{width}}" for s in sides))
 for b in sorted({k[1] for k in times}):
     cells = []
     for s in sides:
         t = times.get((s, b))
         cells.append(f"{statistics.median(t):.2f} ({min(t):.2f}-{max(t):.2f})" if t else "-")
-    print(f"{b:>10}" + "".join(f"{c:>24}" for c in cells))
+    print(f"{b:>10}" + "".join(f"{c:>{width}}" for c in cells))
 PY
