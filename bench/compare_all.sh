@@ -303,7 +303,7 @@ PY
 rechecks=${RECHECK:-0}
 if ((rechecks > 0)) && [[ -s $tmp/misses ]]; then
   echo
-  echo "# recheck: $(wc -l <"$tmp/misses") sizes under a target, $rechecks rounds each, $(date -u +%H:%MZ)"
+  echo "# recheck: $(cut -d' ' -f1-4,6 "$tmp/misses" | sort -u | wc -l) sizes under a target, $rechecks rounds each, $(date -u +%H:%MZ)"
   # A size under two targets against the same peer (the 2-rank allreduce
   # under 1x and 2x Open MPI) runs once; both verdicts read those rounds.
   declare -A rechecked=()
