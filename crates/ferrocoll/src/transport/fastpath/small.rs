@@ -989,7 +989,7 @@ fn run_remote_broadcast<const PEERS: usize>(
 }
 
 /// The two messages each way of a 2-rank call split between its ends (the
-/// split broadcast): first the addresses (`payload`),
+/// split broadcast and the split reduce): first the addresses (`payload`),
 /// with `work` run once the peer's has come, then an empty one that says
 /// the work is done; returns once the peer's has come too.
 fn split_exchange<const PEERS: usize>(
